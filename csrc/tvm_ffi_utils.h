@@ -1,0 +1,184 @@
+// What every binding in csrc/ uses: argument checks that reach Python as ValueError/TypeError
+// naming the argument, dtype dispatch to C++ types, the caller's stream, and a device guard.
+//
+// A binding does four things in order: validate, guard the device, get the stream, dispatch and
+// launch (see csrc/scale.cu). The stream is never a Python argument: tvm-ffi sets it, per call,
+// to torch's current stream on the tensors' device.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+#include <tvm/ffi/function.h>
+
+#include <sstream>
+#include <string>
+
+using tvm::ffi::TensorView;
+
+namespace aotinfer {
+
+inline std::string DeviceString(DLDevice device) {
+  switch (device.device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda:" + std::to_string(device.device_id);
+    case kDLCUDAHost: return "cuda pinned host memory";
+    case kDLCUDAManaged: return "cuda managed memory";
+    default: return "device type " + std::to_string(device.device_type);
+  }
+}
+
+inline std::string ShapeString(tvm::ffi::ShapeView shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+inline bool SameShape(tvm::ffi::ShapeView a, tvm::ffi::ShapeView b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+// The caller's stream on `device` (torch's current stream when called from Python).
+inline cudaStream_t get_stream(DLDevice device) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+}
+
+// Makes `tensor`'s device current for the scope, so a launch for cuda:1 runs on device 1.
+using DeviceGuard = tvm::ffi::CUDADeviceGuard;
+
+// The first byte of a tensor's data.
+template <typename T>
+T* data_ptr(const TensorView& tensor) {
+  return reinterpret_cast<T*>(static_cast<char*>(tensor.data_ptr()) + tensor.byte_offset());
+}
+
+constexpr uint32_t DtypeKey(uint8_t code, uint8_t bits) { return (uint32_t(code) << 8) | bits; }
+inline uint32_t DtypeKey(DLDataType dtype) {
+  return dtype.lanes == 1 ? DtypeKey(dtype.code, dtype.bits) : 0;
+}
+
+}  // namespace aotinfer
+
+#define CHECK_CUDA(x)                                                                        \
+  do {                                                                                       \
+    if ((x).device().device_type != kDLCUDA) {                                               \
+      TVM_FFI_THROW(ValueError) << "Expected " #x " to be a CUDA tensor, got a tensor on "   \
+                                << ::aotinfer::DeviceString((x).device());                   \
+    }                                                                                        \
+  } while (0)
+
+#define CHECK_CONTIGUOUS(x)                                                                   \
+  do {                                                                                        \
+    if (!(x).IsContiguous()) {                                                                \
+      TVM_FFI_THROW(ValueError) << "Expected " #x " to be contiguous, got shape "             \
+                                << ::aotinfer::ShapeString((x).shape()) << " with strides "   \
+                                << ::aotinfer::ShapeString((x).strides());                    \
+    }                                                                                         \
+  } while (0)
+
+#define CHECK_INPUT(x) \
+  do {                 \
+    CHECK_CUDA(x);     \
+    CHECK_CONTIGUOUS(x); \
+  } while (0)
+
+#define CHECK_DIM(d, x)                                                                      \
+  do {                                                                                       \
+    if ((x).ndim() != (d)) {                                                                 \
+      TVM_FFI_THROW(ValueError) << "Expected " #x " to have " << (d) << " dimensions, got "  \
+                                << (x).ndim() << " (shape "                                  \
+                                << ::aotinfer::ShapeString((x).shape()) << ")";              \
+    }                                                                                        \
+  } while (0)
+
+#define CHECK_SHAPE(a, b)                                                                   \
+  do {                                                                                      \
+    if (!::aotinfer::SameShape((a).shape(), (b).shape())) {                                                       \
+      TVM_FFI_THROW(ValueError) << "Expected " #a " and " #b " to have the same shape, got " \
+                                << ::aotinfer::ShapeString((a).shape()) << " and "          \
+                                << ::aotinfer::ShapeString((b).shape());                    \
+    }                                                                                       \
+  } while (0)
+
+#define CHECK_DEVICE(a, b)                                                                     \
+  do {                                                                                         \
+    if ((a).device().device_type != (b).device().device_type ||                                \
+        (a).device().device_id != (b).device().device_id) {                                    \
+      TVM_FFI_THROW(ValueError) << "Expected " #a " and " #b " on the same device, got "       \
+                                << ::aotinfer::DeviceString((a).device()) << " and "           \
+                                << ::aotinfer::DeviceString((b).device());                     \
+    }                                                                                          \
+  } while (0)
+
+#define CHECK_SAME_DTYPE(a, b)                                                                \
+  do {                                                                                        \
+    if ((a).dtype() != (b).dtype()) {                                                         \
+      TVM_FFI_THROW(TypeError) << "Expected " #a " and " #b " to have the same dtype, got "   \
+                               << (a).dtype() << " and " << (b).dtype();                      \
+    }                                                                                         \
+  } while (0)
+
+// Turns a launcher's cudaError_t into an exception that names the op.
+#define CHECK_LAUNCH(status, op)                                                     \
+  do {                                                                               \
+    cudaError_t aotinfer_status_ = (status);                                         \
+    if (aotinfer_status_ != cudaSuccess) {                                           \
+      TVM_FFI_THROW(RuntimeError) << op << ": CUDA error "                           \
+                                  << cudaGetErrorName(aotinfer_status_) << ": "      \
+                                  << cudaGetErrorString(aotinfer_status_);           \
+    }                                                                                \
+  } while (0)
+
+// Dtype dispatch: DISPATCH_...(x.dtype(), c_type, [&] { ...use c_type...; return true; }) runs the
+// lambda with c_type bound to the C++ type of the dtype, or throws TypeError naming the argument
+// and the dtypes it accepts.
+#define AOTINFER_DTYPE_CASE(code, bits, c_type_, c_type, ...) \
+  case ::aotinfer::DtypeKey(code, bits): {                     \
+    using c_type = c_type_;                                    \
+    return __VA_ARGS__();                                      \
+  }
+
+#define AOTINFER_DISPATCH(dlpack_dtype, accepted, CASES)                                      \
+  [&]() -> bool {                                                                             \
+    switch (::aotinfer::DtypeKey(dlpack_dtype)) {                                             \
+      CASES                                                                                   \
+      default:                                                                                \
+        TVM_FFI_THROW(TypeError) << "Unsupported dtype of " #dlpack_dtype ": got "            \
+                                 << (dlpack_dtype) << ", expected one of " accepted;          \
+    }                                                                                         \
+    return false;                                                                             \
+  }()
+
+#define AOTINFER_CASES_FP16(c_type, ...)                              \
+  AOTINFER_DTYPE_CASE(kDLFloat, 16, half, c_type, __VA_ARGS__)        \
+  AOTINFER_DTYPE_CASE(kDLBfloat, 16, nv_bfloat16, c_type, __VA_ARGS__)
+
+#define AOTINFER_CASES_FP8(c_type, ...)                                            \
+  AOTINFER_DTYPE_CASE(kDLFloat8_e4m3fn, 8, __nv_fp8_e4m3, c_type, __VA_ARGS__)     \
+  AOTINFER_DTYPE_CASE(kDLFloat8_e5m2, 8, __nv_fp8_e5m2, c_type, __VA_ARGS__)
+
+// float16 and bfloat16.
+#define DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(dlpack_dtype, c_type, ...) \
+  AOTINFER_DISPATCH(dlpack_dtype, "float16, bfloat16", AOTINFER_CASES_FP16(c_type, __VA_ARGS__))
+
+// float32, float16 and bfloat16.
+#define DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(dlpack_dtype, c_type, ...)           \
+  AOTINFER_DISPATCH(dlpack_dtype, "float32, float16, bfloat16",                       \
+                    AOTINFER_DTYPE_CASE(kDLFloat, 32, float, c_type, __VA_ARGS__)     \
+                        AOTINFER_CASES_FP16(c_type, __VA_ARGS__))
+
+// float8_e4m3fn and float8_e5m2.
+#define DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP8(dlpack_dtype, c_type, ...) \
+  AOTINFER_DISPATCH(dlpack_dtype, "float8_e4m3fn, float8_e5m2", AOTINFER_CASES_FP8(c_type, __VA_ARGS__))

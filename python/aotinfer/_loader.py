@@ -1,0 +1,118 @@
+"""Finds, loads and caches the per-SM shared object of a kernel module.
+
+Nothing happens at import: no CUDA call, no file read, no .so load, so servers may fork after
+``import aotinfer``. The first call of an op on a device reads the manifest (once per process),
+picks the build for that device's compute capability (``_arch.choose_arch``), loads it through
+tvm-ffi and caches it under (module, device index); later calls are one dict lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+from ._arch import Arch, Choice, NoCompatibleBuild, choose_arch
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Tuple
+
+OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ops")
+MANIFEST = os.path.join(OPS_DIR, "manifest.json")
+
+_lock = threading.Lock()
+_modules: "Dict[Tuple[str, int], Any]" = {}
+_capabilities: "Dict[int, Tuple[int, int]]" = {}
+_jit_warned: set = set()
+
+
+class NotBuiltError(ImportError):
+    """aotinfer is imported from a source tree without its compiled kernels."""
+
+
+def build_command(arch: str) -> str:
+    return f'AOTINFER_CUDA_ARCH_LIST="{arch}" pip install --no-binary aotinfer aotinfer'
+
+
+@functools.lru_cache(maxsize=None)
+def manifest() -> Dict[str, Any]:
+    """The build's manifest: versions, arch list, and every module's builds with their sha256."""
+    import json
+
+    try:
+        with open(MANIFEST) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise NotBuiltError(
+            f"aotinfer's kernels are not built: {MANIFEST} is missing. Install the wheel"
+            " ('pip install aotinfer') or build from a checkout ('pip install .')."
+        ) from None
+    return json.loads(text)
+
+
+def module_builds(name: str) -> Dict[Arch, Dict[str, Any]]:
+    """The builds of one module in this install, keyed by arch (with its +PTX flag)."""
+    entry = module_entry(name)
+    return {
+        Arch.parse(arch + ("+PTX" if build["ptx"] else "")): build
+        for arch, build in entry["builds"].items()
+    }
+
+
+def module_entry(name: str) -> Dict[str, Any]:
+    modules = manifest()["modules"]
+    if name not in modules:
+        raise KeyError(f"aotinfer has no kernel module {name!r}; it has: {', '.join(sorted(modules))}")
+    return modules[name]
+
+
+def resolve(name: str, cc: Tuple[int, int]) -> Tuple[Choice, str]:
+    """Which file of module ``name`` a GPU of compute capability ``cc`` loads, and why."""
+    builds = module_builds(name)
+    try:
+        choice = choose_arch(cc, builds, module_entry(name)["sm_majors"])
+    except NoCompatibleBuild as e:
+        raise NoCompatibleBuild(
+            f"aotinfer module {name!r}: {e}. To add this GPU, build from source: "
+            f"{build_command(f'{cc[0]}.{cc[1]}')}"
+        ) from None
+    return choice, os.path.join(OPS_DIR, builds[choice.arch]["file"])
+
+
+def device_capability(index: int) -> Tuple[int, int]:
+    cc = _capabilities.get(index)
+    if cc is None:
+        import torch
+
+        cc = _capabilities[index] = torch.cuda.get_device_capability(index)
+    return cc
+
+
+def get_module(name: str, device: Any) -> Any:
+    """The loaded tvm-ffi module ``name`` for a CUDA ``torch.device`` (with an index)."""
+    key = (name, device.index)
+    module = _modules.get(key)
+    if module is None:
+        with _lock:
+            module = _modules.get(key)
+            if module is None:
+                module = _modules[key] = _load(name, device.index)
+    return module
+
+
+def _load(name: str, index: int) -> Any:
+    import warnings
+
+    import tvm_ffi
+
+    choice, path = resolve(name, device_capability(index))
+    if choice.jit and path not in _jit_warned:
+        _jit_warned.add(path)
+        warnings.warn(
+            f"aotinfer module {name!r} has no SASS for cuda:{index}; using {choice.reason}."
+            " The first call is slow while the driver compiles it (cached afterwards).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return tvm_ffi.load_module(path)
