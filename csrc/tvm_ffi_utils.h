@@ -64,6 +64,16 @@ T* data_ptr(const TensorView& tensor) {
   return reinterpret_cast<T*>(static_cast<char*>(tensor.data_ptr()) + tensor.byte_offset());
 }
 
+// "input" from the text of an expression like "input.dtype()", for error messages.
+inline std::string ArgumentName(std::string expression) {
+  const std::string accessor = ".dtype()";
+  if (expression.size() > accessor.size() &&
+      expression.compare(expression.size() - accessor.size(), accessor.size(), accessor) == 0) {
+    expression.resize(expression.size() - accessor.size());
+  }
+  return expression;
+}
+
 constexpr uint32_t DtypeKey(uint8_t code, uint8_t bits) { return (uint32_t(code) << 8) | bits; }
 inline uint32_t DtypeKey(DLDataType dtype) {
   return dtype.lanes == 1 ? DtypeKey(dtype.code, dtype.bits) : 0;
@@ -155,8 +165,8 @@ inline uint32_t DtypeKey(DLDataType dtype) {
     switch (::aotinfer::DtypeKey(dlpack_dtype)) {                                             \
       CASES                                                                                   \
       default:                                                                                \
-        TVM_FFI_THROW(TypeError) << "Unsupported dtype of " #dlpack_dtype ": got "            \
-                                 << (dlpack_dtype) << ", expected one of " accepted;          \
+        TVM_FFI_THROW(TypeError) << "Expected " << ::aotinfer::ArgumentName(#dlpack_dtype)     \
+                                 << " to have dtype " accepted ", got " << (dlpack_dtype);    \
     }                                                                                         \
     return false;                                                                             \
   }()
@@ -171,14 +181,14 @@ inline uint32_t DtypeKey(DLDataType dtype) {
 
 // float16 and bfloat16.
 #define DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(dlpack_dtype, c_type, ...) \
-  AOTINFER_DISPATCH(dlpack_dtype, "float16, bfloat16", AOTINFER_CASES_FP16(c_type, __VA_ARGS__))
+  AOTINFER_DISPATCH(dlpack_dtype, "float16 or bfloat16", AOTINFER_CASES_FP16(c_type, __VA_ARGS__))
 
 // float32, float16 and bfloat16.
 #define DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(dlpack_dtype, c_type, ...)           \
-  AOTINFER_DISPATCH(dlpack_dtype, "float32, float16, bfloat16",                       \
+  AOTINFER_DISPATCH(dlpack_dtype, "float32, float16 or bfloat16",                       \
                     AOTINFER_DTYPE_CASE(kDLFloat, 32, float, c_type, __VA_ARGS__)     \
                         AOTINFER_CASES_FP16(c_type, __VA_ARGS__))
 
 // float8_e4m3fn and float8_e5m2.
 #define DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP8(dlpack_dtype, c_type, ...) \
-  AOTINFER_DISPATCH(dlpack_dtype, "float8_e4m3fn, float8_e5m2", AOTINFER_CASES_FP8(c_type, __VA_ARGS__))
+  AOTINFER_DISPATCH(dlpack_dtype, "float8_e4m3fn or float8_e5m2", AOTINFER_CASES_FP8(c_type, __VA_ARGS__))

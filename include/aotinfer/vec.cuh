@@ -43,15 +43,15 @@ struct alignas(sizeof(T) * N) Vec {
   static_assert(kBytes <= 16 && (kBytes & (kBytes - 1)) == 0, "one access moves 2 to 16 bytes");
   using Access = typename detail::AccessType<kBytes>::type;
 
-  T elems[N];
+  // The union keeps loads and stores one instruction wide after elements were written one by one.
+  union {
+    Access raw;
+    T elems[N];
+  };
 
   // ptr must be aligned to kBytes.
-  __device__ __forceinline__ void load(const T* ptr) {
-    *reinterpret_cast<Access*>(elems) = *reinterpret_cast<const Access*>(ptr);
-  }
-  __device__ __forceinline__ void store(T* ptr) const {
-    *reinterpret_cast<Access*>(ptr) = *reinterpret_cast<const Access*>(elems);
-  }
+  __device__ __forceinline__ void load(const T* ptr) { raw = *reinterpret_cast<const Access*>(ptr); }
+  __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<Access*>(ptr) = raw; }
   __device__ __forceinline__ T& operator[](int i) { return elems[i]; }
   __device__ __forceinline__ const T& operator[](int i) const { return elems[i]; }
 };

@@ -1,0 +1,177 @@
+// Design experiment for include/aotinfer/scale.cuh: which access pattern reaches the copy
+// bandwidth. Each variant computes out = in * factor over n elements; all are checked against a
+// host reference, then timed (CUDA events, median of 50 after 10 warm-ups) beside
+// cudaMemcpyAsync device-to-device of the same bytes. Results: benchmarks/NOTES.md.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include benchmarks/scale_variants.cu
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "aotinfer/scale.cuh"
+
+#define CHECK(call)                                                                    \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) {                                                           \
+      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));           \
+      std::exit(1);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+using namespace aotinfer;
+
+enum Hint { kPlain, kStreaming, kNoAllocate };
+
+template <Hint kHint>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  if constexpr (kHint == kStreaming) return __ldcs(p);
+  if constexpr (kHint == kNoAllocate) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+  }
+  return *p;
+}
+template <Hint kHint>
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
+  if constexpr (kHint == kPlain) *p = v; else __stcs(p, v);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 scale16(uint4 raw, float f) {
+  Vec<T, kVec16<T>> v;
+  *reinterpret_cast<uint4*>(v.elems) = raw;
+#pragma unroll
+  for (int j = 0; j < kVec16<T>; ++j) v[j] = from_float<T>(to_float(v[j]) * f);
+  return *reinterpret_cast<uint4*>(v.elems);
+}
+
+// One-shot grid: block b owns kThreads * kUnroll consecutive vectors. Index is int64 or int32.
+template <typename T, int kThreads, int kUnroll, Hint kHint, typename Index>
+__global__ void __launch_bounds__(kThreads) OneShot(uint4* out, const uint4* in, float f, Index nv) {
+  const Index first = Index(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  uint4 v[kUnroll];
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const Index i = first + k * kThreads;
+    if (i < nv) v[k] = load16<kHint>(in + i);
+  }
+#pragma unroll
+  for (int k = 0; k < kUnroll; ++k) {
+    const Index i = first + k * kThreads;
+    if (i < nv) store16<kHint>(out + i, scale16<T>(v[k], f));
+  }
+}
+
+// Grid-stride: a fixed grid walks the vectors, kUnroll vectors per thread per step.
+template <typename T, int kThreads, int kUnroll, Hint kHint>
+__global__ void __launch_bounds__(kThreads) GridStride(uint4* out, const uint4* in, float f, int64_t nv) {
+  const int64_t step = int64_t(gridDim.x) * kThreads * kUnroll;
+  for (int64_t base = int64_t(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < nv; base += step) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + int64_t(k) * kThreads;
+      if (i < nv) v[k] = load16<kHint>(in + i);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t i = base + int64_t(k) * kThreads;
+      if (i < nv) store16<kHint>(out + i, scale16<T>(v[k], f));
+    }
+  }
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() { CHECK(cudaEventCreate(&a)); CHECK(cudaEventCreate(&b)); }
+  template <typename F>
+  float median_ms(F&& f) {
+    for (int i = 0; i < 10; ++i) f();
+    std::vector<float> t;
+    for (int i = 0; i < 50; ++i) {
+      CHECK(cudaEventRecord(a));
+      f();
+      CHECK(cudaEventRecord(b));
+      CHECK(cudaEventSynchronize(b));
+      float ms;
+      CHECK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    return t[t.size() / 2];
+  }
+};
+
+template <typename T>
+void run(const char* dtype, size_t bytes, int sms) {
+  const size_t n = bytes / sizeof(T), nv = bytes / 16;
+  std::vector<T> h(n);
+  srand(1);
+  for (size_t i = 0; i < n; ++i) h[i] = T(float(rand()) / RAND_MAX * 4.f - 2.f);
+  T *in, *out;
+  CHECK(cudaMalloc(&in, bytes));
+  CHECK(cudaMalloc(&out, bytes));
+  CHECK(cudaMemcpy(in, h.data(), bytes, cudaMemcpyHostToDevice));
+  const float f = 1.37f;
+  Timer timer;
+  const float copy_ms = timer.median_ms([&] { CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice)); });
+  const double copy_bw = 2.0 * bytes / copy_ms / 1e6;
+  std::printf("%-9s %5zu MiB  cudaMemcpy D2D %7.1f us %6.0f GB/s\n", dtype, bytes >> 20, copy_ms * 1e3, copy_bw);
+  std::vector<T> got(n);
+  auto report = [&](const char* name, auto launch) {
+    CHECK(cudaMemset(out, 0xff, bytes));
+    launch();
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(got.data(), out, bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i += 4093) {
+      const float want = float(T(float(h[i]) * f));
+      if (float(got[i]) != want) { std::printf("  %-34s WRONG at %zu\n", name, i); return; }
+    }
+    const float ms = timer.median_ms(launch);
+    const double bw = 2.0 * bytes / ms / 1e6;
+    std::printf("  %-34s %7.1f us %6.0f GB/s  %.3f of memcpy\n", name, ms * 1e3, bw, bw / copy_bw);
+  };
+  auto u_out = reinterpret_cast<uint4*>(out);
+  auto u_in = reinterpret_cast<const uint4*>(in);
+#define ONESHOT(THREADS, UNROLL, HINT, INDEX)                                                     \
+  report("oneshot " #THREADS "x" #UNROLL " " #HINT " " #INDEX, [&] {                              \
+    const size_t per = size_t(THREADS) * UNROLL;                                                  \
+    OneShot<T, THREADS, UNROLL, HINT, INDEX><<<(nv + per - 1) / per, THREADS>>>(u_out, u_in, f, INDEX(nv)); \
+  })
+  report("shipped aotinfer::Scale", [&] { CHECK(Scale<T>(out, in, f, int64_t(n), nullptr)); });
+  ONESHOT(256, 4, kPlain, int64_t);
+  ONESHOT(256, 4, kPlain, int32_t);
+  ONESHOT(128, 1, kPlain, int32_t);
+  ONESHOT(128, 2, kPlain, int32_t);
+  ONESHOT(128, 4, kPlain, int32_t);
+  ONESHOT(256, 2, kPlain, int32_t);
+  ONESHOT(512, 2, kPlain, int32_t);
+  ONESHOT(256, 8, kPlain, int32_t);
+  ONESHOT(256, 4, kStreaming, int32_t);
+  ONESHOT(256, 4, kNoAllocate, int32_t);
+  ONESHOT(128, 2, kStreaming, int32_t);
+  ONESHOT(128, 2, kNoAllocate, int32_t);
+  for (int per_sm : {4, 8, 16}) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "gridstride 256x4 plain %d/SM", per_sm);
+    report(name, [&] { GridStride<T, 256, 4, kPlain><<<sms * per_sm, 256>>>(u_out, u_in, f, int64_t(nv)); });
+    std::snprintf(name, sizeof(name), "gridstride 256x2 nc %d/SM", per_sm);
+    report(name, [&] { GridStride<T, 256, 2, kNoAllocate><<<sms * per_sm, 256>>>(u_out, u_in, f, int64_t(nv)); });
+  }
+  CHECK(cudaFree(in));
+  CHECK(cudaFree(out));
+}
+
+int main() {
+  int sms;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (size_t mib : {256, 1024}) {
+    run<half>("float16", mib << 20, sms);
+    run<float>("float32", mib << 20, sms);
+  }
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU checks of an installed aotinfer: info, the GPU tests, a memcheck pass over scale's
+# misaligned paths, and the benchmarks. Logs go to LOG_DIR; a summary is printed last.
+#   usage: ci/gpu_check.sh [LOG_DIR]     (run from the repository root)
+set -uo pipefail
+log=${1:-gpu-logs}
+mkdir -p "$log"
+status=0
+run() {  # run NAME CMD...: output to $log/NAME.txt, remember failures
+  local name=$1; shift
+  echo "== $name: $*"
+  "$@" >"$log/$name.txt" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then status=1; echo "   FAILED (exit $rc)"; fi
+  tail -n 3 "$log/$name.txt"
+}
+export PYTHONUNBUFFERED=1
+run nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+run info python -m aotinfer info
+run pytest-gpu python -m pytest tests -m gpu -v -rs
+run pytest-all python -m pytest tests -q
+if command -v compute-sanitizer >/dev/null; then
+  run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
+    python -m pytest tests/test_scale.py -m gpu -q -k "misaligned or out_and_in_place or empty"
+fi
+run bench-scale python benchmarks/bench_scale.py
+run bench-import python benchmarks/bench_import.py
+echo "== tables"
+cat "$log/bench-scale.txt" "$log/bench-import.txt"
+exit $status
