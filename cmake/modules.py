@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -34,6 +35,8 @@ sys.modules[_spec.name] = _arch  # dataclasses look their module up by name
 _spec.loader.exec_module(_arch)
 
 DECLARATION_KEYS = {"sources", "functions", "sm_majors"}
+# Bindings write into caller-allocated outputs and return nothing.
+SCHEMA = re.compile(r"^\(.*\) -> \(\)$")
 
 # Oldest Linux driver that runs binaries of each CUDA major (CUDA's minor-version compatibility).
 # PTX in a wheel is compiled by the driver, which for that needs one at least as new as the
@@ -51,9 +54,14 @@ def load_declarations(path: Path) -> dict:
         unknown = set(decl) - DECLARATION_KEYS
         if unknown:
             sys.exit(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(DECLARATION_KEYS)}")
-        for key in ("sources", "functions"):
-            if not decl.get(key) or not all(isinstance(s, str) for s in decl[key]):
-                sys.exit(f"{where}: '{key}' must be a non-empty list of strings")
+        if not decl.get("sources") or not all(isinstance(s, str) for s in decl["sources"]):
+            sys.exit(f"{where}: 'sources' must be a non-empty list of strings")
+        functions = decl.get("functions")
+        if not isinstance(functions, dict) or not functions:
+            sys.exit(f"{where}: 'functions' must map each export to its schema")
+        for function, schema in functions.items():
+            if not (function.isidentifier() and isinstance(schema, str) and SCHEMA.match(schema)):
+                sys.exit(f"{where}: '{function}' needs a schema like \"(Tensor(a!) out, Tensor input) -> ()\"")
         if decl["sources"] != sorted(decl["sources"]):
             sys.exit(f"{where}: list the sources sorted")
         for source in decl["sources"]:

@@ -142,11 +142,8 @@ def test_loader_loads_once_under_threads(monkeypatch):
     monkeypatch.setattr(_loader, "_load", slow_load)
     monkeypatch.setattr(_loader, "_modules", {})
 
-    class Device:
-        index = 7
-
     results = []
-    threads = [threading.Thread(target=lambda: results.append(_loader.get_module("scale", Device()))) for _ in range(8)]
+    threads = [threading.Thread(target=lambda: results.append(_loader.get_module("scale", 7))) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:

@@ -118,13 +118,13 @@ def test_misaligned(dtype, in_offset, out_offset):
 
 
 @gpu
-def test_non_contiguous_input_is_copied():
+def test_non_contiguous_input_is_refused():
     base = torch.randn(64, 130, device="cuda", dtype=torch.bfloat16)
     x = base[:, 1:129:2].t()
     assert not x.is_contiguous()
-    out = aotinfer.scale(x, 2.5)
-    assert out.is_contiguous()
-    check(out, x, 2.5)
+    for skip_check in (False, True):
+        with pytest.raises(ValueError, match="Expected input to be contiguous"):
+            aotinfer.scale(x, 2.5, skip_check=skip_check)
 
 
 @gpu

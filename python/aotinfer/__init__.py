@@ -1,12 +1,26 @@
 """aotinfer: ahead-of-time compiled CUDA kernels for LLM inference, with FlashInfer's Python API.
 
-Importing is cheap and side-effect free: no CUDA call, no torch import, no file access and no
-shared object loaded. Each op loads the build of its kernel module that matches the input's GPU
-on first use (see _loader.py).
+Importing is cheap and side-effect free: no CUDA call, no torch import and no shared object
+loaded; where torch is already imported, aotinfer's torch custom ops are defined from the
+manifest. Each op loads the build of its kernel module that matches the input's GPU on first use
+(see _loader.py).
 """
+
+import sys as _sys
 
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .scale import scale
+from .utils import BackendSupportedError
 
-__all__ = ["NoCompatibleBuild", "__version__", "scale"]
+__all__ = ["BackendSupportedError", "NoCompatibleBuild", "__version__", "scale"]
+
+if "torch" in _sys.modules:
+    # torch.compile can only see aotinfer's custom ops once they exist; define them now when that
+    # costs no torch import (otherwise the first kernel call does it).
+    from . import _kernels, _loader
+
+    try:
+        _kernels.register_torch_ops()
+    except _loader.NotBuiltError:
+        pass

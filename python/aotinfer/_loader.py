@@ -89,15 +89,17 @@ def device_capability(index: int) -> Tuple[int, int]:
     return cc
 
 
-def get_module(name: str, device: Any) -> Any:
-    """The loaded tvm-ffi module ``name`` for a CUDA ``torch.device`` (with an index)."""
-    key = (name, device.index)
+def get_module(name: str, index: int) -> Any:
+    """The loaded tvm-ffi module ``name`` for CUDA device ``index`` (``tensor.get_device()``)."""
+    key = (name, index)
     module = _modules.get(key)
     if module is None:
+        if index < 0:
+            raise ValueError(f"aotinfer module {name!r} runs on CUDA tensors; got a tensor on the CPU")
         with _lock:
             module = _modules.get(key)
             if module is None:
-                module = _modules[key] = _load(name, device.index)
+                module = _modules[key] = _load(name, index)
     return module
 
 

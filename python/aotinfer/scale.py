@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numbers
 
-from ._loader import get_module
+from ._kernels import kernel
+from .api_logging import aotinfer_api
+from .trace.templates.scale import scale_trace
+from .utils import backend_requirement, supported_compute_capability
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -12,8 +15,27 @@ if TYPE_CHECKING:
 
     import torch
 
+_scale = kernel("scale", "scale")
 
-def scale(input: "torch.Tensor", factor: float, out: Optional["torch.Tensor"] = None) -> "torch.Tensor":
+
+@supported_compute_capability([75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121])
+def _check_scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None) -> bool:
+    import torch
+
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}")
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+        raise TypeError(f"Expected factor to be a real number, got {type(factor).__name__}")
+    if not input.is_cuda:
+        raise ValueError(f"Expected input to be a CUDA tensor, got a tensor on {input.device}")
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise TypeError(f"Expected out to be a torch.Tensor or None, got {type(out).__name__}")
+    return True
+
+
+@aotinfer_api(trace=scale_trace)
+@backend_requirement(backend_checks={}, common_check=_check_scale)
+def scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Multiply every element of ``input`` by ``factor``.
 
     Computes ``input * factor`` in float32 and rounds once to the input's dtype, as torch does.
@@ -21,30 +43,23 @@ def scale(input: "torch.Tensor", factor: float, out: Optional["torch.Tensor"] = 
     Parameters
     ----------
     input : torch.Tensor
-        CUDA tensor of any shape, float16, bfloat16 or float32. A non-contiguous input is copied
-        to a contiguous one first.
+        Contiguous CUDA tensor of any shape, float16, bfloat16 or float32 (any alignment).
     factor : float
         The scale factor (any real number).
     out : Optional[torch.Tensor]
         Contiguous tensor of ``input``'s shape, dtype and device to write to; may be ``input``
         itself for an in-place scale. Allocated when missing.
+    skip_check : bool
+        Skip the argument checks (the kernel still rejects tensors it cannot handle).
 
     Returns
     -------
     torch.Tensor
         ``out``, holding ``input * factor``.
     """
-    import torch
-
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}")
-    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
-        raise TypeError(f"Expected factor to be a real number, got {type(factor).__name__}")
-    if input.device.type != "cuda":
-        raise ValueError(f"Expected input to be a CUDA tensor, got a tensor on {input.device}")
-    if not input.is_contiguous():
-        input = input.contiguous()
     if out is None:
+        import torch
+
         out = torch.empty_like(input)
-    get_module("scale", input.device).scale(out, input, float(factor))
+    _scale(out, input, factor)
     return out

@@ -1,0 +1,1 @@
+"""One module of trace templates per op topic, named like the op's module."""
