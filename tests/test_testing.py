@@ -65,6 +65,14 @@ def test_uncapturable_call_falls_back_to_events():
     with pytest.warns(UserWarning, match="cannot be captured in a CUDA graph .*falling back to CUDA events"):
         median, _ = bench_gpu_time(syncs, repeat_iters=10, dry_run_iters=2, use_cuda_graph=True)
     assert median > 0
+    # The failed capture left nothing broken: random numbers and new captures still work.
+    assert torch.randn(16, device="cuda").isfinite().all()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = torch.randn(16, device="cuda")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert y.isfinite().all()
 
 
 def test_copy_bandwidth_is_plausible():

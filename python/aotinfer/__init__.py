@@ -17,10 +17,13 @@ __all__ = ["BackendSupportedError", "NoCompatibleBuild", "__version__", "scale"]
 
 if "torch" in _sys.modules:
     # torch.compile can only see aotinfer's custom ops once they exist; define them now when that
-    # costs no torch import (otherwise the first kernel call does it).
+    # costs no torch import (otherwise the first kernel call does it), and, if torch._dynamo is
+    # loaded already, let it trace the ops (otherwise that happens when it is imported).
     from . import _kernels, _loader
 
     try:
         _kernels.register_torch_ops()
     except _loader.NotBuiltError:
         pass
+    if "torch._dynamo" in _sys.modules:
+        _kernels._on_dynamo_loaded()

@@ -83,7 +83,21 @@ def _capture(call: Callable[[], Any]):
         return graph, None
     except Exception as e:  # capture refuses synchronizing or host-dependent work
         torch.cuda.synchronize()
+        _end_failed_capture()
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _end_failed_capture() -> None:
+    """A capture that failed skips torch's end-of-capture step for its CUDA generators, which then
+    refuse random numbers; one capture that succeeds runs that step again."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    scratch = torch.empty(1, device="cuda")
+    with torch.cuda.graph(graph):
+        scratch.fill_(0)
+    torch.cuda.synchronize()
+    del graph
 
 
 def _time_with_cupti(call: Callable[[], Any], flush: _L2Flush, dry: int, repeat: int) -> List[float]:

@@ -15,11 +15,12 @@ Three patterns: one implementation (``backend_checks={}`` and a ``common_check``
 The wrapped op takes a keyword-only ``skip_check=False`` and gains ``is_backend_supported``,
 ``is_compute_capability_supported``, ``has_backend`` and ``has_backend_choices``. The compute
 capability checked is that of the first CUDA tensor among the arguments (cached per device), as
-``major * 10 + minor``. Checks are skipped while torch.compile traces: the bindings validate
-again at run time.
+``major * 10 + minor``, and only where a check lists capabilities.
 
-The wrapper is generated with the op's own signature, so a checked call costs one extra Python
-call plus the checks, and ``skip_check=True`` costs one extra call.
+The wrapper is generated with the op's own signature and, for one backend, with the check call
+written into it: a checked call costs the wrapper plus the check function, and ``skip_check=True``
+the wrapper alone. torch.compile traces the op's body instead (``_kernels.traceable``); the
+bindings validate again at run time.
 """
 
 from __future__ import annotations
@@ -119,6 +120,20 @@ class _Requirement:
             return False
         return True
 
+    def rejected(self, *args, **kwargs):
+        index, cc = _device_capability(args + tuple(kwargs.values()))
+        raise self.fail(None, index, cc, f"{self.common_check.__name__} rejected the arguments")
+
+    def require_capability(self, *args, **kwargs):
+        index, cc = _device_capability(args + tuple(kwargs.values()))
+        if not _allows(self.common_check, cc):
+            supported = ", ".join(str(c) for c in self.common_check.supported_compute_capabilities)
+            raise self.fail(None, index, cc, f"supported compute capabilities are {supported}")
+
+    def choose(self, *args, **kwargs):
+        index, cc = _device_capability(args + tuple(kwargs.values()))
+        self.choose_auto(index, cc, args, kwargs)
+
     def backend_of(self, args, kwargs):
         return kwargs["backend"] if "backend" in kwargs else args[self.backend_index]
 
@@ -165,11 +180,20 @@ class _Requirement:
         return bool(self.backend_checks)
 
 
-# The generated wrapper: the op's parameters as they are, plus skip_check. "auto" backends are
-# ranked even with skip_check, since the op reads its choice from suitable_auto_backends.
-_WRAPPER = """
+# The generated wrappers: the op's parameters as they are, plus skip_check. With one backend the
+# common check is called inline; with several, "auto" backends are ranked even with skip_check,
+# since the op reads its choice from suitable_auto_backends.
+_SINGLE_BACKEND = """
 def {name}({params}):
-    if not skip_check and not _kernels._is_compiling():
+    if not skip_check:
+        {capability}
+        if _common({call}) is not True:
+            _rejected({call})
+    return _fn({call})
+"""
+_SEVERAL_BACKENDS = """
+def {name}({params}):
+    if not skip_check:
         _check({call})
     elif {auto}:
         _choose({call})
@@ -177,10 +201,10 @@ def {name}({params}):
 """
 
 
-def _wrapper_source(requirement: _Requirement) -> tuple:
+def _wrapper_source(requirement: _Requirement) -> str:
     import inspect
 
-    params, names, call, defaults = [], [], [], {}
+    params, names, call = [], [], []
     star = False
     for p in requirement.signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -188,19 +212,19 @@ def _wrapper_source(requirement: _Requirement) -> tuple:
         if p.kind == p.KEYWORD_ONLY and not star:
             params.append("*")
             star = True
-        if p.default is inspect.Parameter.empty:
-            params.append(p.name)
-        else:
-            defaults[f"_default_{p.name}"] = p.default
-            params.append(f"{p.name}=_default_{p.name}")
+        params.append(p.name if p.default is inspect.Parameter.empty else f"{p.name}=_default_{p.name}")
         names.append(p.name)
         call.append(f"{p.name}={p.name}" if p.kind == p.KEYWORD_ONLY else p.name)
     if not star:
         params.append("*")
     params.append("skip_check=False")
+    fields = dict(name=requirement.fn.__name__, params=", ".join(params), call=", ".join(call))
+    if not requirement.backend_checks:
+        restricted = getattr(requirement.common_check, "supported_compute_capabilities", None) is not None
+        capability = f"_require_capability({fields['call']})" if restricted else "pass"
+        return _SINGLE_BACKEND.format(capability=capability, **fields)
     auto = f"{names[requirement.backend_index]} == 'auto'" if requirement.backend_index is not None else "False"
-    source = _WRAPPER.format(name=requirement.fn.__name__, params=", ".join(params), call=", ".join(call), auto=auto)
-    return source, defaults
+    return _SEVERAL_BACKENDS.format(auto=auto, **fields)
 
 
 def backend_requirement(
@@ -216,15 +240,16 @@ def backend_requirement(
         import functools
 
         requirement = _Requirement(fn, backend_checks, common_check, heuristic_func)
-        source, namespace = _wrapper_source(requirement)
+        namespace = {f"_default_{p.name}": p.default for p in requirement.signature.parameters.values()}
         namespace.update(
             _fn=fn,
+            _common=common_check or (lambda *args, **kwargs: True),
+            _rejected=requirement.rejected,
+            _require_capability=requirement.require_capability,
             _check=requirement.check,
-            _choose=lambda *args, **kwargs: requirement.choose_auto(
-                *_device_capability(args + tuple(kwargs.values())), args, kwargs
-            ),
-            _kernels=_kernels,
+            _choose=requirement.choose,
         )
+        source = _wrapper_source(requirement)
         exec(compile(source, f"<aotinfer checks of {requirement.name}>", "exec"), namespace)
         wrapper = functools.update_wrapper(namespace[fn.__name__], fn)
         wrapper.__wrapped__ = fn
@@ -234,6 +259,7 @@ def backend_requirement(
         wrapper.has_backend = requirement.has_backend
         wrapper.has_backend_choices = requirement.has_backend_choices
         requirement.wrapper = wrapper
+        _kernels.traceable(wrapper, fn)
         return wrapper
 
     return decorate
