@@ -19,18 +19,22 @@ _scale = kernel("scale", "scale")
 
 
 def _check_scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None) -> bool:
-    # Runs on every call without skip_check: no imports, the common types tested first. The
-    # binding checks dtypes, shapes, devices and contiguity itself.
-    is_cuda = getattr(input, "is_cuda", None)
-    if is_cuda is None:
-        raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}")
+    # Runs on every call without skip_check, so: no imports, plain attribute reads, the common
+    # types tested first. The binding checks dtypes, shapes, devices and contiguity itself.
+    try:
+        on_gpu = input.is_cuda
+    except AttributeError:
+        raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}") from None
     if type(factor) is not float and type(factor) is not int:
         if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
             raise TypeError(f"Expected factor to be a real number, got {type(factor).__name__}")
-    if not is_cuda:
+    if not on_gpu:
         raise ValueError(f"Expected input to be a CUDA tensor, got a tensor on {input.device}")
-    if out is not None and getattr(out, "is_cuda", None) is None:
-        raise TypeError(f"Expected out to be a torch.Tensor or None, got {type(out).__name__}")
+    if out is not None:
+        try:
+            out.is_cuda
+        except AttributeError:
+            raise TypeError(f"Expected out to be a torch.Tensor or None, got {type(out).__name__}") from None
     return True
 
 
