@@ -18,6 +18,7 @@
 #include <tvm/ffi/function.h>
 
 #include <sstream>
+#include <algorithm>
 #include <string>
 
 using tvm::ffi::TensorView;
@@ -72,6 +73,40 @@ inline std::string ArgumentName(std::string expression) {
     expression.resize(expression.size() - accessor.size());
   }
   return expression;
+}
+
+// The rows of `tensor` over its last dimension, which must be contiguous: 1-D is one row, 2-D and
+// 3-D keep their leading strides (rows may be slices of wider tensors), more dimensions must be
+// contiguous. `name` is the argument's name for errors.
+template <typename Layout>
+Layout RowsOf(const TensorView& tensor, const char* name, int64_t* num_rows) {
+  const int ndim = tensor.ndim();
+  if (ndim == 0) TVM_FFI_THROW(ValueError) << "Expected " << name << " to have at least one dimension";
+  if (tensor.size(-1) > 1 && tensor.stride(-1) != 1) {
+    TVM_FFI_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got stride "
+                              << tensor.stride(-1);
+  }
+  Layout rows;
+  if (ndim == 1) {
+    *num_rows = 1;
+  } else if (ndim == 2) {
+    *num_rows = tensor.size(0);
+    rows.outer_stride = tensor.stride(0);
+  } else if (ndim == 3) {
+    *num_rows = tensor.size(0) * tensor.size(1);
+    rows.inner = std::max<int64_t>(tensor.size(1), 1);
+    rows.outer_stride = tensor.stride(0);
+    rows.inner_stride = tensor.stride(1);
+  } else {
+    if (!tensor.IsContiguous()) {
+      TVM_FFI_THROW(ValueError) << "Expected " << name << " with " << ndim << " dimensions to be contiguous, got strides "
+                                << ShapeString(tensor.strides());
+    }
+    *num_rows = 1;
+    for (int i = 0; i + 1 < ndim; ++i) *num_rows *= tensor.size(i);
+    rows.outer_stride = tensor.size(-1);
+  }
+  return rows;
 }
 
 constexpr uint32_t DtypeKey(uint8_t code, uint8_t bits) { return (uint32_t(code) << 8) | bits; }

@@ -37,21 +37,31 @@ template <> struct AccessType<8> { using type = uint2; };
 template <> struct AccessType<16> { using type = uint4; };
 }  // namespace detail
 
+// N elements moved as kAccesses accesses of at most 16 bytes each (32 bytes: two 16-byte ones,
+// as for 8 floats beside 8 bf16 values).
 template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
+struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
   static constexpr int kBytes = sizeof(T) * N;
-  static_assert(kBytes <= 16 && (kBytes & (kBytes - 1)) == 0, "one access moves 2 to 16 bytes");
-  using Access = typename detail::AccessType<kBytes>::type;
+  static_assert((kBytes & (kBytes - 1)) == 0 && kBytes >= 2 && kBytes <= 32, "2 to 32 bytes, a power of two");
+  static constexpr int kAccessBytes = kBytes < 16 ? kBytes : 16;
+  static constexpr int kAccesses = kBytes / kAccessBytes;
+  using Access = typename detail::AccessType<kAccessBytes>::type;
 
   // The union keeps loads and stores one instruction wide after elements were written one by one.
   union {
-    Access raw;
+    Access raw[kAccesses];
     T elems[N];
   };
 
-  // ptr must be aligned to kBytes.
-  __device__ __forceinline__ void load(const T* ptr) { raw = *reinterpret_cast<const Access*>(ptr); }
-  __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<Access*>(ptr) = raw; }
+  // ptr must be aligned to kAccessBytes.
+  __device__ __forceinline__ void load(const T* ptr) {
+#pragma unroll
+    for (int i = 0; i < kAccesses; ++i) raw[i] = reinterpret_cast<const Access*>(ptr)[i];
+  }
+  __device__ __forceinline__ void store(T* ptr) const {
+#pragma unroll
+    for (int i = 0; i < kAccesses; ++i) reinterpret_cast<Access*>(ptr)[i] = raw[i];
+  }
   __device__ __forceinline__ T& operator[](int i) { return elems[i]; }
   __device__ __forceinline__ const T& operator[](int i) const { return elems[i]; }
 };

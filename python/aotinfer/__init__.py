@@ -10,10 +10,25 @@ import sys as _sys
 
 from ._arch import NoCompatibleBuild
 from ._version import __version__
+from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .scale import scale
 from .utils import BackendSupportedError
 
-__all__ = ["BackendSupportedError", "NoCompatibleBuild", "__version__", "scale"]
+__all__ = [
+    "BackendSupportedError",
+    "NoCompatibleBuild",
+    "__version__",
+    "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
+    "gemma_fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "layernorm",
+    "rmsnorm",
+    "scale",
+    "silu_and_mul",
+]
 
 if "torch" in _sys.modules:
     # torch.compile can only see aotinfer's custom ops once they exist; define them now when that

@@ -13,7 +13,7 @@ PAIRS = registry()
 IDS = [f"{op.__name__}-{template.name_prefix}" for op, template in PAIRS]
 SIZES = {Var: 5, Const: 16}
 SCALARS = {"float32": 1.25, "float64": 1.25, "int32": 3, "int64": 3, "bool": True}
-TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
 
 
 def test_registry_holds_every_public_op():
@@ -21,7 +21,11 @@ def test_registry_holds_every_public_op():
 
 
 def axis_sizes(template):
-    return {axis: SIZES[type(kind)] for axis, kind in template.axes.items()}
+    sizes = {axis: SIZES[type(kind)] for axis, kind in template.axes.items()}
+    for axis, kind in template.axes.items():
+        if getattr(kind, "derive", None) is not None:
+            sizes[axis] = kind.derive(sizes)
+    return sizes
 
 
 def make_arguments(template, device, dtype=torch.bfloat16):
@@ -74,9 +78,10 @@ def test_trace_on_cpu(op, template):
             assert entry["dtype"] not in (None, "unknown"), f"input {key!r} has no dtype"
     for key, entry in definition["outputs"].items():
         assert entry["dtype"] not in (None, "unknown"), f"output {key!r} has no dtype"
+    sizes = axis_sizes(template)
     for axis, entry in definition["axes"].items():
         if entry["type"] == "const":
-            assert entry["value"] == SIZES[Const], f"Const axis {axis!r} has no value"
+            assert entry["value"] == sizes[axis], f"Const axis {axis!r}: {entry['value']}, expected {sizes[axis]}"
     assert definition["reference"] and "def " in definition["reference"]
 
 
@@ -127,9 +132,11 @@ def test_trace_names_const_axes():
 def test_op_matches_reference_on_gpu(op, template):
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         by_param, by_key = make_arguments(template, "cuda", dtype)
-        result = op(**by_param)
-        results = result if isinstance(result, tuple) else (result,)
-        expected = template.reference(**by_key)
+        expected = template.reference(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in by_key.items()})
         expected = expected if isinstance(expected, tuple) else (expected,)
+        result = op(**by_param)
+        # Outputs naming a parameter are written into that argument (in place); the others are returned.
+        returned = iter(result if isinstance(result, tuple) else (result,))
+        results = [by_param[spec.param] if spec.param else next(returned) for spec in template.outputs.values()]
         for got, want in zip(results, expected):
             torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])

@@ -10,8 +10,8 @@ the shapes and dtypes off those arguments and returns the definition:
 
 - ``Var()``: an axis whose size varies at run time; its value is neither in the name nor the JSON.
 - ``Const(abbrev="h")``: an axis fixed per definition; its value goes into the JSON and, as
-  ``h4096``, into the name (``abbrev=""``: JSON only). Its value comes from a tensor dimension or
-  from an op parameter of the same name.
+  ``h4096``, into the name (``abbrev=""``: JSON only). Its value comes from a tensor dimension,
+  an op parameter of the same name, or ``derive`` from other axes.
 - ``Tensor(dim_names, param=, dtype_from=, optional=)``: ``param`` is the op parameter it reads
   (default: its key); outputs take their dtype from an input's key through ``dtype_from``.
 - ``Scalar(dtype)``: a scalar parameter.
@@ -36,10 +36,15 @@ class Var:
 
 
 class Const:
-    """An axis whose size is part of the definition; ``abbrev`` + value goes into its name."""
+    """An axis whose size is part of the definition; ``abbrev`` + value goes into its name.
 
-    def __init__(self, abbrev: str = "") -> None:
+    ``derive``: for an axis no tensor shows directly, a function of the other axes' sizes, e.g.
+    ``lambda sizes: sizes["input_size"] // 2``.
+    """
+
+    def __init__(self, abbrev: str = "", derive: Optional[Callable[[Dict[str, int]], int]] = None) -> None:
         self.abbrev = abbrev
+        self.derive = derive
 
     def __repr__(self) -> str:
         return f"Const(abbrev={self.abbrev!r})"
@@ -131,9 +136,15 @@ class TraceTemplate:
             for axis, size in zip(spec.dim_names, shape):
                 bind_axis(axis, int(size), f"input {key!r}")
             inputs[key] = {"shape": spec.dim_names, "dtype": dtype_name(value.dtype)}
-        for axis in self.axes:
+        for axis, kind in self.axes.items():
             if values[axis] is None and isinstance(arguments.get(axis), int):
                 values[axis] = arguments[axis]
+        for axis, kind in self.axes.items():
+            if values[axis] is None and isinstance(kind, Const) and kind.derive is not None:
+                try:
+                    values[axis] = int(kind.derive(values))
+                except TypeError:  # an axis it depends on is unknown
+                    pass
 
         outputs = {}
         for key, spec in self.outputs.items():

@@ -1,0 +1,194 @@
+"""Normalizations with FlashInfer's signatures: rmsnorm, fused_add_rmsnorm, their Gemma variants
+(weight applied as ``1 + weight``) and layernorm. Inputs are 2-D ``[tokens, hidden]`` or 3-D
+``[tokens, heads, hidden]``, normalized over the last dimension, which must be contiguous; rows may
+be slices of wider tensors. Statistics are accumulated in float32.
+
+``enable_pdl``: True launches with programmatic dependent launch on sm90+ GPUs (a no-op below),
+False never does, None (default) does where the GPU supports it.
+"""
+
+from __future__ import annotations
+
+from ._kernels import kernel
+from .api_logging import aotinfer_api
+from .trace.templates.norm import (
+    fused_add_rmsnorm_trace,
+    gemma_fused_add_rmsnorm_trace,
+    gemma_rmsnorm_trace,
+    layernorm_trace,
+    rmsnorm_trace,
+)
+from .utils import backend_requirement
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+    import torch
+
+_rmsnorm = kernel("norm", "rmsnorm")
+_fused_add_rmsnorm = kernel("norm", "fused_add_rmsnorm")
+_layernorm = kernel("norm", "layernorm")
+
+
+def _pdl(enable_pdl: Optional[bool]) -> int:
+    return -1 if enable_pdl is None else int(bool(enable_pdl))
+
+
+def _check_rows(input, name: str = "input") -> None:
+    try:
+        on_gpu = input.is_cuda
+    except AttributeError:
+        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(input).__name__}") from None
+    if not on_gpu:
+        raise ValueError(f"Expected {name} to be a CUDA tensor, got a tensor on {input.device}")
+    if input.dim() not in (2, 3):
+        raise ValueError(f"Expected {name} to have 2 or 3 dimensions, got shape {list(input.shape)}")
+
+
+def _check_like_input(tensor, input, name: str, same_shape: bool) -> None:
+    """``tensor`` beside ``input``: on its GPU, of its dtype, and of its shape or its hidden size."""
+    try:
+        device, dtype, shape = tensor.device, tensor.dtype, list(tensor.shape)
+    except AttributeError:
+        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}") from None
+    if device != input.device:
+        raise ValueError(f"Expected {name} on {input.device} like input, got {device}")
+    if dtype != input.dtype:
+        raise ValueError(f"Expected {name} to have input's dtype {input.dtype}, got {dtype}")
+    expected = list(input.shape) if same_shape else [input.shape[-1]]
+    if shape != expected:
+        raise ValueError(f"Expected {name} to have shape {expected}, got {shape}")
+
+
+def _check_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None) -> bool:
+    _check_rows(input)
+    _check_like_input(weight, input, "weight", same_shape=False)
+    if out is not None:
+        _check_like_input(out, input, "out", same_shape=True)
+    return True
+
+
+def _check_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None) -> bool:
+    _check_rows(input)
+    _check_like_input(residual, input, "residual", same_shape=True)
+    _check_like_input(weight, input, "weight", same_shape=False)
+    return True
+
+
+def _output(input, out):
+    if out is None:
+        import torch
+
+        out = torch.empty_like(input)
+    return out
+
+
+@aotinfer_api(trace=rmsnorm_trace)
+@backend_requirement(backend_checks={}, common_check=_check_rmsnorm)
+def rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+) -> torch.Tensor:
+    r"""Root mean square normalization: ``out[i] = input[i] / sqrt(mean(input[i]**2) + eps) * weight``.
+
+    Parameters
+    ----------
+    input : torch.Tensor
+        ``[tokens, hidden]`` or ``[tokens, heads, hidden]``; float16, bfloat16 or float32.
+    weight : torch.Tensor
+        ``[hidden]``, input's dtype.
+    eps : float
+        Added to the mean square.
+    out : Optional[torch.Tensor]
+        Output of input's shape and dtype; allocated when missing.
+    enable_pdl : Optional[bool]
+        Programmatic dependent launch (see the module doc).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``.
+    """
+    out = _output(input, out)
+    _rmsnorm.fn(out, input, weight, float(eps), False, _pdl(enable_pdl))
+    return out
+
+
+@aotinfer_api(trace=fused_add_rmsnorm_trace)
+@backend_requirement(backend_checks={}, common_check=_check_fused_add_rmsnorm)
+def fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: Optional[bool] = None,
+) -> None:
+    r"""Residual add then RMSNorm, in place: ``residual += input``, then
+    ``input = residual / sqrt(mean(residual**2) + eps) * weight``.
+
+    ``input`` and ``residual`` have the same shape (2-D or 3-D) and dtype; ``weight`` is ``[hidden]``.
+    """
+    _fused_add_rmsnorm.fn(input, residual, weight, float(eps), False, _pdl(enable_pdl))
+
+
+@aotinfer_api(trace=gemma_rmsnorm_trace)
+@backend_requirement(backend_checks={}, common_check=_check_rmsnorm)
+def gemma_rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+) -> torch.Tensor:
+    r"""Gemma's RMSNorm: as :func:`rmsnorm` with the weight applied as ``1 + weight``."""
+    out = _output(input, out)
+    _rmsnorm.fn(out, input, weight, float(eps), True, _pdl(enable_pdl))
+    return out
+
+
+@aotinfer_api(trace=gemma_fused_add_rmsnorm_trace)
+@backend_requirement(backend_checks={}, common_check=_check_fused_add_rmsnorm)
+def gemma_fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: Optional[bool] = None,
+) -> None:
+    r"""Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with the weight applied as ``1 + weight``."""
+    _fused_add_rmsnorm.fn(input, residual, weight, float(eps), True, _pdl(enable_pdl))
+
+
+def _check_layernorm(input, gemma, beta, eps=1e-6) -> bool:
+    _check_rows(input)
+    for name, tensor in (("gemma", gemma), ("beta", beta)):
+        try:
+            dtype, shape, device = tensor.dtype, list(tensor.shape), tensor.device
+        except AttributeError:
+            raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}") from None
+        if device != input.device:
+            raise ValueError(f"Expected {name} on {input.device} like input, got {device}")
+        if shape != [input.shape[-1]]:
+            raise ValueError(f"Expected {name} to have shape {[input.shape[-1]]}, got {shape}")
+        if dtype != gemma.dtype or str(dtype) not in ("torch.float32", str(input.dtype)):
+            raise ValueError(f"Expected {name} to be float32 or input's dtype {input.dtype} (like gemma), got {dtype}")
+    return True
+
+
+@aotinfer_api(trace=layernorm_trace)
+@backend_requirement(backend_checks={}, common_check=_check_layernorm)
+def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    r"""Layer normalization: ``(input - mean) / sqrt(var + eps) * gemma + beta`` per row.
+
+    ``input``: 2-D or 3-D, float16, bfloat16 or float32; ``gemma`` (the scale, FlashInfer's name)
+    and ``beta``: ``[hidden]``, both float32 or both input's dtype. Returns a new tensor.
+    """
+    import torch
+
+    out = torch.empty_like(input)
+    _layernorm.fn(out, input, gemma, beta, float(eps), -1)
+    return out
