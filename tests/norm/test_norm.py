@@ -1,0 +1,194 @@
+"""rmsnorm, fused_add_rmsnorm, their Gemma variants and layernorm against float64 references."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import aotinfer
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# 4095 and 111: one element per access; 20480 and 20481: rows too long for registers (streamed).
+HIDDEN = [96, 111, 4095, 4096, 5120, 8192, 20480, 20481]
+LAYOUTS = ["2d", "3d", "2d-strided", "3d-strided"]
+TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 2e-2, torch.float32: 2e-5}
+
+
+# ---- references (float64) -----------------------------------------------------------------------
+
+
+def rms_reference(x, weight, eps, weight_offset):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight.double() + weight_offset)
+
+
+def layernorm_reference(x, gamma, beta, eps):
+    x = x.double()
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + eps) * gamma.double() + beta.double()
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+
+def make_rows(layout, hidden, dtype, tokens=7):
+    """A fresh random input of the layout; strided layouts are slices of wider tensors."""
+    if layout == "2d":
+        x = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+    elif layout == "3d":
+        x = torch.randn(3, tokens, hidden, device="cuda", dtype=dtype)
+    elif layout == "2d-strided":
+        x = torch.randn(tokens, hidden + 24, device="cuda", dtype=dtype)[:, 8 : 8 + hidden]
+    else:
+        x = torch.randn(3, tokens + 2, hidden + 16, device="cuda", dtype=dtype)[:, 1 : 1 + tokens, :hidden]
+    assert x.is_contiguous() == (not layout.endswith("strided"))
+    return x
+
+
+def poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+def close(got, want, dtype):
+    assert not got.isnan().any(), "some outputs were not written"
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("gemma", [False, True], ids=["rmsnorm", "gemma_rmsnorm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rmsnorm(gemma, layout, hidden, dtype):
+    op = aotinfer.gemma_rmsnorm if gemma else aotinfer.rmsnorm
+    x = make_rows(layout, hidden, dtype)
+    weight = torch.randn(hidden, device="cuda", dtype=dtype)
+    want = rms_reference(x, weight, 1e-6, 1.0 if gemma else 0.0)
+    out = poisoned(x.shape, dtype)
+    assert op(x, weight, out=out) is out
+    close(out, want, dtype)
+    close(op(x, weight, eps=1e-5, enable_pdl=False), rms_reference(x, weight, 1e-5, 1.0 if gemma else 0.0), dtype)
+
+
+@gpu
+@pytest.mark.parametrize("gemma", [False, True], ids=["fused_add_rmsnorm", "gemma_fused_add_rmsnorm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_add_rmsnorm(gemma, layout, hidden, dtype):
+    op = aotinfer.gemma_fused_add_rmsnorm if gemma else aotinfer.fused_add_rmsnorm
+    x, residual = make_rows(layout, hidden, dtype), make_rows(layout, hidden, dtype)
+    weight = torch.randn(hidden, device="cuda", dtype=dtype)
+    total = x.double() + residual.double()
+    want_out = rms_reference(total, weight, 1e-6, 1.0 if gemma else 0.0)
+    assert op(x, residual, weight) is None
+    close(residual, total, dtype)
+    close(x, want_out, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("weights", ["float32", "input"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layernorm(weights, layout, hidden, dtype):
+    x = make_rows(layout, hidden, dtype) * 3 + 1.5  # a mean and a spread to remove
+    wdtype = torch.float32 if weights == "float32" else dtype
+    gamma = torch.randn(hidden, device="cuda", dtype=wdtype)
+    beta = torch.randn(hidden, device="cuda", dtype=wdtype)
+    close(aotinfer.layernorm(x, gamma, beta, eps=1e-5), layernorm_reference(x, gamma, beta, 1e-5), dtype)
+
+
+@gpu
+def test_strided_rows_leave_neighbours_alone():
+    base = torch.randn(16, 4096 + 64, device="cuda", dtype=torch.bfloat16)
+    keep = base.clone()
+    x = base[:, 32 : 32 + 4096]
+    residual = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    aotinfer.fused_add_rmsnorm(x, residual, torch.ones(4096, device="cuda", dtype=torch.bfloat16))
+    assert torch.equal(base[:, :32], keep[:, :32]) and torch.equal(base[:, 32 + 4096 :], keep[:, 32 + 4096 :])
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(0, 4096), (0, 8, 128), (5, 0, 128)])
+def test_no_rows(shape):
+    x = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16)
+    assert aotinfer.rmsnorm(x, w).shape == x.shape
+    aotinfer.fused_add_rmsnorm(x, torch.empty_like(x), w)
+    assert aotinfer.layernorm(x, w.float(), w.float()).shape == x.shape
+
+
+@gpu
+@pytest.mark.parametrize("hidden", [4096, 4095])
+def test_pdl_chain_matches_plain_chain(hidden):
+    # 40 dependent launches, each reading what the one before wrote: with PDL the kernels overlap
+    # their starts, and a read before the wait would show as a different result.
+    x0 = torch.randn(64, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    results = []
+    for pdl in (False, True, None):
+        x, residual = x0.clone(), torch.zeros_like(x0)
+        for _ in range(20):
+            aotinfer.fused_add_rmsnorm(x, residual, w, enable_pdl=pdl)
+            x = aotinfer.rmsnorm(x, w, enable_pdl=pdl)
+        results.append((x, residual))
+    for x, residual in results[1:]:
+        assert torch.equal(x, results[0][0]) and torch.equal(residual, results[0][1])
+
+
+@gpu
+def test_cuda_graph_capture():
+    x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    aotinfer.rmsnorm(x, w, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        aotinfer.rmsnorm(x, w, out=out)
+        aotinfer.fused_add_rmsnorm(x, residual, w)
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(x))
+        want_out = rms_reference(x, w, 1e-6, 0.0)
+        total = x.double() + residual.double()
+        want_x = rms_reference(total, w, 1e-6, 0.0)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        close(out, want_out, torch.bfloat16)
+        close(x, want_x, torch.bfloat16)
+
+
+# ---- argument errors, without a GPU: fake CUDA tensors run the checks ----------------------------
+
+
+def test_cpu_input():
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
+        aotinfer.rmsnorm(torch.randn(4, 8), torch.randn(8))
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
+        aotinfer.layernorm(torch.randn(4, 8), torch.randn(8), torch.randn(8))
+
+
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (lambda x: aotinfer.rmsnorm(x, torch.empty(8, device="cuda", dtype=torch.float16)), "weight to have input's dtype"),
+        (lambda x: aotinfer.rmsnorm(x, torch.empty(7, device="cuda", dtype=x.dtype)), r"weight to have shape \[8\], got \[7\]"),
+        (lambda x: aotinfer.rmsnorm(torch.empty(8, device="cuda", dtype=x.dtype), torch.empty(8, device="cuda", dtype=x.dtype)), "input to have 2 or 3 dimensions"),
+        (lambda x: aotinfer.rmsnorm(x, torch.empty(8, device="cuda", dtype=x.dtype), out=torch.empty(4, 9, device="cuda", dtype=x.dtype)), r"out to have shape \[4, 8\]"),
+        (lambda x: aotinfer.fused_add_rmsnorm(x, torch.empty(4, 8, device="cuda", dtype=torch.float16), torch.empty(8, device="cuda", dtype=x.dtype)), "residual to have input's dtype"),
+        (lambda x: aotinfer.gemma_fused_add_rmsnorm(x, torch.empty(4, 7, device="cuda", dtype=x.dtype), torch.empty(8, device="cuda", dtype=x.dtype)), r"residual to have shape \[4, 8\]"),
+        (lambda x: aotinfer.layernorm(x, torch.empty(8, device="cuda", dtype=torch.float16), torch.empty(8, device="cuda", dtype=torch.float16)), "gemma to be float32 or input's dtype"),
+        (lambda x: aotinfer.layernorm(x, torch.empty(8, device="cuda"), torch.empty(9, device="cuda")), r"beta to have shape \[8\]"),
+    ],
+)
+def test_argument_errors(make, error):
+    with FakeTensorMode():
+        x = torch.empty(4, 8, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match=error):
+            make(x)
