@@ -11,12 +11,23 @@ def gbps(nbytes, seconds):
     return nbytes / seconds / 1e9
 
 
+def same_size_copy(nbytes):
+    """Bandwidth of torch's device-to-device copy moving nbytes in all (nbytes / 2 read, written)."""
+    src = torch.randint(-128, 127, (nbytes // 2,), dtype=torch.int8, device="cuda")
+    dst = torch.empty_like(src)
+    t, _ = bench_gpu_time(dst.copy_, args=(src,))
+    return gbps(nbytes, t)
+
+
 def bandwidth_row(label, ours, torch_fn, nbytes, copy_bw):
-    """Time ours and torch's version of one case; print ours and torch's GB/s as ratios to copy."""
+    """Time ours and torch's version of one case beside a copy of the same bytes; print GB/s and
+    ratios to that copy (and to copy_bw, the large copy of the run). Returns ours / same-size copy."""
     t_ours, _ = bench_gpu_time(ours)
     t_torch, _ = bench_gpu_time(torch_fn)
-    ratio, torch_ratio = gbps(nbytes, t_ours) / copy_bw, gbps(nbytes, t_torch) / copy_bw
-    print(f"  {label:<34} {t_ours * 1e6:9.1f} us {gbps(nbytes, t_ours):7.0f} GB/s {ratio:6.3f}   torch {torch_ratio:6.3f}")
+    same = same_size_copy(nbytes)
+    ratio, torch_ratio = gbps(nbytes, t_ours) / same, gbps(nbytes, t_torch) / same
+    print(f"  {label:<32} {t_ours * 1e6:8.1f} us {gbps(nbytes, t_ours):6.0f} GB/s  copy {same:5.0f}"
+          f"  {ratio:6.3f} ({gbps(nbytes, t_ours) / copy_bw:5.3f})   torch {torch_ratio:6.3f} ({gbps(nbytes, t_torch) / copy_bw:5.3f})")
     return ratio
 
 

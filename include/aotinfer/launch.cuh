@@ -35,6 +35,7 @@ struct RowLayout {
   int64_t inner_stride = 0;
 
   __device__ __forceinline__ int64_t offset(int64_t row) const {
+    if (inner == 1) return row * outer_stride;  // 2-D: no 64-bit division
     return (row / inner) * outer_stride + (row % inner) * inner_stride;
   }
   // Whether every row starts `vec`-element aligned, given that the base pointer is.

@@ -2,12 +2,17 @@
 // fused residual-add + RMSNorm, and LayerNorm. Memory-bound: each row is read once and written
 // once, and weights come from L2.
 //
-// One kernel serves the three. A row belongs to blockDim.x threads (blockDim.y rows share a
-// block when rows are short); each thread keeps kItems vectors of kVec elements of its row in
-// registers between the reduction and the output, loading the weights beside them so that their
-// latency overlaps. kItems == 0 is the fallback for rows too long for registers: it reads the row
-// again for each pass. Accumulation is in float. Vectors are 16 bytes where the hidden size, the
-// row strides and the pointers allow, else one element.
+// One kernel serves the three. A row belongs to blockDim.x threads, 128 where the row is long
+// enough (blockDim.y rows share a block when rows are short); each thread keeps kItems vectors of
+// kVec elements of its row in registers between the reduction and the output. Small blocks with
+// several vectors per thread keep many rows, and so many bytes, in flight on each SM while
+// others wait at their reduction (benchmarks/NOTES.md). kPrefetchWeights loads the weights beside
+// the row, before the reduction: the launcher asks for it where they fit in a few registers or
+// where the batch is small and latency counts; otherwise they come after, from L1 mostly, since
+// every row of an SM reads the same ones. kItems == 0 is the fallback for rows
+// too long for registers: it reads the row again for each pass. Accumulation is in float.
+// Vectors are 16 bytes where the hidden size, the row strides and the pointers allow, else one
+// element.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,13 +44,17 @@ struct NormParams {
 };
 
 constexpr int kNormMaxRowsPerBlock = 4;
-// Threads of a row that holds its values in registers, and of one that streams.
+// Threads of a row: preferred, most for a row held in registers, and for a row that streams.
+constexpr int kNormRowThreads = 128;
 constexpr int kNormCachedThreads = 512;
 constexpr int kNormStreamThreads = 1024;
+constexpr int kNormMaxItems = 8;
+constexpr int kNormLatencyRows = 512;  // batches this small are bound by latency, not bandwidth
 
-template <NormKind kKind, typename T, typename W, int kVec, int kItems>
+template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights>
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
     NormKernel(const NormParams<T, W> p) {
+  static_assert(kItems > 0 || !kPrefetchWeights, "a streamed row has no registers to prefetch into");
   __shared__ float shared[kNormMaxRowsPerBlock][32];
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < p.num_rows;
@@ -59,20 +68,24 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
 
   WaitForPriorGrids();
 
-  // Pass 1: load (the fused add also writes the residual) and sum.
+  // Pass 1: load, then sum (the fused add also writes the new residual). Every load of the row is
+  // issued before the first store: a store the compiler cannot prove apart from a later load
+  // would otherwise hold that load back, one vector at a time.
   constexpr int kSlots = kItems > 0 ? kItems : 1;
   Vec<T, kVec> x[kSlots];
+  Vec<T, kVec> r[kKind == NormKind::kFusedAddRMS ? kSlots : 1];
   Vec<W, kVec> w[kSlots];
   Vec<W, kVec> b[kSlots];
   float sum = 0.f;
   auto load = [&](int slot, int64_t j) {
     x[slot].load(in + j * kVec);
+    if constexpr (kKind == NormKind::kFusedAddRMS) r[slot].load(res + j * kVec);
+  };
+  auto accumulate = [&](int slot, int64_t j) {
     if constexpr (kKind == NormKind::kFusedAddRMS) {
-      Vec<T, kVec> r;
-      r.load(res + j * kVec);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const float v = to_float(x[slot][e]) + to_float(r[e]);
+        const float v = to_float(x[slot][e]) + to_float(r[slot][e]);
         x[slot][e] = from_float<T>(v);
         sum += v * v;
       }
@@ -91,12 +104,22 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
       if (active && j < num_vecs) {
         load(k, j);
-        w[k].load(p.weight + j * kVec);
-        if constexpr (kKind == NormKind::kLayer) b[k].load(p.bias + j * kVec);
+        if constexpr (kPrefetchWeights) {
+          w[k].load(p.weight + j * kVec);
+          if constexpr (kKind == NormKind::kLayer) b[k].load(p.bias + j * kVec);
+        }
       }
     }
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (active && j < num_vecs) accumulate(k, j);
+    }
   } else if (active) {
-    for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) load(0, j);
+    for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
+      load(0, j);
+      accumulate(0, j);
+    }
   }
   AllowDependentGrids();
   const float total = RowSum(sum, shared);
@@ -131,6 +154,10 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
 
   // Pass 2: normalize, weight, store.
   auto emit = [&](int slot, int64_t j) {
+    if constexpr (!kPrefetchWeights) {
+      w[slot].load(p.weight + j * kVec);
+      if constexpr (kKind == NormKind::kLayer) b[slot].load(p.bias + j * kVec);
+    }
     Vec<T, kVec> y;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
@@ -152,8 +179,6 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   } else if (active) {
     for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
       x[0].load(source + j * kVec);
-      w[0].load(p.weight + j * kVec);
-      if constexpr (kKind == NormKind::kLayer) b[0].load(p.bias + j * kVec);
       emit(0, j);
     }
   }
@@ -162,21 +187,31 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
 template <NormKind kKind, typename T, typename W, int kVec>
 cudaError_t LaunchNormVec(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
   const int64_t num_vecs = p.hidden / kVec;
-  // Up to 512 threads hold a row in registers, 1, 2 or 4 vectors each; longer rows stream.
-  const int items = num_vecs <= kNormCachedThreads           ? 1
-                    : num_vecs <= 2 * kNormCachedThreads     ? 2
-                    : num_vecs <= 4 * kNormCachedThreads     ? 4
-                                                             : 0;
+  // 128 threads a row with 1, 2 or 4 vectors each; longer rows take up to 512 threads of 4 vectors,
+  // then of 8; longer still stream.
+  int items = 1;
+  while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
+  if (num_vecs > int64_t(4) * kNormCachedThreads) items = kNormMaxItems;
+  if (num_vecs > int64_t(kNormMaxItems) * kNormCachedThreads) items = 0;
   int64_t threads = items ? (num_vecs + items - 1) / items : kNormStreamThreads;
   threads = threads < 32 ? 32 : (threads + 31) / 32 * 32;
   const int rows_per_block = threads <= 64 ? int(128 / threads) : 1;
   const dim3 block{unsigned(threads), unsigned(rows_per_block)};
   const dim3 grid{unsigned((p.num_rows + rows_per_block - 1) / rows_per_block)};
-  switch (items) {
-    case 1: return Launch(NormKernel<kKind, T, W, kVec, 1>, grid, block, stream, pdl, p);
-    case 2: return Launch(NormKernel<kKind, T, W, kVec, 2>, grid, block, stream, pdl, p);
-    case 4: return Launch(NormKernel<kKind, T, W, kVec, 4>, grid, block, stream, pdl, p);
-    default: return Launch(NormKernel<kKind, T, W, kVec, 0>, grid, block, stream, pdl, p);
+  // Weights beside the row when they take at most 32 registers a thread, or when a small batch
+  // is bound by latency rather than by how many rows fit on an SM.
+  const int weight_bytes = items * kVec * int(sizeof(W)) * (kKind == NormKind::kLayer ? 2 : 1);
+  const bool prefetch = weight_bytes <= 128 || (p.num_rows <= kNormLatencyRows && items <= 4);
+  switch (items * 2 + prefetch) {
+    case 2: return Launch(NormKernel<kKind, T, W, kVec, 1, false>, grid, block, stream, pdl, p);
+    case 3: return Launch(NormKernel<kKind, T, W, kVec, 1, true>, grid, block, stream, pdl, p);
+    case 4: return Launch(NormKernel<kKind, T, W, kVec, 2, false>, grid, block, stream, pdl, p);
+    case 5: return Launch(NormKernel<kKind, T, W, kVec, 2, true>, grid, block, stream, pdl, p);
+    case 8: return Launch(NormKernel<kKind, T, W, kVec, 4, false>, grid, block, stream, pdl, p);
+    case 9: return Launch(NormKernel<kKind, T, W, kVec, 4, true>, grid, block, stream, pdl, p);
+    case 16: return Launch(NormKernel<kKind, T, W, kVec, 8, false>, grid, block, stream, pdl, p);
+    case 17: return Launch(NormKernel<kKind, T, W, kVec, 8, true>, grid, block, stream, pdl, p);
+    default: return Launch(NormKernel<kKind, T, W, kVec, 0, false>, grid, block, stream, pdl, p);
   }
 }
 
