@@ -7,9 +7,9 @@
 // kVec elements of its row in registers between the reduction and the output. Small blocks with
 // several vectors per thread keep many rows, and so many bytes, in flight on each SM while
 // others wait at their reduction (benchmarks/NOTES.md). kPrefetchWeights loads the weights beside
-// the row, before the reduction: the launcher asks for it where they fit in a few registers or
-// where the batch is small and latency counts; otherwise they come after, from L1 mostly, since
-// every row of an SM reads the same ones. kItems == 0 is the fallback for rows
+// the row, before the reduction, for small batches where latency counts; otherwise they come
+// after, from L1 mostly, since every row of an SM reads the same ones. LayerNorm sums the values
+// and their squares in the same reduction. kItems == 0 is the fallback for rows
 // too long for registers: it reads the row again for each pass. Accumulation is in float.
 // Vectors are 16 bytes where the hidden size, the row strides and the pointers allow, else one
 // element.
@@ -55,7 +55,7 @@ template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPr
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
     NormKernel(const NormParams<T, W> p) {
   static_assert(kItems > 0 || !kPrefetchWeights, "a streamed row has no registers to prefetch into");
-  __shared__ float shared[kNormMaxRowsPerBlock][32];
+  __shared__ float2 shared[kNormMaxRowsPerBlock][32];
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   const bool active = row < p.num_rows;
   const int64_t num_vecs = p.hidden / kVec;
@@ -67,6 +67,9 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   const T* source = kKind == NormKind::kFusedAddRMS ? res : in;
 
   WaitForPriorGrids();
+  // LayerNorm sums x - pivot and its square in one reduction; shifting by the row's first element
+  // keeps E[x^2] - E[x]^2 from cancelling when the mean is large against the spread.
+  const float pivot = kKind == NormKind::kLayer && active && p.hidden > 0 ? to_float(in[0]) : 0.f;
 
   // Pass 1: load, then sum (the fused add also writes the new residual). Every load of the row is
   // issued before the first store: a store the compiler cannot prove apart from a later load
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   Vec<T, kVec> r[kKind == NormKind::kFusedAddRMS ? kSlots : 1];
   Vec<W, kVec> w[kSlots];
   Vec<W, kVec> b[kSlots];
-  float sum = 0.f;
+  float sum = 0.f, sum_sq = 0.f;
   auto load = [&](int slot, int64_t j) {
     x[slot].load(in + j * kVec);
     if constexpr (kKind == NormKind::kFusedAddRMS) r[slot].load(res + j * kVec);
@@ -87,14 +90,15 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       for (int e = 0; e < kVec; ++e) {
         const float v = to_float(x[slot][e]) + to_float(r[slot][e]);
         x[slot][e] = from_float<T>(v);
-        sum += v * v;
+        sum_sq += v * v;
       }
       x[slot].store(res + j * kVec);
     } else {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const float v = to_float(x[slot][e]);
-        sum += kKind == NormKind::kLayer ? v : v * v;
+        const float v = to_float(x[slot][e]) - pivot;
+        sum += v;
+        sum_sq += v * v;
       }
     }
   };
@@ -122,34 +126,15 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     }
   }
   AllowDependentGrids();
-  const float total = RowSum(sum, shared);
-
-  // LayerNorm: the variance around the mean, from the registers (or a second read).
+  const float2 totals = RowSum(make_float2(sum, sum_sq), shared);
+  const float n = float(p.hidden);
   float mean = 0.f, scale;
   if constexpr (kKind == NormKind::kLayer) {
-    mean = total / float(p.hidden);
-    float squares = 0.f;
-    auto add_squares = [&](const Vec<T, kVec>& v) {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float d = to_float(v[e]) - mean;
-        squares += d * d;
-      }
-    };
-    if constexpr (kItems > 0) {
-#pragma unroll
-      for (int k = 0; k < kItems; ++k) {
-        if (active && threadIdx.x + int64_t(k) * blockDim.x < num_vecs) add_squares(x[k]);
-      }
-    } else if (active) {
-      for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
-        x[0].load(in + j * kVec);
-        add_squares(x[0]);
-      }
-    }
-    scale = rsqrtf(RowSum(squares, shared) / float(p.hidden) + p.eps);
+    const float shifted_mean = totals.x / n;
+    mean = pivot + shifted_mean;
+    scale = rsqrtf(fmaxf(totals.y / n - shifted_mean * shifted_mean, 0.f) + p.eps);
   } else {
-    scale = rsqrtf(total / float(p.hidden) + p.eps);
+    scale = rsqrtf(totals.y / n + p.eps);
   }
 
   // Pass 2: normalize, weight, store.
@@ -198,10 +183,9 @@ cudaError_t LaunchNormVec(const NormParams<T, W>& p, cudaStream_t stream, bool p
   const int rows_per_block = threads <= 64 ? int(128 / threads) : 1;
   const dim3 block{unsigned(threads), unsigned(rows_per_block)};
   const dim3 grid{unsigned((p.num_rows + rows_per_block - 1) / rows_per_block)};
-  // Weights beside the row when they take at most 32 registers a thread, or when a small batch
-  // is bound by latency rather than by how many rows fit on an SM.
-  const int weight_bytes = items * kVec * int(sizeof(W)) * (kKind == NormKind::kLayer ? 2 : 1);
-  const bool prefetch = weight_bytes <= 128 || (p.num_rows <= kNormLatencyRows && items <= 4);
+  // Weights beside the row only for small batches, bound by latency; for large ones the registers
+  // they take cost more rows in flight than their later load costs (benchmarks/NOTES.md).
+  const bool prefetch = p.num_rows <= kNormLatencyRows && items <= 4;
   switch (items * 2 + prefetch) {
     case 2: return Launch(NormKernel<kKind, T, W, kVec, 1, false>, grid, block, stream, pdl, p);
     case 3: return Launch(NormKernel<kKind, T, W, kVec, 1, true>, grid, block, stream, pdl, p);

@@ -1,4 +1,4 @@
-// Sums across the threads that share a row: a row is blockDim.x threads (a multiple of 32, at
+// Sums across the threads that share a row (two at once, as LayerNorm needs): a row is blockDim.x threads (a multiple of 32, at
 // most 1024) and a block holds blockDim.y rows.
 #pragma once
 
@@ -10,16 +10,18 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-// The sum of v over the row's threads, returned to all of them. Every thread of the block must
-// call it (it synchronizes); shared holds 32 floats per row of the block.
-__device__ __forceinline__ float RowSum(float v, float (*shared)[32]) {
-  v = WarpSum(v);
+// The sums of v.x and v.y over the row's threads, returned to all of them. Every thread of the
+// block must call it (it synchronizes); shared holds 32 pairs per row of the block.
+__device__ __forceinline__ float2 RowSum(float2 v, float2 (*shared)[32]) {
+  v.x = WarpSum(v.x);
+  v.y = WarpSum(v.y);
   if (blockDim.x == 32) return v;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) shared[threadIdx.y][warp] = v;
   __syncthreads();
-  v = lane < int(blockDim.x / 32) ? shared[threadIdx.y][lane] : 0.f;
-  v = WarpSum(v);
+  v = lane < int(blockDim.x / 32) ? shared[threadIdx.y][lane] : make_float2(0.f, 0.f);
+  v.x = WarpSum(v.x);
+  v.y = WarpSum(v.y);
   __syncthreads();  // shared is free again for the next sum
   return v;
 }

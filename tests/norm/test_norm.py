@@ -192,3 +192,13 @@ def test_argument_errors(make, error):
         x = torch.empty(4, 8, device="cuda", dtype=torch.bfloat16)
         with pytest.raises(ValueError, match=error):
             make(x)
+
+
+@gpu
+@pytest.mark.parametrize("hidden", [4096, 20480])
+def test_layernorm_large_mean(hidden):
+    # Sum and sum of squares share one reduction: the kernel shifts each row by its first element
+    # so that a mean of 1000 against a spread of 1 does not cancel away the variance.
+    x = torch.randn(8, hidden, device="cuda") + 1000.0
+    gamma, beta = torch.randn(hidden, device="cuda"), torch.randn(hidden, device="cuda")
+    close(aotinfer.layernorm(x, gamma, beta, eps=1e-5), layernorm_reference(x, gamma, beta, 1e-5), torch.float32)
