@@ -57,6 +57,7 @@ def main():
                 ("fused_add_rmsnorm", lambda: aotinfer.fused_add_rmsnorm(x, r, w), lambda: torch_fused_add_rmsnorm(x, r, w), 4 * row),
                 ("gemma_fused_add_rmsnorm", lambda: aotinfer.gemma_fused_add_rmsnorm(x, r, w), lambda: torch_fused_add_rmsnorm(x, r, w + 1), 4 * row),
                 ("layernorm (fp32 gemma/beta)", lambda: aotinfer.layernorm(x, gamma, beta, EPS), lambda: F.layer_norm(x, (hidden,), w, w, EPS), 2 * row),
+                ("layernorm (bf16 gemma/beta)", lambda: aotinfer.layernorm(x, w, w, EPS), lambda: F.layer_norm(x, (hidden,), w, w, EPS), 2 * row),
             ]
             for name, ours, theirs, nbytes in cases:
                 worst = min(worst, bandwidth_row(f"{name} {size}", ours, theirs, nbytes, copy_bw))

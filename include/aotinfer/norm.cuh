@@ -128,11 +128,10 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sum, sum_sq), shared);
   const float n = float(p.hidden);
-  float mean = 0.f, scale;
+  float mean = 0.f, scale;  // LayerNorm: mean of x - pivot; x - mean is (x - pivot) - mean
   if constexpr (kKind == NormKind::kLayer) {
-    const float shifted_mean = totals.x / n;
-    mean = pivot + shifted_mean;
-    scale = rsqrtf(fmaxf(totals.y / n - shifted_mean * shifted_mean, 0.f) + p.eps);
+    mean = totals.x / n;
+    scale = rsqrtf(fmaxf(totals.y / n - mean * mean, 0.f) + p.eps);
   } else {
     scale = rsqrtf(totals.y / n + p.eps);
   }
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     for (int e = 0; e < kVec; ++e) {
       const float v = to_float(x[slot][e]);
       if constexpr (kKind == NormKind::kLayer) {
-        y[e] = from_float<T>((v - mean) * scale * to_float(w[slot][e]) + to_float(b[slot][e]));
+        y[e] = from_float<T>((v - pivot - mean) * scale * to_float(w[slot][e]) + to_float(b[slot][e]));
       } else {
         y[e] = from_float<T>(v * scale * (to_float(w[slot][e]) + p.weight_offset));
       }
