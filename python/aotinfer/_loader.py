@@ -35,20 +35,76 @@ def build_command(arch: str) -> str:
     return f'AOTINFER_CUDA_ARCH_LIST="{arch}" pip install --no-binary aotinfer aotinfer'
 
 
-@functools.lru_cache(maxsize=None)
-def manifest() -> Dict[str, Any]:
-    """The build's manifest: versions, arch list, and every module's builds with their sha256."""
+#: Entry-point group of provider packages: separately installed wheels that ship more builds.
+#: An entry point names a package with an ``_ops/manifest.json`` and the shared objects it lists.
+PROVIDER_GROUP = "aotinfer.ops"
+
+
+def _read_manifest(path: str) -> Dict[str, Any]:
     import json
 
+    with open(path) as f:
+        return json.load(f)
+
+
+@functools.lru_cache(maxsize=None)
+def manifest() -> Dict[str, Any]:
+    """The build's manifest: versions, arch list, and every module's builds with their sha256.
+
+    Builds from provider packages (PROVIDER_GROUP) are added for archs this install lacks; each
+    build records the directory of its file under "dir". Read once, on first use.
+    """
     try:
-        with open(MANIFEST) as f:
-            text = f.read()
+        merged = _read_manifest(MANIFEST)
     except FileNotFoundError:
         raise NotBuiltError(
             f"aotinfer's kernels are not built: {MANIFEST} is missing. Install the wheel"
             " ('pip install aotinfer') or build from a checkout ('pip install .')."
         ) from None
-    return json.loads(text)
+    for entry in merged["modules"].values():
+        for build in entry["builds"].values():
+            build["dir"] = OPS_DIR
+    for name, ops_dir in _providers():
+        try:
+            provided = _read_manifest(os.path.join(ops_dir, "manifest.json"))
+        except OSError as e:
+            _warn(f"aotinfer: provider {name!r} has no readable manifest ({e}); ignored")
+            continue
+        if provided.get("package_version") != merged["package_version"]:
+            _warn(
+                f"aotinfer: provider {name!r} was built for aotinfer {provided.get('package_version')},"
+                f" this is {merged['package_version']}; ignored"
+            )
+            continue
+        for module, entry in provided["modules"].items():
+            if module not in merged["modules"]:
+                continue
+            builds = merged["modules"][module]["builds"]
+            for arch, build in entry["builds"].items():
+                if arch not in builds:
+                    builds[arch] = dict(build, dir=ops_dir, provider=name)
+    return merged
+
+
+def _providers():
+    """(entry point name, _ops directory) of each installed provider package."""
+    from importlib import metadata
+    from importlib.util import find_spec
+
+    found = []
+    for point in metadata.entry_points(group=PROVIDER_GROUP):
+        spec = find_spec(point.value)
+        if spec is None or not spec.submodule_search_locations:
+            _warn(f"aotinfer: provider {point.name!r} names package {point.value!r}, which is not installed; ignored")
+            continue
+        found.append((point.name, os.path.join(list(spec.submodule_search_locations)[0], "_ops")))
+    return found
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def module_builds(name: str) -> Dict[Arch, Dict[str, Any]]:
@@ -77,7 +133,8 @@ def resolve(name: str, cc: Tuple[int, int]) -> Tuple[Choice, str]:
             f"aotinfer module {name!r}: {e}. To add this GPU, build from source: "
             f"{build_command(f'{cc[0]}.{cc[1]}')}"
         ) from None
-    return choice, os.path.join(OPS_DIR, builds[choice.arch]["file"])
+    build = builds[choice.arch]
+    return choice, os.path.join(build["dir"], build["file"])
 
 
 def device_capability(index: int) -> Tuple[int, int]:
