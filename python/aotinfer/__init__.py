@@ -1,9 +1,8 @@
 """aotinfer: ahead-of-time compiled CUDA kernels for LLM inference, with FlashInfer's Python API.
 
 Importing is cheap and side-effect free: no CUDA call, no torch import and no shared object
-loaded; where torch is already imported, aotinfer's torch custom ops are defined from the
-manifest. Each op loads the build of its kernel module that matches the input's GPU on first use
-(see _loader.py).
+loaded. Each op loads the build of its kernel module that matches the input's GPU on first use
+(see _loader.py); aotinfer's torch custom ops are defined then, or when torch._dynamo is imported.
 """
 
 import sys as _sys
@@ -30,15 +29,9 @@ __all__ = [
     "silu_and_mul",
 ]
 
-if "torch" in _sys.modules:
-    # torch.compile can only see aotinfer's custom ops once they exist; define them now when that
-    # costs no torch import (otherwise the first kernel call does it), and, if torch._dynamo is
-    # loaded already, let it trace the ops (otherwise that happens when it is imported).
-    from . import _kernels, _loader
+if "torch._dynamo" in _sys.modules:
+    # torch.compile is in use already: let it trace aotinfer's ops (the custom ops are defined on
+    # the way). Otherwise that happens when torch._dynamo is imported, or at the first kernel call.
+    from . import _kernels
 
-    try:
-        _kernels.register_torch_ops()
-    except _loader.NotBuiltError:
-        pass
-    if "torch._dynamo" in _sys.modules:
-        _kernels._on_dynamo_loaded()
+    _kernels._on_dynamo_loaded()

@@ -14,8 +14,8 @@ op's body whose kernel objects call the custom ops instead (``torch.compiler.sub
 The eager path therefore carries no "am I compiling?" test. Substitutions are registered once
 torch._dynamo is imported (a one-shot import hook; at once if it already is); we never import it.
 
-The custom ops are defined at ``import aotinfer`` when torch is already imported, else at the
-first kernel call. They need the manifest, never a GPU.
+The custom ops are defined at the first kernel call or when torch._dynamo is imported, whichever
+comes first. They need the manifest, never a GPU.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def get_module(name: str, index: int) -> Any:
     module = _modules.get(key)
     if module is None:
         if index < 0:
-            raise ValueError(f"aotinfer module {name!r} runs on CUDA tensors; got a tensor on the CPU")
+            raise ValueError(f"Expected CUDA tensors for aotinfer's {name!r} kernels, got tensors on the CPU")
         with _lock:
             module = _modules.get(key)
             if module is None:

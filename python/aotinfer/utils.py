@@ -82,15 +82,13 @@ def _device_capability(args: tuple) -> tuple:
 
 class _Requirement:
     def __init__(self, fn, backend_checks, common_check, heuristic_func):
-        import inspect
-
         self.fn = fn
         self.name = f"{fn.__module__}.{fn.__qualname__}"
         self.backend_checks = dict(backend_checks)
         self.common_check = common_check
         self.heuristic_func = heuristic_func
-        self.signature = inspect.signature(fn)
-        params = list(self.signature.parameters)
+        self.parameters = _parameters(fn)
+        params = [name for name, _, _ in self.parameters]
         self.backend_index = params.index("backend") if "backend" in params else None
         if self.backend_checks and self.backend_index is None:
             raise TypeError(f"{self.name}: backend_checks need a 'backend' parameter")
@@ -191,6 +189,10 @@ def {name}({params}):
             _rejected({call})
     return _fn({call})
 """
+_NO_CHECKS = """
+def {name}({params}):
+    return _fn({call})
+"""
 _SEVERAL_BACKENDS = """
 def {name}({params}):
     if not skip_check:
@@ -201,25 +203,42 @@ def {name}({params}):
 """
 
 
-def _wrapper_source(requirement: _Requirement) -> str:
-    import inspect
+_NO_DEFAULT = object()
 
+
+def _parameters(fn) -> list:
+    """(name, keyword_only, default or _NO_DEFAULT) of fn's parameters, read from its code object
+    (inspect costs milliseconds at import, for every op)."""
+    code = fn.__code__
+    if code.co_flags & (0x04 | 0x08):  # CO_VARARGS, CO_VARKEYWORDS
+        raise TypeError(f"{fn.__module__}.{fn.__qualname__}: ops with *args or **kwargs are not supported")
+    positional = code.co_varnames[: code.co_argcount]
+    keyword_only = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    defaults = fn.__defaults__ or ()
+    first_default = len(positional) - len(defaults)
+    result = [(n, False, defaults[i - first_default] if i >= first_default else _NO_DEFAULT) for i, n in enumerate(positional)]
+    kwdefaults = fn.__kwdefaults__ or {}
+    result += [(n, True, kwdefaults.get(n, _NO_DEFAULT)) for n in keyword_only]
+    return result
+
+
+def _wrapper_source(requirement: _Requirement) -> str:
     params, names, call = [], [], []
     star = False
-    for p in requirement.signature.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"{requirement.name}: ops with *args or **kwargs are not supported")
-        if p.kind == p.KEYWORD_ONLY and not star:
+    for name, keyword_only, default in requirement.parameters:
+        if keyword_only and not star:
             params.append("*")
             star = True
-        params.append(p.name if p.default is inspect.Parameter.empty else f"{p.name}=_default_{p.name}")
-        names.append(p.name)
-        call.append(f"{p.name}={p.name}" if p.kind == p.KEYWORD_ONLY else p.name)
+        params.append(name if default is _NO_DEFAULT else f"{name}=_default_{name}")
+        names.append(name)
+        call.append(f"{name}={name}" if keyword_only else name)
     if not star:
         params.append("*")
     params.append("skip_check=False")
     fields = dict(name=requirement.fn.__name__, params=", ".join(params), call=", ".join(call))
     if not requirement.backend_checks:
+        if requirement.common_check is None:
+            return _NO_CHECKS.format(**fields)
         restricted = getattr(requirement.common_check, "supported_compute_capabilities", None) is not None
         capability = f"_require_capability({fields['call']})" if restricted else "pass"
         return _SINGLE_BACKEND.format(capability=capability, **fields)
@@ -240,10 +259,10 @@ def backend_requirement(
         import functools
 
         requirement = _Requirement(fn, backend_checks, common_check, heuristic_func)
-        namespace = {f"_default_{p.name}": p.default for p in requirement.signature.parameters.values()}
+        namespace = {f"_default_{n}": d for n, _, d in requirement.parameters if d is not _NO_DEFAULT}
         namespace.update(
             _fn=fn,
-            _common=common_check or (lambda *args, **kwargs: True),
+            _common=common_check,
             _rejected=requirement.rejected,
             _require_capability=requirement.require_capability,
             _check=requirement.check,
