@@ -9,6 +9,10 @@ import torch
 import aotinfer
 from aotinfer import _kernels, _loader
 
+# aotinfer defines its custom ops at the first kernel call or when torch._dynamo is imported;
+# these tests read them before either may have happened.
+_kernels.register_torch_ops()
+
 BINDINGS = [
     (module, function, schema)
     for module, entry in _loader.manifest()["modules"].items()
