@@ -14,38 +14,10 @@
 #include <vector>
 
 #include "aotinfer/norm.cuh"
-
-#define CHECK(call)                                                                \
-  do {                                                                             \
-    cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                       \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));       \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda_timer.cuh"
 
 using namespace aotinfer;
 using bf16 = __nv_bfloat16;
-
-template <typename F>
-float median_ms(F&& f) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaEventRecord(a));
-    f();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
-}
 
 struct Shape {
   int threads, items, rows_per_block;
@@ -90,7 +62,7 @@ void run(const char* name, int64_t rows, int64_t hidden, const std::vector<Shape
   const bool fused = kKind == NormKind::kFusedAddRMS;
   const size_t bytes = (fused ? 4 : 2) * n * 2;  // read input (+ residual), write out (+ residual)
   char* half = reinterpret_cast<char*>(scratch);
-  const float copy_ms = median_ms([&] { CHECK(cudaMemcpyAsync(half + bytes / 2, half, bytes / 2, cudaMemcpyDeviceToDevice)); });
+  const float copy_ms = median_ms([&] { CHECK(cudaMemcpyAsync(half + bytes / 2, half, bytes / 2, cudaMemcpyDeviceToDevice)); }, 5, 30);
   const double copy_bw = bytes / copy_ms / 1e6;
   std::printf("%-18s %6lld x %5lld  same-size cudaMemcpy %7.1f us %6.0f GB/s\n", name, (long long)rows,
               (long long)hidden, copy_ms * 1e3, copy_bw);
@@ -116,7 +88,7 @@ void run(const char* name, int64_t rows, int64_t hidden, const std::vector<Shape
       const double want = v[i] * scale * double(__bfloat162float(hw[i]));
       worst = std::max(worst, std::fabs(double(__bfloat162float(got[i])) - want) / (1.0 + std::fabs(want)));
     }
-    const float ms = median_ms([&] { launch_shape<kKind>(p, s); });
+    const float ms = median_ms([&] { launch_shape<kKind>(p, s); }, 5, 30);
     CHECK(cudaGetLastError());
     const double bw = bytes / ms / 1e6;
     std::printf("  %4d threads x %d vectors, %d rows/block, weights %-6s %7.1f us %6.0f GB/s  %.3f of same-size copy%s\n",
@@ -144,7 +116,7 @@ int main() {
     void *a, *b;
     CHECK(cudaMalloc(&a, 1 << 30));
     CHECK(cudaMalloc(&b, 1 << 30));
-    ms = median_ms([&] { CHECK(cudaMemcpyAsync(b, a, 1 << 30, cudaMemcpyDeviceToDevice)); });
+    ms = median_ms([&] { CHECK(cudaMemcpyAsync(b, a, 1 << 30, cudaMemcpyDeviceToDevice)); }, 5, 30);
     std::printf("1 GiB cudaMemcpy: %.0f GB/s\n", 2.0 * (1 << 30) / ms / 1e6);
   }
 }

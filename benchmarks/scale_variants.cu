@@ -1,6 +1,6 @@
 // Design experiment for include/aotinfer/scale.cuh: which access pattern reaches the copy
 // bandwidth. Each variant computes out = in * factor over n elements; all are checked against a
-// host reference, then timed (CUDA events, median of 50 after 10 warm-ups) beside
+// host reference, then timed (cuda_timer.cuh: CUDA events, median of 50 after 10 warm-ups) beside
 // cudaMemcpyAsync device-to-device of the same bytes. Results: benchmarks/NOTES.md.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include benchmarks/scale_variants.cu
 #include <cuda_runtime.h>
@@ -11,15 +11,7 @@
 #include <vector>
 
 #include "aotinfer/scale.cuh"
-
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    cudaError_t e_ = (call);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      std::printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));           \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "cuda_timer.cuh"
 
 using namespace aotinfer;
 
@@ -86,27 +78,6 @@ __global__ void __launch_bounds__(kThreads) GridStride(uint4* out, const uint4* 
   }
 }
 
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() { CHECK(cudaEventCreate(&a)); CHECK(cudaEventCreate(&b)); }
-  template <typename F>
-  float median_ms(F&& f) {
-    for (int i = 0; i < 10; ++i) f();
-    std::vector<float> t;
-    for (int i = 0; i < 50; ++i) {
-      CHECK(cudaEventRecord(a));
-      f();
-      CHECK(cudaEventRecord(b));
-      CHECK(cudaEventSynchronize(b));
-      float ms;
-      CHECK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms);
-    }
-    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-    return t[t.size() / 2];
-  }
-};
-
 template <typename T>
 void run(const char* dtype, size_t bytes, int sms) {
   const size_t n = bytes / sizeof(T), nv = bytes / 16;
@@ -118,8 +89,7 @@ void run(const char* dtype, size_t bytes, int sms) {
   CHECK(cudaMalloc(&out, bytes));
   CHECK(cudaMemcpy(in, h.data(), bytes, cudaMemcpyHostToDevice));
   const float f = 1.37f;
-  Timer timer;
-  const float copy_ms = timer.median_ms([&] { CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice)); });
+  const float copy_ms = median_ms([&] { CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice)); });
   const double copy_bw = 2.0 * bytes / copy_ms / 1e6;
   std::printf("%-9s %5zu MiB  cudaMemcpy D2D %7.1f us %6.0f GB/s\n", dtype, bytes >> 20, copy_ms * 1e3, copy_bw);
   std::vector<T> got(n);
@@ -132,7 +102,7 @@ void run(const char* dtype, size_t bytes, int sms) {
       const float want = float(T(float(h[i]) * f));
       if (float(got[i]) != want) { std::printf("  %-34s WRONG at %zu\n", name, i); return; }
     }
-    const float ms = timer.median_ms(launch);
+    const float ms = median_ms(launch);
     const double bw = 2.0 * bytes / ms / 1e6;
     std::printf("  %-34s %7.1f us %6.0f GB/s  %.3f of memcpy\n", name, ms * 1e3, bw, bw / copy_bw);
   };
