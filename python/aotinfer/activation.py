@@ -11,7 +11,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.activation import gelu_and_mul_trace, gelu_tanh_and_mul_trace, silu_and_mul_trace
-from .utils import backend_requirement
+from .utils import backend_requirement, check_cuda_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,12 +25,7 @@ _gelu_tanh_and_mul = kernel("activation", "gelu_tanh_and_mul")
 
 
 def _check_act_and_mul(input, out=None, enable_pdl=None) -> bool:
-    try:
-        on_gpu = input.is_cuda
-    except AttributeError:
-        raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}") from None
-    if not on_gpu:
-        raise ValueError(f"Expected input to be a CUDA tensor, got a tensor on {input.device}")
+    check_cuda_tensor(input, "input")
     if input.dim() == 0 or input.shape[-1] % 2:
         raise ValueError(f"Expected the last dimension of input to be even (gate and up halves), got shape {list(input.shape)}")
     if out is not None:

@@ -18,7 +18,7 @@ from .trace.templates.norm import (
     layernorm_trace,
     rmsnorm_trace,
 )
-from .utils import backend_requirement
+from .utils import backend_requirement, check_cuda_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,12 +36,7 @@ def _pdl(enable_pdl: Optional[bool]) -> int:
 
 
 def _check_rows(input, name: str = "input") -> None:
-    try:
-        on_gpu = input.is_cuda
-    except AttributeError:
-        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(input).__name__}") from None
-    if not on_gpu:
-        raise ValueError(f"Expected {name} to be a CUDA tensor, got a tensor on {input.device}")
+    check_cuda_tensor(input, name)
     if input.dim() not in (2, 3):
         raise ValueError(f"Expected {name} to have 2 or 3 dimensions, got shape {list(input.shape)}")
 

@@ -36,6 +36,16 @@ class BackendSupportedError(ValueError):
     """An op cannot run with this backend, on this GPU, or with these arguments."""
 
 
+def check_cuda_tensor(tensor: Any, name: str) -> None:
+    """For check functions: TypeError unless ``tensor`` is a tensor, ValueError unless on a GPU."""
+    try:
+        on_gpu = tensor.is_cuda
+    except AttributeError:
+        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}") from None
+    if not on_gpu:
+        raise ValueError(f"Expected {name} to be a CUDA tensor, got a tensor on {tensor.device}")
+
+
 def _cc_int(cc: Any) -> int:
     """90 from 90, (9, 0) or "9.0"."""
     if isinstance(cc, int):
