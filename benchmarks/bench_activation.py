@@ -50,7 +50,7 @@ def main():
             del x, out
     print(f"lowest ratio to a same-size copy: {worst:.3f} (target >= 0.90)")
 
-    print(f"\nlatency under CUDA-graph replay, d = 4096 (us per op; target <= 2.5)")
+    print("\nlatency under CUDA-graph replay, d = 4096 (us per op; target <= 2.5)")
     print(f"  {'tokens':>6} {'silu':>8} {'gelu':>8} {'gelu_tanh':>9} {'torch silu*x':>12}")
     slowest = 0.0
     for tokens in (1, 8, 32, 128):

@@ -64,7 +64,7 @@ def main():
             del x, r, out
     print(f"lowest ratio to a same-size copy: {worst:.3f} (target >= 0.90)")
 
-    print(f"\nlatency under CUDA-graph replay, hidden 4096 (us per op; target <= 2.5)")
+    print("\nlatency under CUDA-graph replay, hidden 4096 (us per op; target <= 2.5)")
     print(f"  {'tokens':>6} {'rmsnorm':>8} {'gemma':>8} {'fused':>8} {'gemma_f':>8} {'layernrm':>8} {'torch rms':>9}")
     slowest = 0.0
     for tokens in (1, 8, 32, 128):

@@ -167,8 +167,6 @@ def bench_gpu_time(
     ``dry_run_time_ms`` and ``repeat_time_ms`` from a first estimate. See the module doc for the
     methods and their fallbacks.
     """
-    import torch
-
     kwargs = kwargs or {}
 
     def call():
