@@ -1,11 +1,11 @@
 // Design experiment for include/aotinfer/norm.cuh: which row shape (threads per row x vectors per
-// thread x rows per block) and which time to load the weights reach the copy bandwidth for
-// RMSNorm, the fused add + RMSNorm and LayerNorm (float32 and bf16 weights), on bf16 rows of 4096
-// and 8192. Each variant is the shipped NormKernel with its own template arguments and launch
-// shape; its first row is checked against a host reference, then it is timed (CUDA events, median
-// of 30 after 5 warm-ups) beside cudaMemcpyAsync of the same number of bytes. Results:
-// benchmarks/NOTES.md.
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include benchmarks/norm_variants.cu
+// thread) and which time to load the weights reach the copy bandwidth for RMSNorm, the fused add +
+// RMSNorm and LayerNorm (float32 and bf16 weights), on bf16 rows of 4096 and 8192; and whether
+// LayerNorm gains from keeping its weights in registers across rows (LayerNormResident). Each
+// variant's first two rows and its last are checked against a host reference, then it is timed
+// (CUDA events, median of 30 after 5 warm-ups) beside cudaMemcpyAsync of the same number of
+// bytes. Results: benchmarks/NOTES.md.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include -I benchmarks benchmarks/norm_variants.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,34 +22,92 @@ using namespace aotinfer;
 using bf16 = __nv_bfloat16;
 
 struct Shape {
-  int threads, items, rows_per_block, rows_per_thread;
-  WeightLoad weights;
+  int threads, items;
+  bool weights_first;     // weights loaded beside the row, before the reduction
+  bool resident = false;  // LayerNormResident below instead of NormKernel
 };
 
-const char* WeightName(WeightLoad w) {
-  return w == WeightLoad::kWithRow ? "with row" : w == WeightLoad::kAfterSum ? "after sum" : "per slot";
-}
-
-template <NormKind kKind, typename W, int kItems, int kRows>
-void launch_rows(const NormParams<bf16, W>& p, Shape s) {
-  const dim3 block(unsigned(s.threads), unsigned(s.rows_per_block));
-  const int64_t rows_per_block = int64_t(s.rows_per_block) * kRows;
-  const dim3 grid(unsigned((p.num_rows + rows_per_block - 1) / rows_per_block));
-  if (s.weights == WeightLoad::kPerSlot) {
-    NormKernel<kKind, bf16, W, 8, kItems, kRows, WeightLoad::kPerSlot><<<grid, block>>>(p);
-  } else {
-    NormKernel<kKind, bf16, W, 8, kItems, kRows, WeightLoad::kAfterSum><<<grid, block>>>(p);
+// LayerNorm variant: a grid of as many blocks as fit, each walking rows blockIdx.x, + gridDim.x,
+// ...; a thread loads its gamma and beta once and keeps them in registers, and the next row's
+// loads are in flight while the current row is reduced and written. Rows fit the block exactly
+// (hidden == blockDim.x * kItems * 8).
+template <typename W, int kItems>
+__global__ void __launch_bounds__(256) LayerNormResident(const NormParams<bf16, W> p) {
+  __shared__ float2 shared[1][32];
+  Vec<W, 8> w[kItems], b[kItems];
+  Vec<bf16, 8> x[kItems], next[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    w[k].load(p.weight + j * 8);
+    b[k].load(p.bias + j * 8);
+  }
+  int64_t row = blockIdx.x;
+  float pivot = 0.f, next_pivot = 0.f;
+  if (row < p.num_rows) {
+    const bf16* in = p.input + row * p.hidden;
+    pivot = to_float(in[0]);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) x[k].load(in + (threadIdx.x + int64_t(k) * blockDim.x) * 8);
+  }
+  for (; row < p.num_rows; row += gridDim.x) {
+    const int64_t next_row = row + gridDim.x;
+    if (next_row < p.num_rows) {
+      const bf16* in = p.input + next_row * p.hidden;
+      next_pivot = to_float(in[0]);
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) next[k].load(in + (threadIdx.x + int64_t(k) * blockDim.x) * 8);
+    }
+    float sum = 0.f, sum_sq = 0.f;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float v = to_float(x[k][e]) - pivot;
+        sum += v;
+        sum_sq += v * v;
+      }
+    }
+    const float2 totals = RowSum(make_float2(sum, sum_sq), shared);
+    const float n = float(p.hidden);
+    const float mean = totals.x / n;
+    const float scale = rsqrtf(fmaxf(totals.y / n - mean * mean, 0.f) + p.eps);
+    bf16* out = p.out + row * p.hidden;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      Vec<bf16, 8> y;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        y[e] = from_float<bf16>((to_float(x[k][e]) - pivot - mean) * scale * to_float(w[k][e]) + to_float(b[k][e]));
+      }
+      y.store(out + (threadIdx.x + int64_t(k) * blockDim.x) * 8);
+      x[k] = next[k];
+    }
+    pivot = next_pivot;
   }
 }
 
 template <NormKind kKind, typename W, int kItems>
 void launch_items(const NormParams<bf16, W>& p, Shape s) {
-  if (s.rows_per_thread == 2) return launch_rows<kKind, W, kItems, 2>(p, s);
-  return launch_rows<kKind, W, kItems, 1>(p, s);
+  const dim3 grid(unsigned(p.num_rows)), block(unsigned(s.threads));
+  if (s.weights_first) {
+    NormKernel<kKind, bf16, W, 8, kItems, true><<<grid, block>>>(p);
+  } else {
+    NormKernel<kKind, bf16, W, 8, kItems, false><<<grid, block>>>(p);
+  }
 }
 
 template <NormKind kKind, typename W>
 void launch_shape(const NormParams<bf16, W>& p, Shape s) {
+  if (kKind == NormKind::kLayer && s.resident) {
+    auto kernel = s.items == 4 ? LayerNormResident<W, 4> : LayerNormResident<W, 2>;
+    int blocks_per_sm = 0, sms = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, s.threads, 0));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int64_t grid = std::min<int64_t>(p.num_rows, int64_t(blocks_per_sm) * sms);
+    kernel<<<unsigned(grid), s.threads>>>(p);
+    return;
+  }
   switch (s.items) {
     case 2: return launch_items<kKind, W, 2>(p, s);
     case 4: return launch_items<kKind, W, 4>(p, s);
@@ -118,6 +176,7 @@ void run(const char* name, int64_t rows, int64_t hidden, const std::vector<Shape
   NormParams<bf16, W> p{fused ? x : out, {1, hidden, 0}, x, {1, hidden, 0}, res, {1, hidden, 0},
                         w, b, hidden, rows, 1e-6f, 0.f};
   for (const Shape& s : shapes) {
+    if (s.resident && kKind != NormKind::kLayer) continue;
     // Check the first two rows and the last against the host: fresh input and residual, one launch.
     CHECK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(res, h.data() + 1, n * 2, cudaMemcpyHostToDevice));
@@ -133,8 +192,9 @@ void run(const char* name, int64_t rows, int64_t hidden, const std::vector<Shape
     const float ms = median_ms([&] { launch_shape<kKind>(p, s); }, 5, 30);
     CHECK(cudaGetLastError());
     const double bw = bytes / ms / 1e6;
-    std::printf("  %4d threads x %d vectors, %d rows/thread, weights %-9s %7.1f us %6.0f GB/s  %.3f of same-size copy%s\n",
-                s.threads, s.items, s.rows_per_thread, WeightName(s.weights), ms * 1e3, bw, bw / copy_bw,
+    std::printf("  %4d threads x %d vectors, weights %-8s %7.1f us %6.0f GB/s  %.3f of same-size copy%s\n",
+                s.threads, s.items, s.resident ? "resident" : s.weights_first ? "first" : "after", ms * 1e3, bw,
+                bw / copy_bw,
                 worst < 2e-2 ? "" : "  WRONG");
   }
   CHECK(cudaFree(x));
@@ -146,11 +206,9 @@ void run(const char* name, int64_t rows, int64_t hidden, const std::vector<Shape
 }
 
 int main() {
-  constexpr auto kAfterSum = WeightLoad::kAfterSum, kPerSlot = WeightLoad::kPerSlot;
-  const std::vector<Shape> h4096 = {{128, 4, 1, 1, kPerSlot}, {128, 4, 1, 2, kPerSlot}, {128, 4, 1, 2, kAfterSum},
-                                    {256, 2, 1, 1, kPerSlot}, {256, 2, 1, 2, kPerSlot}};
-  const std::vector<Shape> h8192 = {{256, 4, 1, 1, kPerSlot}, {256, 4, 1, 2, kPerSlot}, {256, 4, 1, 2, kAfterSum},
-                                    {128, 8, 1, 1, kPerSlot}, {128, 8, 1, 2, kPerSlot}};
+  const std::vector<Shape> h4096 = {{128, 4, false}, {128, 4, true}, {256, 2, false}, {128, 4, false, true},
+                                    {256, 2, false, true}};
+  const std::vector<Shape> h8192 = {{256, 4, false}, {512, 2, false}, {128, 8, false}, {256, 4, false, true}};
   for (int64_t rows : {4096, 16384}) {
     for (int64_t hidden : {4096, 8192}) {
       const auto& shapes = hidden == 4096 ? h4096 : h8192;

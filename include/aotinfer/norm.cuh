@@ -51,147 +51,119 @@ constexpr int kNormStreamThreads = 1024;
 constexpr int kNormMaxItems = 8;
 constexpr int kNormLatencyRows = 512;  // batches this small are bound by latency, not bandwidth
 
-// When a thread loads its weights. kWithRow: beside its rows, before the reduction, so their
-// latency hides behind the rows' (costs registers while the rows are in flight). kAfterSum: after
-// the reduction, every slot's at once, then the outputs. kPerSlot: one slot at a time beside its
-// outputs, the only choice for a streamed row.
-enum class WeightLoad { kWithRow, kAfterSum, kPerSlot };
-
-// kRows consecutive rows per thread share each weight load and one reduction.
-template <NormKind kKind, typename T, typename W, int kVec, int kItems, int kRows, WeightLoad kWeights>
+template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights>
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
     NormKernel(const NormParams<T, W> p) {
-  static_assert(kItems > 0 || (kRows == 1 && kWeights == WeightLoad::kPerSlot), "a streamed row holds nothing");
-  __shared__ float2 shared[kNormMaxRowsPerBlock * kRows][32];
-  constexpr bool kFused = kKind == NormKind::kFusedAddRMS, kLayer = kKind == NormKind::kLayer;
-  const int64_t first_row = (int64_t(blockIdx.x) * blockDim.y + threadIdx.y) * kRows;
+  static_assert(kItems > 0 || !kPrefetchWeights, "a streamed row has no registers to prefetch into");
+  __shared__ float2 shared[kNormMaxRowsPerBlock][32];
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < p.num_rows;
   const int64_t num_vecs = p.hidden / kVec;
-  bool active[kRows];
-  const T* in[kRows];
-  T* out[kRows];
-  T* res[kRows];  // fused add only
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    const int64_t row = first_row + i;
-    active[i] = row < p.num_rows;
-    in[i] = p.input + (active[i] ? p.input_rows.offset(row) : 0);
-    out[i] = p.out + (active[i] ? p.out_rows.offset(row) : 0);
-    res[i] = kFused ? p.residual + (active[i] ? p.residual_rows.offset(row) : 0) : nullptr;
-  }
+  const T* in = p.input + (active ? p.input_rows.offset(row) : 0);
+  T* out = p.out + (active ? p.out_rows.offset(row) : 0);
+  T* res = kKind == NormKind::kFusedAddRMS ? p.residual + (active ? p.residual_rows.offset(row) : 0) : nullptr;
+  // The values normalized: the input, or for the fused add the new residual (read back in the
+  // streaming path).
+  const T* source = kKind == NormKind::kFusedAddRMS ? res : in;
 
   WaitForPriorGrids();
   // LayerNorm sums x - pivot and its square in one reduction; shifting by the row's first element
   // keeps E[x^2] - E[x]^2 from cancelling when the mean is large against the spread.
-  float pivot[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) pivot[i] = kLayer && active[i] && p.hidden > 0 ? to_float(in[i][0]) : 0.f;
+  const float pivot = kKind == NormKind::kLayer && active && p.hidden > 0 ? to_float(in[0]) : 0.f;
 
+  // Pass 1: load, then sum (the fused add also writes the new residual). Every load of the row is
+  // issued before the first store: a store the compiler cannot prove apart from a later load
+  // would otherwise hold that load back, one vector at a time.
   constexpr int kSlots = kItems > 0 ? kItems : 1;
-  Vec<T, kVec> x[kRows][kSlots];
-  Vec<T, kVec> r[kFused ? kRows : 1][kSlots];
+  Vec<T, kVec> x[kSlots];
+  Vec<T, kVec> r[kKind == NormKind::kFusedAddRMS ? kSlots : 1];
   Vec<W, kVec> w[kSlots];
   Vec<W, kVec> b[kSlots];
-  // Slot k of a register-held row is vector threadIdx.x + k * blockDim.x of the row. Each phase
-  // runs over every slot before the next begins, so the compiler issues a phase's loads together.
-  // Rows are consecutive, so the first is active when any is.
-  auto for_each_slot = [&](auto&& f) {
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (active[0] && j < num_vecs) f(k, j);
-    }
+  float sum = 0.f, sum_sq = 0.f;
+  auto load = [&](int slot, int64_t j) {
+    x[slot].load(in + j * kVec);
+    if constexpr (kKind == NormKind::kFusedAddRMS) r[slot].load(res + j * kVec);
   };
-  auto load_row = [&](int i, int slot, int64_t j) {
-    x[i][slot].load(in[i] + j * kVec);
-    if constexpr (kFused) r[i][slot].load(res[i] + j * kVec);
-  };
-  auto load_weights = [&](int slot, int64_t j) {
-    w[slot].load(p.weight + j * kVec);
-    if constexpr (kLayer) b[slot].load(p.bias + j * kVec);
-  };
-
-  // Pass 1: sum (the fused add also writes the new residual). Every load of the rows is issued
-  // before the first store: a store the compiler cannot prove apart from a later load would
-  // otherwise hold that load back, one vector at a time.
-  float2 sums[kRows];  // LayerNorm: sum and sum of squares of x - pivot; RMSNorm: .y only
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) sums[i] = make_float2(0.f, 0.f);
-  auto accumulate = [&](int i, int slot, int64_t j) {
-    if constexpr (kFused) {
+  auto accumulate = [&](int slot, int64_t j) {
+    if constexpr (kKind == NormKind::kFusedAddRMS) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const float v = to_float(x[i][slot][e]) + to_float(r[i][slot][e]);
-        x[i][slot][e] = from_float<T>(v);
-        sums[i].y += v * v;
+        const float v = to_float(x[slot][e]) + to_float(r[slot][e]);
+        x[slot][e] = from_float<T>(v);
+        sum_sq += v * v;
       }
-      x[i][slot].store(res[i] + j * kVec);
+      x[slot].store(res + j * kVec);
     } else {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const float v = to_float(x[i][slot][e]) - pivot[i];
-        sums[i].x += v;
-        sums[i].y += v * v;
+        const float v = to_float(x[slot][e]) - pivot;
+        sum += v;
+        sum_sq += v * v;
       }
     }
   };
   if constexpr (kItems > 0) {
-    for_each_slot([&](int k, int64_t j) {
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        if (active[i]) load_row(i, k, j);
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (active && j < num_vecs) {
+        load(k, j);
+        if constexpr (kPrefetchWeights) {
+          w[k].load(p.weight + j * kVec);
+          if constexpr (kKind == NormKind::kLayer) b[k].load(p.bias + j * kVec);
+        }
       }
-      if constexpr (kWeights == WeightLoad::kWithRow) load_weights(k, j);
-    });
-    for_each_slot([&](int k, int64_t j) {
+    }
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        if (active[i]) accumulate(i, k, j);
-      }
-    });
-  } else if (active[0]) {
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (active && j < num_vecs) accumulate(k, j);
+    }
+  } else if (active) {
     for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
-      load_row(0, 0, j);
-      accumulate(0, 0, j);
+      load(0, j);
+      accumulate(0, j);
     }
   }
   AllowDependentGrids();
-  RowSums(sums, shared);
+  const float2 totals = RowSum(make_float2(sum, sum_sq), shared);
   const float n = float(p.hidden);
-  float mean[kRows], scale[kRows];  // LayerNorm: mean of x - pivot; x - mean is (x - pivot) - mean
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    mean[i] = kLayer ? sums[i].x / n : 0.f;
-    scale[i] = rsqrtf(fmaxf(sums[i].y / n - mean[i] * mean[i], 0.f) + p.eps);
+  float mean = 0.f, scale;  // LayerNorm: mean of x - pivot; x - mean is (x - pivot) - mean
+  if constexpr (kKind == NormKind::kLayer) {
+    mean = totals.x / n;
+    scale = rsqrtf(fmaxf(totals.y / n - mean * mean, 0.f) + p.eps);
+  } else {
+    scale = rsqrtf(totals.y / n + p.eps);
   }
 
   // Pass 2: normalize, weight, store.
-  auto emit = [&](int i, int slot, int64_t j) {
+  auto emit = [&](int slot, int64_t j) {
+    if constexpr (!kPrefetchWeights) {
+      w[slot].load(p.weight + j * kVec);
+      if constexpr (kKind == NormKind::kLayer) b[slot].load(p.bias + j * kVec);
+    }
     Vec<T, kVec> y;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      const float v = to_float(x[i][slot][e]);
-      if constexpr (kLayer) {
-        y[e] = from_float<T>((v - pivot[i] - mean[i]) * scale[i] * to_float(w[slot][e]) + to_float(b[slot][e]));
+      const float v = to_float(x[slot][e]);
+      if constexpr (kKind == NormKind::kLayer) {
+        y[e] = from_float<T>((v - pivot - mean) * scale * to_float(w[slot][e]) + to_float(b[slot][e]));
       } else {
-        y[e] = from_float<T>(v * scale[i] * (to_float(w[slot][e]) + p.weight_offset));
+        y[e] = from_float<T>(v * scale * (to_float(w[slot][e]) + p.weight_offset));
       }
     }
-    y.store(out[i] + j * kVec);
+    y.store(out + j * kVec);
   };
   if constexpr (kItems > 0) {
-    if constexpr (kWeights == WeightLoad::kAfterSum) for_each_slot(load_weights);
-    for_each_slot([&](int k, int64_t j) {
-      if constexpr (kWeights == WeightLoad::kPerSlot) load_weights(k, j);
 #pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        if (active[i]) emit(i, k, j);
-      }
-    });
-  } else if (active[0]) {
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (active && j < num_vecs) emit(k, j);
+    }
+  } else if (active) {
     for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
-      x[0][0].load((kFused ? res[0] : in[0]) + j * kVec);  // the fused add normalizes the new residual
-      load_weights(0, j);
-      emit(0, 0, j);
+      x[0].load(source + j * kVec);
+      emit(0, j);
     }
   }
 }
@@ -212,17 +184,17 @@ cudaError_t LaunchNormVec(const NormParams<T, W>& p, cudaStream_t stream, bool p
   const dim3 grid{unsigned((p.num_rows + rows_per_block - 1) / rows_per_block)};
   // Weights beside the row only for small batches, bound by latency; for large ones the registers
   // they take cost more rows in flight than their later load costs (benchmarks/NOTES.md).
-  const bool with_row = p.num_rows <= kNormLatencyRows && items <= 4;
-  constexpr auto kWithRow = WeightLoad::kWithRow, kPerSlot = WeightLoad::kPerSlot;
-  switch (items * 2 + with_row) {
-    case 2: return Launch(NormKernel<kKind, T, W, kVec, 1, 1, kPerSlot>, grid, block, stream, pdl, p);
-    case 3: return Launch(NormKernel<kKind, T, W, kVec, 1, 1, kWithRow>, grid, block, stream, pdl, p);
-    case 4: return Launch(NormKernel<kKind, T, W, kVec, 2, 1, kPerSlot>, grid, block, stream, pdl, p);
-    case 5: return Launch(NormKernel<kKind, T, W, kVec, 2, 1, kWithRow>, grid, block, stream, pdl, p);
-    case 8: return Launch(NormKernel<kKind, T, W, kVec, 4, 1, kPerSlot>, grid, block, stream, pdl, p);
-    case 9: return Launch(NormKernel<kKind, T, W, kVec, 4, 1, kWithRow>, grid, block, stream, pdl, p);
-    case 16: return Launch(NormKernel<kKind, T, W, kVec, 8, 1, kPerSlot>, grid, block, stream, pdl, p);
-    default: return Launch(NormKernel<kKind, T, W, kVec, 0, 1, kPerSlot>, grid, block, stream, pdl, p);
+  const bool prefetch = p.num_rows <= kNormLatencyRows && items <= 4;
+  switch (items * 2 + prefetch) {
+    case 2: return Launch(NormKernel<kKind, T, W, kVec, 1, false>, grid, block, stream, pdl, p);
+    case 3: return Launch(NormKernel<kKind, T, W, kVec, 1, true>, grid, block, stream, pdl, p);
+    case 4: return Launch(NormKernel<kKind, T, W, kVec, 2, false>, grid, block, stream, pdl, p);
+    case 5: return Launch(NormKernel<kKind, T, W, kVec, 2, true>, grid, block, stream, pdl, p);
+    case 8: return Launch(NormKernel<kKind, T, W, kVec, 4, false>, grid, block, stream, pdl, p);
+    case 9: return Launch(NormKernel<kKind, T, W, kVec, 4, true>, grid, block, stream, pdl, p);
+    case 16: return Launch(NormKernel<kKind, T, W, kVec, 8, false>, grid, block, stream, pdl, p);
+    case 17: return Launch(NormKernel<kKind, T, W, kVec, 8, true>, grid, block, stream, pdl, p);
+    default: return Launch(NormKernel<kKind, T, W, kVec, 0, false>, grid, block, stream, pdl, p);
   }
 }
 

@@ -58,12 +58,20 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
 #pragma unroll
     for (int i = 0; i < kAccesses; ++i) raw[i] = reinterpret_cast<const Access*>(ptr)[i];
   }
-  // __stwb is a plain store (write-back, the default cache operation) in one instruction: written
-  // as an assignment, a union filled element by element may reach the store split into 4-byte
-  // pieces, four instructions instead of one (seen in the norm kernels' unrolled slots).
+  // 16-byte stores go through PTX: written as an assignment, a union filled element by element
+  // may reach the store split into 4-byte pieces, four instructions instead of one (seen in the
+  // norm kernels' unrolled slots).
   __device__ __forceinline__ void store(T* ptr) const {
 #pragma unroll
-    for (int i = 0; i < kAccesses; ++i) __stwb(reinterpret_cast<Access*>(ptr) + i, raw[i]);
+    for (int i = 0; i < kAccesses; ++i) {
+      if constexpr (kAccessBytes == 16) {
+        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(reinterpret_cast<Access*>(ptr) + i),
+                     "r"(raw[i].x), "r"(raw[i].y), "r"(raw[i].z), "r"(raw[i].w)
+                     : "memory");
+      } else {
+        reinterpret_cast<Access*>(ptr)[i] = raw[i];
+      }
+    }
   }
   __device__ __forceinline__ T& operator[](int i) { return elems[i]; }
   __device__ __forceinline__ const T& operator[](int i) const { return elems[i]; }
