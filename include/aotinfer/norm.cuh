@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
         y[e] = from_float<T>(v * scale * (to_float(w[slot][e]) + p.weight_offset));
       }
     }
-    y.store(out + j * kVec);
+    y.store_unsplit(out + j * kVec);
   };
   if constexpr (kItems > 0) {
 #pragma unroll

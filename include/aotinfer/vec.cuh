@@ -58,10 +58,16 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
 #pragma unroll
     for (int i = 0; i < kAccesses; ++i) raw[i] = reinterpret_cast<const Access*>(ptr)[i];
   }
-  // 16-byte stores go through PTX: written as an assignment, a union filled element by element
-  // may reach the store split into 4-byte pieces, four instructions instead of one (seen in the
-  // norm kernels' unrolled slots).
   __device__ __forceinline__ void store(T* ptr) const {
+#pragma unroll
+    for (int i = 0; i < kAccesses; ++i) reinterpret_cast<Access*>(ptr)[i] = raw[i];
+  }
+  // store() through PTX, so that it stays one instruction per 16 bytes: in the norm kernels'
+  // unrolled slots, the front end turns some plain stores of a union filled element by element
+  // into four 4-byte stores. Not the default: ptxas schedules around an asm statement with care
+  // that costs where loads are still in flight (the fused add's residual store through it made
+  // the kernel 0.5 us slower at decode sizes; benchmarks/NOTES.md).
+  __device__ __forceinline__ void store_unsplit(T* ptr) const {
 #pragma unroll
     for (int i = 0; i < kAccesses; ++i) {
       if constexpr (kAccessBytes == 16) {
