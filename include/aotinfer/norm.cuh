@@ -127,14 +127,19 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   }
   AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sum, sum_sq), shared);
-  const float n = float(p.hidden);
+  const float inv_n = 1.f / float(p.hidden);
   float mean = 0.f, scale;  // LayerNorm: mean of x - pivot; x - mean is (x - pivot) - mean
   if constexpr (kKind == NormKind::kLayer) {
-    mean = totals.x / n;
-    scale = rsqrtf(fmaxf(totals.y / n - mean * mean, 0.f) + p.eps);
+    mean = totals.x * inv_n;
+    scale = rsqrtf(fmaxf(totals.y * inv_n - mean * mean, 0.f) + p.eps);
   } else {
-    scale = rsqrtf(totals.y / n + p.eps);
+    scale = rsqrtf(totals.y * inv_n + p.eps);
   }
+  // 16-bit LayerNorm normalizes in one FMA, x * scale - shift; its error, |mean| / std times
+  // float's epsilon, is far below the output's rounding. float32 output would show it when the
+  // mean is large against the spread, so there the subtractions stay exact.
+  constexpr bool kOneFma = kKind == NormKind::kLayer && sizeof(T) == 2;
+  const float shift = (pivot + mean) * scale;
 
   // Pass 2: normalize, weight, store.
   auto emit = [&](int slot, int64_t j) {
@@ -145,8 +150,10 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     Vec<T, kVec> y;
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
-      const float v = to_float(x[slot][e]);
-      if constexpr (kKind == NormKind::kLayer) {
+      const float v = x[slot].float_again(e);
+      if constexpr (kOneFma) {
+        y[e] = from_float<T>(fmaf(fmaf(v, scale, -shift), to_float(w[slot][e]), to_float(b[slot][e])));
+      } else if constexpr (kKind == NormKind::kLayer) {
         y[e] = from_float<T>((v - pivot - mean) * scale * to_float(w[slot][e]) + to_float(b[slot][e]));
       } else {
         y[e] = from_float<T>(v * scale * (to_float(w[slot][e]) + p.weight_offset));

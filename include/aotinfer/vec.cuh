@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace aotinfer {
 
@@ -77,6 +78,25 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
       } else {
         reinterpret_cast<Access*>(ptr)[i] = raw[i];
       }
+    }
+  }
+  // Element i as float, for a second pass over elements converted once already: for bf16 the
+  // conversion is opaque to the compiler, which therefore converts again instead of keeping the
+  // first pass's floats alive (a row held in bf16 takes half the registers). One instruction an
+  // element: bf16 is the high half of a float.
+  __device__ __forceinline__ float float_again(int i) const {
+    if constexpr (std::is_same_v<T, nv_bfloat16> && N % 2 == 0) {
+      uint32_t pair;
+      memcpy(&pair, &elems[i & ~1], sizeof(pair));
+      float f;
+      if (i % 2 == 0) {
+        asm("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(pair));
+      } else {
+        asm("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(pair));
+      }
+      return f;
+    } else {
+      return to_float(elems[i]);
     }
   }
   __device__ __forceinline__ T& operator[](int i) { return elems[i]; }
