@@ -42,9 +42,14 @@ def graph_latency(fn):
     return median / GRAPH_CALLS
 
 
-def copy_row():
+def start(dtype):
+    """Print the run's header (device, versions, copy bandwidth) and the bandwidth table's title;
+    return the copy bandwidth in GB/s."""
+    import aotinfer
     from aotinfer.testing import copy_bandwidth
 
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}, {dtype}")
     bw = copy_bandwidth() / 1e9
     print(f"device-to-device copy bandwidth, this run: {bw:.0f} GB/s (bytes read + written)")
+    print("\nbandwidth: ours, then eager torch, as ratios to a copy of the same bytes (to the 1 GiB copy)")
     return bw

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import aotinfer
-from _bandwidth import bandwidth_row, copy_row, graph_latency
+from _bandwidth import bandwidth_row, graph_latency, start
 
 EPS = 1e-6
 
@@ -36,10 +36,8 @@ def torch_fused_add_rmsnorm(x, r, w):
 
 
 def main():
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}, bfloat16")
-    copy_bw = copy_row()
     dtype = torch.bfloat16
-    print("\nbandwidth: ours, then eager torch, as ratios to a copy of the same bytes (to the 1 GiB copy)")
+    copy_bw = start(dtype)
     worst = 1.0
     for tokens in (4096, 16384):
         for hidden in (4096, 8192):
