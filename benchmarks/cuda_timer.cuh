@@ -1,5 +1,5 @@
 // Shared by the standalone design experiments (*_variants.cu): a checked CUDA call and the median
-// of 50 event-timed runs after 10 warm-ups.
+// of 50 event-timed runs after 10 warm-ups, each after an optional setup.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,14 +18,20 @@
     }                                                                              \
   } while (0)
 
-template <typename F>
-float median_ms(F&& f, int warmups = 10, int runs = 50) {
+struct NoSetup {
+  void operator()() const {}
+};
+
+// setup() runs before each timed call, outside the events (e.g. to flush L2).
+template <typename F, typename Setup = NoSetup>
+float median_ms(F&& f, int warmups = 10, int runs = 50, Setup setup = {}) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
   for (int i = 0; i < warmups; ++i) f();
   std::vector<float> t;
   for (int i = 0; i < runs; ++i) {
+    setup();
     CHECK(cudaEventRecord(a));
     f();
     CHECK(cudaEventRecord(b));

@@ -94,9 +94,15 @@ Layout RowsOf(const TensorView& tensor, const char* name, int64_t* num_rows) {
     rows.outer_stride = tensor.stride(0);
   } else if (ndim == 3) {
     *num_rows = tensor.size(0) * tensor.size(1);
-    rows.inner = std::max<int64_t>(tensor.size(1), 1);
-    rows.outer_stride = tensor.stride(0);
-    rows.inner_stride = tensor.stride(1);
+    if (tensor.size(1) == 1) {
+      rows.outer_stride = tensor.stride(0);
+    } else if (tensor.size(0) == 1 || tensor.stride(0) == tensor.size(1) * tensor.stride(1)) {
+      rows.outer_stride = tensor.stride(1);  // evenly spaced rows: kernels index them without a division
+    } else {
+      rows.inner = std::max<int64_t>(tensor.size(1), 1);
+      rows.outer_stride = tensor.stride(0);
+      rows.inner_stride = tensor.stride(1);
+    }
   } else {
     if (!tensor.IsContiguous()) {
       TVM_FFI_THROW(ValueError) << "Expected " << name << " with " << ndim << " dimensions to be contiguous, got strides "

@@ -58,14 +58,14 @@ inline bool UsePdl(int64_t enable_pdl, int device) {
   return major[device] >= 9;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), with the PDL attribute when `pdl`.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), with the PDL attribute when `pdl`.
 template <typename... KernelArgs, typename... Args>
-cudaError_t Launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
-                   Args&&... args) {
+cudaError_t LaunchWithSharedMemory(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t shared_bytes,
+                                   cudaStream_t stream, bool pdl, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -73,6 +73,13 @@ cudaError_t Launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStr
   config.attrs = &attribute;
   config.numAttrs = pdl ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), with the PDL attribute when `pdl`.
+template <typename... KernelArgs, typename... Args>
+cudaError_t Launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   Args&&... args) {
+  return LaunchWithSharedMemory(kernel, grid, block, 0, stream, pdl, std::forward<Args>(args)...);
 }
 
 }  // namespace aotinfer

@@ -2,23 +2,29 @@
 // fused residual-add + RMSNorm, and LayerNorm. Memory-bound: each row is read once and written
 // once, and weights come from L2.
 //
-// One kernel serves the three. A row belongs to blockDim.x threads, 128 where the row is long
-// enough (blockDim.y rows share a block when rows are short); each thread keeps kItems vectors of
-// kVec elements of its row in registers between the reduction and the output. Small blocks with
-// several vectors per thread keep many rows, and so many bytes, in flight on each SM while
-// others wait at their reduction (benchmarks/NOTES.md). kPrefetchWeights loads the weights beside
-// the row, before the reduction, for small batches where latency counts; otherwise they come
-// after, from L1 mostly, since every row of an SM reads the same ones. LayerNorm sums the values
-// and their squares in the same reduction. kItems == 0 is the fallback for rows
-// too long for registers: it reads the row again for each pass. Accumulation is in float.
+// NormKernel serves the three, a block per row (or per few short rows). A row belongs to
+// blockDim.x threads, 128 where the row is long enough (blockDim.y rows share a block when rows
+// are short); each thread keeps kItems vectors of kVec elements of its row in registers between
+// the reduction and the output. Small blocks with several vectors per thread keep many rows, and
+// so many bytes, in flight on each SM while others wait at their reduction (benchmarks/NOTES.md).
+// kPrefetchWeights loads the weights beside the row, before the reduction, for small batches where
+// latency counts; otherwise they come after, from L1 mostly, since every row of an SM reads the
+// same ones. kItems == 0 is the fallback for rows too long for registers: it reads the row again
+// for each pass.
+// NormStagedKernel serves RMSNorm and LayerNorm over large batches on a short grid: blocks that
+// stay resident walk the rows, weights in registers, rows staged through shared memory (see
+// there; Norm() at the end chooses).
+// LayerNorm sums the values and their squares in the same reduction. Accumulation is in float.
 // Vectors are 16 bytes where the hidden size, the row strides and the pointers allow, else one
 // element.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "aotinfer/async_copy.cuh"
 #include "aotinfer/launch.cuh"
 #include "aotinfer/reduce.cuh"
 #include "aotinfer/vec.cuh"
@@ -50,6 +56,66 @@ constexpr int kNormCachedThreads = 512;
 constexpr int kNormStreamThreads = 1024;
 constexpr int kNormMaxItems = 8;
 constexpr int kNormLatencyRows = 512;  // batches this small are bound by latency, not bandwidth
+// NormStagedKernel: vectors a thread, rows in shared memory a block (the one computed and those
+// in flight), and the most rows a block walks where it is chosen (see Norm).
+constexpr int kNormStagedItems = 4;
+constexpr int kNormStagedStages = 3;
+constexpr int kNormStagedRowsPerBlock = 8;
+
+// Pass 1 of RMSNorm and LayerNorm for one vector: adds x - pivot and its square to sums, even
+// elements to sums[0] and odd ones to sums[1], which halves the chains of dependent adds.
+template <typename T, int kVec>
+__device__ __forceinline__ void SumVec(const Vec<T, kVec>& x, float pivot, float2 (&sums)[2]) {
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const float v = x.float_again(e) - pivot;
+    sums[e % 2].x += v;
+    sums[e % 2].y = fmaf(v, v, sums[e % 2].y);
+  }
+}
+
+// What pass 2 applies to each element of a row, from the row's two sums.
+struct RowNorm {
+  float scale;  // 1 / rms, or 1 / std
+  float mean;   // LayerNorm: mean of x - pivot
+  float pivot;  // LayerNorm: the value the sums were shifted by
+};
+
+template <NormKind kKind>
+__device__ __forceinline__ RowNorm FinishRow(float2 totals, float pivot, int64_t hidden, float eps) {
+  const float inv_n = 1.f / float(hidden);
+  if constexpr (kKind == NormKind::kLayer) {
+    const float mean = totals.x * inv_n;
+    return {rsqrtf(fmaxf(totals.y * inv_n - mean * mean, 0.f) + eps), mean, pivot};
+  } else {
+    return {rsqrtf(totals.y * inv_n + eps), 0.f, 0.f};
+  }
+}
+
+// Pass 2 for one vector: normalize, weight (LayerNorm: and shift), round. 16-bit LayerNorm
+// normalizes in one FMA, x * scale - shift; its error, |mean| / std times float's epsilon, is far
+// below the output's rounding. float32 output would show it when the mean is large against the
+// spread, so there the subtractions stay exact.
+template <NormKind kKind, typename T, typename W, int kVec>
+__device__ __forceinline__ Vec<T, kVec> NormalizeVec(const Vec<T, kVec>& x, const Vec<W, kVec>& w,
+                                                      const Vec<W, kVec>& b, const RowNorm& n,
+                                                      float weight_offset) {
+  constexpr bool kOneFma = kKind == NormKind::kLayer && sizeof(T) == 2;
+  const float shift = (n.pivot + n.mean) * n.scale;
+  Vec<T, kVec> y;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const float v = x.float_again(e);
+    if constexpr (kOneFma) {
+      y[e] = from_float<T>(fmaf(fmaf(v, n.scale, -shift), to_float(w[e]), to_float(b[e])));
+    } else if constexpr (kKind == NormKind::kLayer) {
+      y[e] = from_float<T>((v - n.pivot - n.mean) * n.scale * to_float(w[e]) + to_float(b[e]));
+    } else {
+      y[e] = from_float<T>(v * n.scale * (to_float(w[e]) + weight_offset));
+    }
+  }
+  return y;
+}
 
 template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights>
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
@@ -79,7 +145,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   Vec<T, kVec> r[kKind == NormKind::kFusedAddRMS ? kSlots : 1];
   Vec<W, kVec> w[kSlots];
   Vec<W, kVec> b[kSlots];
-  float sum = 0.f, sum_sq = 0.f;
+  float2 sums[2] = {};  // (sum, sum of squares) of even and of odd elements
   auto load = [&](int slot, int64_t j) {
     x[slot].load(in + j * kVec);
     if constexpr (kKind == NormKind::kFusedAddRMS) r[slot].load(res + j * kVec);
@@ -90,16 +156,11 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       for (int e = 0; e < kVec; ++e) {
         const float v = to_float(x[slot][e]) + to_float(r[slot][e]);
         x[slot][e] = from_float<T>(v);
-        sum_sq += v * v;
+        sums[e % 2].y = fmaf(v, v, sums[e % 2].y);
       }
       x[slot].store(res + j * kVec);
     } else {
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float v = to_float(x[slot][e]) - pivot;
-        sum += v;
-        sum_sq += v * v;
-      }
+      SumVec(x[slot], pivot, sums);
     }
   };
   if constexpr (kItems > 0) {
@@ -126,20 +187,8 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     }
   }
   AllowDependentGrids();
-  const float2 totals = RowSum(make_float2(sum, sum_sq), shared);
-  const float inv_n = 1.f / float(p.hidden);
-  float mean = 0.f, scale;  // LayerNorm: mean of x - pivot; x - mean is (x - pivot) - mean
-  if constexpr (kKind == NormKind::kLayer) {
-    mean = totals.x * inv_n;
-    scale = rsqrtf(fmaxf(totals.y * inv_n - mean * mean, 0.f) + p.eps);
-  } else {
-    scale = rsqrtf(totals.y * inv_n + p.eps);
-  }
-  // 16-bit LayerNorm normalizes in one FMA, x * scale - shift; its error, |mean| / std times
-  // float's epsilon, is far below the output's rounding. float32 output would show it when the
-  // mean is large against the spread, so there the subtractions stay exact.
-  constexpr bool kOneFma = kKind == NormKind::kLayer && sizeof(T) == 2;
-  const float shift = (pivot + mean) * scale;
+  const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
+  const RowNorm norm = FinishRow<kKind>(totals, pivot, p.hidden, p.eps);
 
   // Pass 2: normalize, weight, store.
   auto emit = [&](int slot, int64_t j) {
@@ -147,19 +196,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       w[slot].load(p.weight + j * kVec);
       if constexpr (kKind == NormKind::kLayer) b[slot].load(p.bias + j * kVec);
     }
-    Vec<T, kVec> y;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const float v = x[slot].float_again(e);
-      if constexpr (kOneFma) {
-        y[e] = from_float<T>(fmaf(fmaf(v, scale, -shift), to_float(w[slot][e]), to_float(b[slot][e])));
-      } else if constexpr (kKind == NormKind::kLayer) {
-        y[e] = from_float<T>((v - pivot - mean) * scale * to_float(w[slot][e]) + to_float(b[slot][e]));
-      } else {
-        y[e] = from_float<T>(v * scale * (to_float(w[slot][e]) + p.weight_offset));
-      }
-    }
-    y.store_unsplit(out + j * kVec);
+    NormalizeVec<kKind>(x[slot], w[slot], b[slot], norm, p.weight_offset).store_unsplit(out + j * kVec);
   };
   if constexpr (kItems > 0) {
 #pragma unroll
@@ -173,6 +210,107 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       emit(0, j);
     }
   }
+}
+
+// RMSNorm and LayerNorm over many rows, with rows staged through shared memory. A grid that fills
+// the GPU once walks the rows (block b takes rows b, b + gridDim.x, ...), so each thread loads its
+// weights once and keeps them in registers for every row, instead of reading them from L1 for
+// each row (for LayerNorm with float32 gamma and beta, four times the row's bytes, in 32-byte
+// pieces a thread that L1 serves at half rate). Each thread copies its kItems vectors of the next
+// kStages - 1 rows into shared memory with cp.async, so the bytes in flight cost no registers. A
+// thread reads back only what it copied, save LayerNorm's pivot (the row's first element, thread
+// 0's); so LayerNorm waits one row ahead: the next row has landed before the reduction's
+// barrier, and every thread reads its pivot after that barrier. The launcher takes this kernel
+// only where rows are evenly spaced (out_rows and input_rows with inner == 1) and blockDim.x *
+// kItems vectors make a row exactly, so that nothing is predicated.
+template <NormKind kKind, typename T, typename W, int kVec, int kItems, int kStages>
+__global__ void __launch_bounds__(kNormCachedThreads) NormStagedKernel(const NormParams<T, W> p) {
+  static_assert(kKind != NormKind::kFusedAddRMS && kVec * sizeof(T) == 16 && kStages >= 3);
+  extern __shared__ uint4 staged[];  // [kStages][kItems * blockDim.x] vectors: rows as they lie in memory
+  __shared__ float2 shared[1][32];
+  constexpr bool kLayer = kKind == NormKind::kLayer;
+  const int row_vecs = kItems * blockDim.x;
+  const int64_t in_stride = p.input_rows.outer_stride, out_stride = p.out_rows.outer_stride;
+
+  WaitForPriorGrids();
+  Vec<W, kVec> w[kItems], b[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int j = threadIdx.x + k * blockDim.x;
+    w[k].load(p.weight + j * kVec);
+    if constexpr (kLayer) b[k].load(p.bias + j * kVec);
+  }
+  // Row `row` into stage `stage`; one commit group a row, empty past the end.
+  auto fetch = [&](int64_t row, int stage) {
+    if (row < p.num_rows) {
+      const T* in = p.input + row * in_stride + threadIdx.x * kVec;
+      uint4* to = staged + stage * row_vecs + threadIdx.x;
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) CopyAsync16(to + k * blockDim.x, in + k * blockDim.x * kVec);
+    }
+    CommitAsyncGroup();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) fetch(blockIdx.x + int64_t(i) * gridDim.x, i);
+  if constexpr (kLayer) {
+    WaitAsyncGroups<kStages - 2>();
+    __syncthreads();
+  }
+  AllowDependentGrids();
+
+  int stage = 0;
+  for (int64_t row = blockIdx.x; row < p.num_rows; row += gridDim.x) {
+    fetch(row + int64_t(kStages - 1) * gridDim.x, stage == 0 ? kStages - 1 : stage - 1);
+    WaitAsyncGroups<kLayer ? kStages - 2 : kStages - 1>();
+    const uint4* from = staged + stage * row_vecs;
+    const float pivot = kLayer ? to_float(*reinterpret_cast<const T*>(from)) : 0.f;
+    Vec<T, kVec> x[kItems];
+    float2 sums[2] = {};
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      x[k].load(reinterpret_cast<const T*>(from + threadIdx.x + k * blockDim.x));
+      SumVec(x[k], pivot, sums);
+    }
+    const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
+    const RowNorm norm = FinishRow<kKind>(totals, pivot, p.hidden, p.eps);
+    T* out = p.out + row * out_stride + threadIdx.x * kVec;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      NormalizeVec<kKind>(x[k], w[k], b[k], norm, p.weight_offset).store_unsplit(out + k * blockDim.x * kVec);
+    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+  }
+}
+
+// Launches NormStagedKernel with kItems vectors a thread and kStages stages, as many blocks as fit
+// on the GPU at once, if it suits p (*launched says whether it did): the row fits the block
+// exactly, rows are evenly spaced, and the grid gives no block more than max_rows_per_block rows.
+template <NormKind kKind, typename T, typename W, int kVec, int kItems, int kStages>
+cudaError_t LaunchNormStaged(const NormParams<T, W>& p, int64_t max_rows_per_block, cudaStream_t stream, bool pdl,
+                             bool* launched) {
+  *launched = false;
+  const int64_t num_vecs = p.hidden / kVec;
+  const int64_t threads = num_vecs / kItems;
+  if (threads * kItems != num_vecs || threads % 32 != 0 || threads > kNormCachedThreads ||
+      p.input_rows.inner != 1 || p.out_rows.inner != 1) {
+    return cudaSuccess;
+  }
+  const auto kernel = NormStagedKernel<kKind, T, W, kVec, kItems, kStages>;
+  const size_t smem = size_t(kStages) * num_vecs * 16;
+  int device = 0, sms = 0, blocks_per_sm = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (status == cudaSuccess && smem + sizeof(float2) * 32 > 48 * 1024) {  // past the default, with the static part
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  }
+  if (status == cudaSuccess) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, int(threads), smem);
+  }
+  if (status != cudaSuccess) return status;
+  const int64_t grid = std::min<int64_t>(p.num_rows, int64_t(blocks_per_sm) * sms);
+  if (grid == 0 || p.num_rows > grid * max_rows_per_block) return cudaSuccess;
+  *launched = true;
+  return LaunchWithSharedMemory(kernel, dim3(unsigned(grid)), dim3(unsigned(threads)), smem, stream, pdl, p);
 }
 
 template <NormKind kKind, typename T, typename W, int kVec>
@@ -216,6 +354,18 @@ cudaError_t Norm(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
                           (!fused || (Aligned16(p.residual) && p.residual_rows.rows_aligned(kVec))) &&
                           (!layer || Aligned16(p.bias));
   if (p.num_rows > int64_t(kNormMaxRowsPerBlock) * 0x7fffffff) return cudaErrorInvalidConfiguration;
+  // Large batches over a short grid: the staged kernel, which loses the per-row kernel's tail and, with
+  // float32 weights on 16-bit rows, their L1 traffic, so it wins over grids twice as long there.
+  // Over a long grid the per-row kernel is faster (benchmarks/NOTES.md).
+  if constexpr (kKind != NormKind::kFusedAddRMS) {
+    if (vectorized && p.num_rows > kNormLatencyRows) {
+      const int64_t rows_per_block = kNormStagedRowsPerBlock * (sizeof(W) > sizeof(T) ? 2 : 1);
+      bool launched = false;
+      const cudaError_t status = LaunchNormStaged<kKind, T, W, kVec, kNormStagedItems, kNormStagedStages>(
+          p, rows_per_block, stream, pdl, &launched);
+      if (status != cudaSuccess || launched) return status;
+    }
+  }
   return vectorized ? LaunchNormVec<kKind, T, W, kVec>(p, stream, pdl) : LaunchNormVec<kKind, T, W, 1>(p, stream, pdl);
 }
 

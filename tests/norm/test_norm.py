@@ -1,5 +1,8 @@
 """rmsnorm, fused_add_rmsnorm, their Gemma variants and layernorm against float64 references."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -95,11 +98,88 @@ def test_fused_add_rmsnorm(gemma, layout, hidden, dtype):
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_layernorm(weights, layout, hidden, dtype):
-    x = make_rows(layout, hidden, dtype) * 3 + 1.5  # a mean and a spread to remove
+    # A mean and a spread to remove, in place so that the layout stays.
+    x = make_rows(layout, hidden, dtype).mul_(3).add_(1.5)
     wdtype = torch.float32 if weights == "float32" else dtype
     gamma = torch.randn(hidden, device="cuda", dtype=wdtype)
     beta = torch.randn(hidden, device="cuda", dtype=wdtype)
     close(aotinfer.layernorm(x, gamma, beta, eps=1e-5), layernorm_reference(x, gamma, beta, 1e-5), dtype)
+
+
+# Batches of more than 512 rows, over hidden sizes that a block covers exactly, take the staged
+# kernel (rows walked by a grid that fills the GPU, weights kept in registers) while the grid is
+# short: at most 8 rows a block. The strided 3-D layout and long grids stay with the per-row
+# kernel. Five rows an SM and a few more fit every shape's grid (one block an SM at the least) and
+# give blocks unequal numbers of rows.
+STAGED_HIDDEN = [2048, 4096, 5120, 8192]
+
+
+def staged_rows():
+    return 5 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+
+
+@gpu
+@pytest.mark.parametrize("op", ["rmsnorm", "gemma_rmsnorm", "layernorm-float32", "layernorm-input"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("hidden", STAGED_HIDDEN)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_large_batch(op, layout, hidden, dtype):
+    rows = staged_rows()
+    x = make_rows(layout, hidden, dtype, tokens=rows if layout.startswith("2d") else rows // 3)
+    if op.startswith("layernorm"):
+        x.mul_(3).add_(1.5)  # in place: the layout stays
+        wdtype = torch.float32 if op == "layernorm-float32" else dtype
+        gamma = torch.randn(hidden, device="cuda", dtype=wdtype)
+        beta = torch.randn(hidden, device="cuda", dtype=wdtype)
+        close(aotinfer.layernorm(x, gamma, beta, eps=1e-5), layernorm_reference(x, gamma, beta, 1e-5), dtype)
+    else:
+        weight = torch.randn(hidden, device="cuda", dtype=dtype)
+        out = poisoned(x.shape, dtype)
+        getattr(aotinfer, op)(x, weight, out=out)
+        close(out, rms_reference(x, weight, 1e-6, 1.0 if op == "gemma_rmsnorm" else 0.0), dtype)
+
+
+# Which kernel each case launches, as the profiler sees it: in a process of its own, since the
+# profiler's hold on CUPTI would disturb bench_gpu_time's CUPTI timing in this one.
+KERNEL_CHOICE = """
+import torch, aotinfer
+sms = torch.cuda.get_device_properties(0).multi_processor_count
+rows = 5 * sms + 7
+def launched(call):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    return sorted(k for k in ("NormStagedKernel", "NormKernel") if any(k in n for n in names))
+bf16 = dict(device="cuda", dtype=torch.bfloat16)
+w, w32 = torch.randn(4096, **bf16), torch.randn(4096, device="cuda")
+x = torch.randn(rows, 4096, **bf16)
+wide = torch.randn(rows, 4096 + 64, **bf16)[:, 32:4128]
+spaced = torch.randn(3, rows // 3 + 2, 4096, **bf16)[:, 1:-1]
+cases = {
+    "rmsnorm": lambda: aotinfer.rmsnorm(x, w),
+    "layernorm fp32 weights": lambda: aotinfer.layernorm(x, w32, w32),
+    "layernorm bf16 weights": lambda: aotinfer.layernorm(x, w, w),
+    "strided 2-D rows": lambda: aotinfer.rmsnorm(wide, w),
+    "3-D rows, unevenly spaced": lambda: aotinfer.rmsnorm(spaced, w),
+    "512 rows": lambda: aotinfer.rmsnorm(x[:512], w),
+    "long grid": lambda: aotinfer.rmsnorm(torch.randn(64 * rows, 4096, **bf16), w),
+    "fused add": lambda: aotinfer.fused_add_rmsnorm(x, torch.randn_like(x), w),
+}
+for name, call in cases.items():
+    print(name, "=", ",".join(launched(call)))
+"""
+
+
+@gpu
+def test_kernel_choice():
+    out = subprocess.run([sys.executable, "-c", KERNEL_CHOICE], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    chosen = dict(line.split(" = ") for line in out.stdout.splitlines())
+    if not any(chosen.values()):
+        pytest.skip("the profiler saw no kernels (another CUPTI client, e.g. compute-sanitizer)")
+    staged = {"rmsnorm", "layernorm fp32 weights", "layernorm bf16 weights", "strided 2-D rows"}
+    assert chosen == {name: "NormStagedKernel" if name in staged else "NormKernel" for name in chosen}
 
 
 @gpu
@@ -123,11 +203,12 @@ def test_no_rows(shape):
 
 
 @gpu
-@pytest.mark.parametrize("hidden", [4096, 4095])
-def test_pdl_chain_matches_plain_chain(hidden):
+@pytest.mark.parametrize("rows, hidden", [(64, 4096), (64, 4095), (1500, 4096)])
+def test_pdl_chain_matches_plain_chain(rows, hidden):
     # 40 dependent launches, each reading what the one before wrote: with PDL the kernels overlap
-    # their starts, and a read before the wait would show as a different result.
-    x0 = torch.randn(64, hidden, device="cuda", dtype=torch.bfloat16)
+    # their starts, and a read before the wait would show as a different result. 1500 rows take
+    # the staged kernel for rmsnorm.
+    x0 = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
     results = []
     for pdl in (False, True, None):
@@ -195,10 +276,13 @@ def test_argument_errors(make, error):
 
 
 @gpu
-@pytest.mark.parametrize("hidden", [4096, 20480])
-def test_layernorm_large_mean(hidden):
+@pytest.mark.parametrize("rows, hidden", [(8, 4096), (8, 20480), (1500, 4096)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layernorm_large_mean(rows, hidden, dtype):
     # Sum and sum of squares share one reduction: the kernel shifts each row by its first element
-    # so that a mean of 1000 against a spread of 1 does not cancel away the variance.
-    x = torch.randn(8, hidden, device="cuda") + 1000.0
+    # so that a mean of 1000 against a spread of 1 does not cancel away the variance. Each row its
+    # own mean, so that a pivot taken from another row would show (1500 rows: the staged kernel).
+    means = 1000.0 + 10.0 * torch.arange(rows, device="cuda").unsqueeze(1) % 7
+    x = (torch.randn(rows, hidden, device="cuda") + means).to(dtype)
     gamma, beta = torch.randn(hidden, device="cuda"), torch.randn(hidden, device="cuda")
-    close(aotinfer.layernorm(x, gamma, beta, eps=1e-5), layernorm_reference(x, gamma, beta, 1e-5), torch.float32)
+    close(aotinfer.layernorm(x, gamma, beta, eps=1e-5), layernorm_reference(x, gamma, beta, 1e-5), dtype)
