@@ -222,10 +222,13 @@ def test_pdl_chain_matches_plain_chain(rows, hidden):
 
 
 @gpu
-def test_cuda_graph_capture():
-    x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("rows, hidden", [(32, 4096), ("staged", 8192)])
+def test_cuda_graph_capture(rows, hidden):
+    # "staged": the staged kernel for rmsnorm, with 48 KB of shared memory, past the default.
+    rows = staged_rows() if rows == "staged" else rows
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     residual = torch.randn_like(x)
-    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(x)
     aotinfer.rmsnorm(x, w, out=out)
     graph = torch.cuda.CUDAGraph()
