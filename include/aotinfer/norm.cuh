@@ -297,16 +297,25 @@ cudaError_t LaunchNormStaged(const NormParams<T, W>& p, int64_t max_rows_per_blo
   }
   const auto kernel = NormStagedKernel<kKind, T, W, kVec, kItems, kStages>;
   const size_t smem = size_t(kStages) * num_vecs * 16;
-  int device = 0, sms = 0, blocks_per_sm = 0;
+  int device = 0, sms = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status == cudaSuccess && smem + sizeof(float2) * 32 > 48 * 1024) {  // past the default, with the static part
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  }
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, int(threads), smem);
-  }
   if (status != cudaSuccess) return status;
+  // Blocks an SM, asked once per device and block size (with the shared memory limit raised where
+  // needed): the answer never changes, so races are benign. 0: not asked yet.
+  static int known_blocks_per_sm[64][kNormCachedThreads / 32 + 1] = {};
+  int* known = device >= 0 && device < 64 ? &known_blocks_per_sm[device][threads / 32] : nullptr;
+  int blocks_per_sm = known ? *known : 0;
+  if (blocks_per_sm == 0) {
+    if (smem + sizeof(float2) * 32 > 48 * 1024) {  // past the default, with the static part
+      status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    }
+    if (status == cudaSuccess) {
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, int(threads), smem);
+    }
+    if (status != cudaSuccess) return status;
+    if (known) *known = blocks_per_sm;
+  }
   const int64_t grid = std::min<int64_t>(p.num_rows, int64_t(blocks_per_sm) * sms);
   if (grid == 0 || p.num_rows > grid * max_rows_per_block) return cudaSuccess;
   *launched = true;
