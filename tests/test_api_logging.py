@@ -38,7 +38,7 @@ def op_at_level(monkeypatch, level):
     return my_op
 
 
-def test_level_0_returns_the_function_itself(monkeypatch):
+def test_level_0_returns_a_plain_function_itself(monkeypatch):
     monkeypatch.setenv("AOTINFER_LOGLEVEL", "0")
 
     def op(x):
@@ -48,10 +48,56 @@ def test_level_0_returns_the_function_itself(monkeypatch):
     assert aotinfer_api()(op) is op
 
 
-def test_bad_level(monkeypatch):
-    monkeypatch.setenv("AOTINFER_LOGLEVEL", "verbose")
-    with pytest.raises(ValueError, match="AOTINFER_LOGLEVEL must be an integer"):
-        aotinfer_api(lambda x: x)
+def test_level_0_wrapper_has_no_logging():
+    import aotinfer
+
+    spec = aotinfer.rmsnorm.__aotinfer_spec__
+    assert spec.logging is None and "_log_call" not in spec.namespace
+
+
+@pytest.mark.parametrize("text", ["verbose", "-1", "3.5"])
+def test_bad_level_warns_and_logs_nothing(monkeypatch, text):
+    monkeypatch.setenv("AOTINFER_LOGLEVEL", text)
+    monkeypatch.setattr(api_logging, "_warned", set())
+    with pytest.warns(RuntimeWarning, match=f"AOTINFER_LOGLEVEL={text!r} is not a level"):
+        assert api_logging.log_level() == 0
+
+
+def test_bad_settings_never_break_import_or_ops(tmp_path):
+    # A level that is not one, a log file in a missing directory: one warning each, then the
+    # defaults; import and ops work.
+    script = textwrap.dedent(
+        """
+        import warnings
+        warnings.simplefilter("always")
+        import torch, aotinfer
+        for _ in range(2):
+            try:
+                aotinfer.scale(torch.ones(3), 2.0)
+            except ValueError as e:
+                print("raised:", e)
+        """
+    )
+    for env, warning in [
+        ({"AOTINFER_LOGLEVEL": "verbose"}, "AOTINFER_LOGLEVEL='verbose' is not a level"),
+        ({"AOTINFER_LOGLEVEL": "1", "AOTINFER_LOGDEST": str(tmp_path / "missing" / "log.txt")},
+         "AOTINFER_LOGDEST="),
+    ]:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=dict(os.environ, **env), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.count("raised: Expected input to be a CUDA tensor") == 2
+        assert out.stderr.count(warning) == 1, out.stderr
+
+
+@pytest.mark.parametrize("dest", ["STDOUT", "Stdout"])
+def test_stream_names_in_any_case(monkeypatch, fresh_logger, capsys, tmp_path, dest):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AOTINFER_LOGDEST", dest)
+    op = op_at_level(monkeypatch, 1)
+    op(torch.ones(2), torch.ones(2))
+    assert "aotinfer.my_op" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == [], "no file named after the stream"
 
 
 def test_level_1_names_the_op(monkeypatch, fresh_logger, capsys):
@@ -99,18 +145,29 @@ def test_file_destination_with_pid(monkeypatch, fresh_logger, tmp_path):
     assert "aotinfer.my_op" in text
 
 
-def test_attributes_are_shared_through_the_logging_wrapper(monkeypatch):
-    # backend_requirement sets suitable_auto_backends on its own wrapper; an op reads it through
-    # the name it is published under, the logging wrapper.
-    monkeypatch.setenv("AOTINFER_LOGLEVEL", "3")
+def test_one_wrapper_for_the_decorator_stack(monkeypatch, fresh_logger, capsys):
+    # Logging and checks are one generated function: the published op is the one whose
+    # suitable_auto_backends the requirement sets, and it logs before it checks.
+    from aotinfer.utils import backend_requirement
 
-    def inner(x):
-        return x
+    monkeypatch.setenv("AOTINFER_LOGLEVEL", "1")
+    monkeypatch.setenv("AOTINFER_LOGDEST", "stdout")
 
-    op = aotinfer_api(inner)
-    assert op is not inner
-    inner.suitable_auto_backends = ["cuda"]
-    assert op.suitable_auto_backends == ["cuda"]
+    def check(x, backend="a"):
+        if x < 0:
+            raise ValueError("x must be non-negative")
+        return True
+
+    @aotinfer_api
+    @backend_requirement(backend_checks={"a": check, "b": check})
+    def pick(x, backend="a"):
+        return pick.suitable_auto_backends[0] if backend == "auto" else backend
+
+    assert pick.__wrapped__.__name__ == "pick" and pick.__aotinfer_spec__.wrapper is pick
+    assert pick(1, backend="auto") == "a" and pick.suitable_auto_backends == ["a", "b"]
+    with pytest.raises(ValueError, match="x must be non-negative"):
+        pick(-1)
+    assert capsys.readouterr().out.count("aotinfer.pick") == 2
 
 
 def test_public_op_logs_then_raises(tmp_path):

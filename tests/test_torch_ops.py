@@ -1,17 +1,19 @@
-"""aotinfer's ops as torch custom ops: schemas, fake implementations, torch.compile, opcheck."""
+"""aotinfer's ops as torch custom ops: defined on import, from the declarations; fake
+implementations, torch.compile, opcheck; never breaking torch's import or a fork."""
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
 import aotinfer
 from aotinfer import _kernels, _loader
-
-# aotinfer defines its custom ops at the first kernel call or when torch._dynamo is imported;
-# these tests read them before either may have happened.
-_kernels.register_torch_ops()
+from op_arguments import IDS, PAIRS, make_arguments, ranks
 
 BINDINGS = [
     (module, function, schema)
@@ -62,14 +64,124 @@ def test_compile_fullgraph_traces_the_custom_op():
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend=record)
-    try:
-        compiled(torch.randn(8))
-    except NotImplementedError as e:  # the graph runs on CPU tensors; the op has a CUDA kernel only
-        assert "aotinfer::scale" in str(e)
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
+        compiled(torch.randn(8))  # the graph runs the binding on CPU tensors, which it refuses by name
     (graph,) = graphs
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.aotinfer.scale) + targets.count(torch.ops.aotinfer.scale.default) == 2
-    assert _kernels._dynamo_ready
+
+
+def run_python(script, env=None, cwd=None, timeout=120):
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                         env=env, cwd=cwd, timeout=timeout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+@pytest.mark.parametrize("order", ["torch first", "aotinfer first"])
+def test_ops_defined_on_import_without_loading_kernels(order, tmp_path):
+    # In either order, once both are imported every binding is torch.ops.aotinfer.<name>: no
+    # shared object loaded, no CUDA initialized.
+    imports = "import torch, aotinfer" if order == "torch first" else "import aotinfer, torch"
+    functions = [f for fs in _loader.declared_functions().values() for f in fs]
+    out = run_python(
+        f"""
+        {imports}
+        for name in {functions!r}:
+            assert str(getattr(torch.ops.aotinfer, name).default._schema).startswith("aotinfer::" + name)
+        maps = open("/proc/self/maps").read()
+        assert "_ops/" not in maps and "libcuda" not in maps, "a shared object was loaded"
+        assert not torch.cuda.is_initialized()
+        print("defined", len({functions!r}))
+        """,
+        cwd=tmp_path,
+    )
+    assert f"defined {len(functions)}" in out.stdout and not out.stderr.count("Warning: aotinfer")
+
+
+@pytest.fixture(scope="module")
+def broken_install(tmp_path_factory):
+    """A copy of the installed package whose manifest is not JSON, first on sys.path."""
+    root = tmp_path_factory.mktemp("broken")
+    package = os.path.dirname(aotinfer.__file__)
+    shutil.copytree(package, root / "aotinfer", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (root / "aotinfer" / "_ops" / "manifest.json").write_text('{"modules": {"norm": ')
+    return root
+
+
+@pytest.mark.parametrize("order", ["torch first", "aotinfer first"])
+def test_broken_manifest_breaks_nothing_else(order, broken_install, tmp_path):
+    # A damaged install must not break torch: torch.compile of code that never uses aotinfer
+    # works, and an op says what is wrong.
+    imports = "import torch, aotinfer" if order == "torch first" else "import aotinfer, torch"
+    out = run_python(
+        f"""
+        import warnings
+        warnings.simplefilter("always")
+        {imports}
+        import torch._dynamo
+        f = torch.compile(lambda x: x * 2, backend="eager")
+        assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+        try:
+            aotinfer.rmsnorm(torch.randn(2, 8), torch.randn(8))
+        except ImportError as e:
+            print("op:", e)
+        """,
+        env=dict(os.environ, PYTHONPATH=str(broken_install)),
+        cwd=tmp_path,
+    )
+    assert "op: " in out.stdout and "manifest" in out.stdout
+    assert out.stderr.count("aotinfer's torch custom ops are not defined") == 1, out.stderr
+
+
+FORK_SCRIPT = """
+import os, random, sys, threading, time
+import torch, aotinfer
+from aotinfer import _loader
+
+load = _loader._load
+def slow_load(name, index):  # a first call that takes a while to load its module
+    time.sleep(0.004)
+    return load(name, index)
+_loader._load = slow_load
+
+x, w = torch.randn(4, 8), torch.randn(8)
+def first_call():
+    try:
+        aotinfer.rmsnorm(x, w)
+    except ValueError:
+        pass
+
+hung = 0
+for trial in range({trials}):
+    _loader._modules.clear()
+    aotinfer.norm._rmsnorm.fn = aotinfer.norm._rmsnorm._first_call
+    aotinfer.norm._rmsnorm.by_device.clear()
+    thread = threading.Thread(target=first_call)
+    thread.start()
+    time.sleep(random.uniform(0, 0.006))
+    pid = os.fork()
+    if pid == 0:
+        signal_timer = threading.Timer(10, lambda: os._exit(3))
+        signal_timer.start()
+        try:
+            aotinfer.rmsnorm(x, w)
+        except ValueError:
+            os._exit(0)
+        os._exit(1)
+    thread.join()
+    _, status = os.waitpid(pid, 0)
+    hung += os.waitstatus_to_exitcode(status) != 0
+print("children that did not finish:", hung)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_another_thread_loads(tmp_path):
+    # A server forks workers while warm-up threads make their first calls: a child must never
+    # inherit a lock held by a thread that does not exist in it.
+    out = run_python(FORK_SCRIPT.format(trials=30), cwd=tmp_path, timeout=300)
+    assert "children that did not finish: 0" in out.stdout
 
 
 @pytest.mark.gpu
@@ -88,6 +200,23 @@ def test_compile_fullgraph_on_gpu(mode):
 
 
 @pytest.mark.gpu
-def test_opcheck():
-    x = torch.randn(1001, device="cuda", dtype=torch.float16)
-    torch.library.opcheck(torch.ops.aotinfer.scale.default, (torch.empty_like(x), x, 2.0))
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_opcheck(op, template):
+    # torch's checks of a custom op (schema, fake implementation, dispatch), on the calls each
+    # public op makes.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "aotinfer":
+                calls.append((func, [a.clone() if isinstance(a, torch.Tensor) else a for a in args]))
+            return func(*args, **(kwargs or {}))
+
+    args, _ = make_arguments(template, "cuda", torch.float16, rank=ranks(template)[-1])
+    with Record():
+        op(**args)
+    assert calls
+    for func, call_args in calls:
+        torch.library.opcheck(func, call_args)

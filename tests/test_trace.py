@@ -6,40 +6,18 @@ import json
 import pytest
 import torch
 
-import aotinfer  # noqa: F401  (decorating the ops fills the registry)
-from aotinfer.trace import Const, Scalar, Tensor, Var, registry
+import aotinfer
+from aotinfer.trace import Const, Tensor, Var
+from op_arguments import IDS, PAIRS, axis_sizes, make_arguments, output_shapes, ranks
 
-PAIRS = registry()
-IDS = [f"{op.__name__}-{template.name_prefix}" for op, template in PAIRS]
-SIZES = {Var: 5, Const: 16}
-SCALARS = {"float32": 1.25, "float64": 1.25, "int32": 3, "int64": 3, "bool": True}
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+CASES = [(op, template, rank) for op, template in PAIRS for rank in ranks(template)]
+CASE_IDS = [f"{op.__name__}-{template.name_prefix}-rank{rank}" for op, template, rank in CASES]
 
 
 def test_registry_holds_every_public_op():
-    assert {op.__name__ for op, _ in PAIRS} >= {"scale"}
-
-
-def axis_sizes(template):
-    sizes = {axis: SIZES[type(kind)] for axis, kind in template.axes.items()}
-    for axis, kind in template.axes.items():
-        if getattr(kind, "derive", None) is not None:
-            sizes[axis] = kind.derive(sizes)
-    return sizes
-
-
-def make_arguments(template, device, dtype=torch.bfloat16):
-    """Op arguments by parameter name, and reference inputs by key, from the template."""
-    sizes = axis_sizes(template)
-    by_param, by_key = {}, {}
-    for key, spec in template.inputs.items():
-        if isinstance(spec, Scalar):
-            value = SCALARS[spec.dtype]
-        else:
-            value = torch.randn([sizes[d] for d in spec.dim_names], device=device).to(dtype)
-        by_param[spec.param or key] = value
-        by_key[key] = value
-    return by_param, by_key
+    public = {name for name in aotinfer.__all__ if callable(getattr(aotinfer, name)) and hasattr(getattr(aotinfer, name), "__aotinfer_spec__")}
+    assert public and {op.__name__ for op, _ in PAIRS} == public
 
 
 @pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
@@ -65,9 +43,9 @@ def test_axes_are_declared_and_bound(op, template):
         assert spec.dtype_from is None or spec.dtype_from in template.inputs, f"output {key!r}: dtype_from"
 
 
-@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
-def test_trace_on_cpu(op, template):
-    by_param, _ = make_arguments(template, "cpu")
+@pytest.mark.parametrize("op, template, rank", CASES, ids=CASE_IDS)
+def test_trace_on_cpu(op, template, rank):
+    by_param, _ = make_arguments(template, "cpu", rank=rank)
     definition = op.trace(**by_param)
     json.dumps(definition)
     assert definition["name"].startswith(template.name_prefix)
@@ -78,27 +56,41 @@ def test_trace_on_cpu(op, template):
             assert entry["dtype"] not in (None, "unknown"), f"input {key!r} has no dtype"
     for key, entry in definition["outputs"].items():
         assert entry["dtype"] not in (None, "unknown"), f"output {key!r} has no dtype"
-    sizes = axis_sizes(template)
+    sizes = axis_sizes(template, rank)
     for axis, entry in definition["axes"].items():
         if entry["type"] == "const":
             assert entry["value"] == sizes[axis], f"Const axis {axis!r}: {entry['value']}, expected {sizes[axis]}"
     assert definition["reference"] and "def " in definition["reference"]
 
 
-@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
-def test_reference_runs_on_cpu(op, template):
-    _, by_key = make_arguments(template, "cpu")
+@pytest.mark.parametrize("op, template, rank", CASES, ids=CASE_IDS)
+def test_reference_runs_on_cpu(op, template, rank):
+    _, by_key = make_arguments(template, "cpu", rank=rank)
     outputs = template.reference(**by_key)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    sizes = axis_sizes(template)
     assert len(outputs) == len(template.outputs)
-    for out, (key, spec) in zip(outputs, template.outputs.items()):
-        assert list(out.shape) == [sizes[d] for d in spec.dim_names], f"reference output {key!r}"
+    for out, (key, shape) in zip(outputs, output_shapes(template, rank).items()):
+        assert list(out.shape) == shape, f"reference output {key!r}"
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_trace_refuses_other_ranks(op, template):
+    varying = [(k, s) for k, s in template.inputs.items() if isinstance(s, Tensor) and s.ranks != (len(s.dim_names),)]
+    if not varying:
+        pytest.skip("no input of varying rank")
+    key, spec = varying[0]
+    refused = [r for r in range(0, 6) if not spec.takes_rank(r)]
+    if not refused:
+        pytest.skip("takes every rank")
+    by_param, _ = make_arguments(template, "cpu", rank=ranks(template)[-1])
+    by_param[spec.param or key] = torch.zeros([2] * refused[0])
+    with pytest.raises(ValueError, match="dimensions"):
+        op.trace(**by_param)
 
 
 def test_trace_writes_json(tmp_path, monkeypatch):
     op, template = PAIRS[0]
-    by_param, _ = make_arguments(template, "cpu")
+    by_param, _ = make_arguments(template, "cpu", rank=ranks(template)[-1])
     definition = op.trace(**by_param, dump_dir=str(tmp_path / "given"))
     assert json.loads((tmp_path / "given" / f"{definition['name']}.json").read_text()) == definition
     monkeypatch.setenv("AOTINFER_TRACE_DUMP_DIR", str(tmp_path / "env"))
@@ -128,10 +120,10 @@ def test_trace_names_const_axes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
-def test_op_matches_reference_on_gpu(op, template):
+@pytest.mark.parametrize("op, template, rank", CASES, ids=CASE_IDS)
+def test_op_matches_reference_on_gpu(op, template, rank):
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        by_param, by_key = make_arguments(template, "cuda", dtype)
+        by_param, by_key = make_arguments(template, "cuda", dtype, rank=rank)
         expected = template.reference(**{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in by_key.items()})
         expected = expected if isinstance(expected, tuple) else (expected,)
         result = op(**by_param)

@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from aotinfer import _loader, utils
+from aotinfer import _loader
 from aotinfer.utils import BackendSupportedError, backend_requirement, supported_compute_capability
 
 
@@ -24,7 +24,6 @@ class FakeCudaTensor:
 def gpus(monkeypatch):
     """cuda:0 is an 8.0 GPU, cuda:1 a 9.0 one."""
     capabilities = {0: (8, 0), 1: (9, 0)}
-    monkeypatch.setattr(utils, "_capabilities", {})
     monkeypatch.setattr(_loader, "device_capability", lambda index: capabilities[index])
 
 

@@ -2,11 +2,11 @@
 
 Importing is cheap and side-effect free: no CUDA call, no torch import and no shared object
 loaded. Each op loads the build of its kernel module that matches the input's GPU on first use
-(see _loader.py); aotinfer's torch custom ops are defined then, or when torch._dynamo is imported.
+(see _loader.py). aotinfer's torch custom ops (torch.ops.aotinfer.*) are defined as soon as torch
+and aotinfer are both imported, in either order (see _kernels.py).
 """
 
-import sys as _sys
-
+from . import _kernels as _kernels
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
@@ -29,9 +29,4 @@ __all__ = [
     "silu_and_mul",
 ]
 
-if "torch._dynamo" in _sys.modules:
-    # torch.compile is in use already: let it trace aotinfer's ops (the custom ops are defined on
-    # the way). Otherwise that happens when torch._dynamo is imported, or at the first kernel call.
-    from . import _kernels
-
-    _kernels._on_dynamo_loaded()
+_kernels.on_aotinfer_imported()

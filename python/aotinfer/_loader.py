@@ -21,7 +21,17 @@ if TYPE_CHECKING:
 OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ops")
 MANIFEST = os.path.join(OPS_DIR, "manifest.json")
 
-_lock = threading.Lock()
+def fork_safe_lock() -> threading.Lock:
+    """A lock for one-time work (loading a module, defining the torch ops) that a forking thread
+    takes before the fork: a child never inherits it held by a thread that does not exist there,
+    and finds the work either done or not started."""
+    lock = threading.Lock()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=lock.acquire, after_in_parent=lock.release, after_in_child=lock.release)
+    return lock
+
+
+_lock = fork_safe_lock()
 _modules: "Dict[Tuple[str, int], Any]" = {}
 _capabilities: "Dict[int, Tuple[int, int]]" = {}
 _jit_warned: set = set()
@@ -86,6 +96,21 @@ def manifest() -> Dict[str, Any]:
     return merged
 
 
+def declared_functions() -> Dict[str, Dict[str, str]]:
+    """{module: {function: schema}} of this install, from the main manifest alone."""
+    return {name: entry["functions"] for name, entry in _read_main_manifest()["modules"].items()}
+
+
+def _read_main_manifest() -> Dict[str, Any]:
+    try:
+        return _read_manifest(MANIFEST)
+    except FileNotFoundError:
+        raise NotBuiltError(
+            f"aotinfer's kernels are not built: {MANIFEST} is missing. Install the wheel"
+            " ('pip install aotinfer') or build from a checkout ('pip install .')."
+        ) from None
+
+
 def _providers():
     """(entry point name, _ops directory) of each installed provider package."""
     from importlib import metadata
@@ -138,6 +163,7 @@ def resolve(name: str, cc: Tuple[int, int]) -> Tuple[Choice, str]:
 
 
 def device_capability(index: int) -> Tuple[int, int]:
+    """(major, minor) of CUDA device ``index``, asked once per device and process."""
     cc = _capabilities.get(index)
     if cc is None:
         import torch
@@ -147,12 +173,12 @@ def device_capability(index: int) -> Tuple[int, int]:
 
 
 def get_module(name: str, index: int) -> Any:
-    """The loaded tvm-ffi module ``name`` for CUDA device ``index`` (``tensor.get_device()``)."""
+    """The loaded tvm-ffi module ``name`` for CUDA device ``index`` (``tensor.get_device()``);
+    for index -1 (no GPU among the arguments), any build: its binding's checks then reject the
+    arguments by name before anything touches a device."""
     key = (name, index)
     module = _modules.get(key)
     if module is None:
-        if index < 0:
-            raise ValueError(f"Expected CUDA tensors for aotinfer's {name!r} kernels, got tensors on the CPU")
         with _lock:
             module = _modules.get(key)
             if module is None:
@@ -165,6 +191,9 @@ def _load(name: str, index: int) -> Any:
 
     import tvm_ffi
 
+    if index < 0:
+        build = next(iter(module_entry(name)["builds"].values()))
+        return tvm_ffi.load_module(os.path.join(build["dir"], build["file"]))
     choice, path = resolve(name, device_capability(index))
     if choice.jit and path not in _jit_warned:
         _jit_warned.add(path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.activation import gelu_and_mul_trace, gelu_tanh_and_mul_trace, silu_and_mul_trace
-from .utils import backend_requirement, check_cuda_tensor
+from .utils import backend_requirement, check_enable_pdl, pdl_flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,20 +24,9 @@ _gelu_and_mul = kernel("activation", "gelu_and_mul")
 _gelu_tanh_and_mul = kernel("activation", "gelu_tanh_and_mul")
 
 
+# What the bindings cannot name: enable_pdl. They check every tensor themselves.
 def _check_act_and_mul(input, out=None, enable_pdl=None) -> bool:
-    check_cuda_tensor(input, "input")
-    if input.dim() == 0 or input.shape[-1] % 2:
-        raise ValueError(f"Expected the last dimension of input to be even (gate and up halves), got shape {list(input.shape)}")
-    if out is not None:
-        expected = list(input.shape[:-1]) + [input.shape[-1] // 2]
-        try:
-            shape, dtype, device = list(out.shape), out.dtype, out.device
-        except AttributeError:
-            raise TypeError(f"Expected out to be a torch.Tensor or None, got {type(out).__name__}") from None
-        if shape != expected or dtype != input.dtype or device != input.device:
-            raise ValueError(
-                f"Expected out of shape {expected}, dtype {input.dtype} on {input.device}, got {shape}, {dtype} on {device}"
-            )
+    check_enable_pdl(enable_pdl)
     return True
 
 
@@ -45,8 +34,13 @@ def _act_and_mul(kernel_, input, out, enable_pdl):
     if out is None:
         import torch
 
-        out = torch.empty(input.shape[:-1] + (input.shape[-1] // 2,), dtype=input.dtype, device=input.device)
-    kernel_.fn(out, input, -1 if enable_pdl is None else int(bool(enable_pdl)))
+        try:
+            shape, dtype, device = input.shape, input.dtype, input.device
+        except AttributeError:
+            raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}") from None
+        # [..., 2d] -> [..., d]; a 0-d input gets a 0-d out, which the binding refuses by name.
+        out = torch.empty(shape[:-1] + (shape[-1] // 2,) if shape else (), dtype=dtype, device=device)
+    kernel_.fn(out, input, pdl_flag(enable_pdl))
     return out
 
 

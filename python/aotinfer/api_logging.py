@@ -1,13 +1,16 @@
 """``@aotinfer_api``: marks public ops, logs their calls on request, and attaches trace templates.
 
-    AOTINFER_LOGLEVEL  0 (default): the op is returned unchanged, so logging costs nothing;
+    AOTINFER_LOGLEVEL  0 (default): the op's wrapper holds no logging code, so logging costs nothing;
                        1: the op's name per call; 3: also inputs and outputs (shape, dtype, device,
                        stride, scalars); 5: also tensor statistics (min, max, mean, NaN and Inf
                        counts), skipped during CUDA-graph capture, where they cannot be read.
     AOTINFER_LOGDEST   stderr (default), stdout, or a file path; %i in it becomes the process id.
 
-The level is read when an op is decorated, i.e. when aotinfer is imported: set it before. Records
-go through the standard ``logging`` module, logger ``aotinfer.api``.
+The level is read when an op is decorated, i.e. when aotinfer is imported: set it before. A value
+that cannot be used (a level that is not a number, a file that cannot be opened) is reported by
+one warning and replaced by the default; it never breaks an import or an op. Records go through
+the standard ``logging`` module, logger ``aotinfer.api``. Tracers (torch.compile, export) see no
+logging: the wrapper hands them the op's body first (see _op.py).
 
 ``@aotinfer_api(trace=template)`` (or ``trace=dispatch_fn`` returning a template from the op's
 arguments, with the candidates in ``dispatch_fn.templates``) registers the op with its template and
@@ -18,22 +21,52 @@ from __future__ import annotations
 
 import os
 
+from . import _op
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, List, Optional, Tuple
+    from typing import Any, Callable, Optional, Tuple
 
-#: Every (op, template or dispatch function) registered by @aotinfer_api(trace=...).
-TRACE_REGISTRY: List[Tuple[Callable, Any]] = []
-
+_LEVELS = (0, 1, 3, 5)
 _logger = None
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        import warnings
+
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def log_level() -> int:
+    """AOTINFER_LOGLEVEL as a level; anything else warns once and means 0."""
     text = os.environ.get("AOTINFER_LOGLEVEL", "0").strip() or "0"
     try:
-        return int(text)
+        level = int(text)
     except ValueError:
-        raise ValueError(f"AOTINFER_LOGLEVEL must be an integer (0, 1, 3 or 5), got {text!r}") from None
+        level = -1
+    if level < 0:
+        _warn_once(f"AOTINFER_LOGLEVEL={text!r} is not a level (0, 1, 3 or 5): logging stays off")
+        return 0
+    return level
+
+
+def _handler():
+    """A handler for AOTINFER_LOGDEST; stderr, with one warning, where it names no usable file."""
+    import logging
+    import sys
+
+    dest = os.environ.get("AOTINFER_LOGDEST", "stderr").strip() or "stderr"
+    if dest.lower() in ("stdout", "stderr"):
+        return logging.StreamHandler(getattr(sys, dest.lower()))
+    path = dest.replace("%i", str(os.getpid()))
+    try:
+        return logging.FileHandler(path)
+    except OSError as e:
+        _warn_once(f"AOTINFER_LOGDEST={dest!r}: cannot open {path!r} ({e.strerror}); logging to stderr")
+        return logging.StreamHandler(sys.stderr)
 
 
 def _get_logger():
@@ -41,15 +74,8 @@ def _get_logger():
     global _logger
     if _logger is None:
         import logging
-        import sys
 
-        dest = os.environ.get("AOTINFER_LOGDEST", "stderr")
-        if dest == "stdout":
-            handler = logging.StreamHandler(sys.stdout)
-        elif dest == "stderr":
-            handler = logging.StreamHandler(sys.stderr)
-        else:
-            handler = logging.FileHandler(dest.replace("%i", str(os.getpid())))
+        handler = _handler()
         handler.setFormatter(logging.Formatter("[aotinfer %(asctime)s] %(message)s"))
         logger = logging.getLogger("aotinfer.api")
         logger.addHandler(handler)
@@ -92,52 +118,44 @@ def _statistics(t: Any) -> str:
     return f"min={finite.min().item():.6g} max={finite.max().item():.6g} mean={finite.mean().item():.6g} nan={nan} inf={inf}"
 
 
-def _logged(fn: Callable, level: int) -> Callable:
-    import functools
-    import inspect
+def _log_functions(spec: _op.OpSpec, level: int) -> Tuple[Callable, Callable]:
+    """(log_call(values), log_result(result)) for the op's wrapper at ``level``."""
+    name = f"aotinfer.{spec.fn.__name__}"
+    names = spec.names
 
-    name = f"aotinfer.{fn.__name__}"
-    signature = inspect.signature(getattr(fn, "__wrapped__", fn))
-
-    @functools.wraps(fn)
-    def logged(*args, **kwargs):
-        from . import _kernels
-
-        if _kernels._is_compiling():
-            return fn(*args, **kwargs)
+    def log_call(values: tuple) -> None:
         logger = _get_logger()
         if level < 3:
             logger.info(name)
-            return fn(*args, **kwargs)
-        call_kwargs = {k: v for k, v in kwargs.items() if k != "skip_check"}
-        try:
-            bound = signature.bind(*args, **call_kwargs)
-            bound.apply_defaults()
-            items = list(bound.arguments.items())
-        except TypeError:
-            items = [(f"arg{i}", a) for i, a in enumerate(args)] + list(call_kwargs.items())
-        lines = [f"{name}"] + [f"  {k}: {_describe(v, level)}" for k, v in items]
+            return
+        lines = [name] + [f"  {n}: {_describe(v, level)}" for n, v in zip(names, values)]
         logger.info("\n".join(lines))
-        result = fn(*args, **kwargs)
-        logger.info(f"{name} -> {_describe(result, level)}")
-        return result
 
-    # One namespace for both: attributes set on the op later (suitable_auto_backends) are seen
-    # through either object.
-    logged.__dict__ = fn.__dict__
-    return logged
+    def log_result(result: Any) -> None:
+        if level >= 3:
+            _get_logger().info(f"{name} -> {_describe(result, level)}")
+
+    return log_call, log_result
 
 
 def aotinfer_api(fn: Optional[Callable] = None, *, trace: Any = None) -> Callable:
-    """Mark a public op (see the module doc). Use as ``@aotinfer_api`` or ``@aotinfer_api(trace=...)``."""
+    """Mark a public op (see the module doc). Use as ``@aotinfer_api`` or ``@aotinfer_api(trace=...)``.
+
+    A plain function (no kernels, no checks, no template) at level 0 is returned as it is.
+    """
 
     def decorate(f: Callable) -> Callable:
-        if trace is not None:
-            from .trace.template import attach_trace
-
-            attach_trace(f, trace)
-            TRACE_REGISTRY.append((f, trace))
+        spec = _op.spec_of(f)
         level = log_level()
-        return f if level == 0 else _logged(f, level)
+        if level > 0:
+            spec.logging = _log_functions(spec, level)
+        if spec.logging is None and trace is None and spec.requirement is None and not spec.kernels():
+            return f
+        wrapper = _op.build(spec)
+        if trace is not None:
+            from .trace import register
+
+            register(wrapper, trace)
+        return wrapper
 
     return decorate(fn) if fn is not None else decorate

@@ -18,7 +18,7 @@ from .trace.templates.norm import (
     layernorm_trace,
     rmsnorm_trace,
 )
-from .utils import backend_requirement, check_cuda_tensor
+from .utils import backend_requirement, check_enable_pdl, check_eps, pdl_flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,52 +31,22 @@ _fused_add_rmsnorm = kernel("norm", "fused_add_rmsnorm")
 _layernorm = kernel("norm", "layernorm")
 
 
-def _pdl(enable_pdl: Optional[bool]) -> int:
-    return -1 if enable_pdl is None else int(bool(enable_pdl))
-
-
-def _check_rows(input, name: str = "input") -> None:
-    check_cuda_tensor(input, name)
-    if input.dim() not in (2, 3):
-        raise ValueError(f"Expected {name} to have 2 or 3 dimensions, got shape {list(input.shape)}")
-
-
-def _check_like_input(tensor, input, name: str, same_shape: bool) -> None:
-    """``tensor`` beside ``input``: on its GPU, of its dtype, and of its shape or its hidden size."""
-    try:
-        device, dtype, shape = tensor.device, tensor.dtype, list(tensor.shape)
-    except AttributeError:
-        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}") from None
-    if device != input.device:
-        raise ValueError(f"Expected {name} on {input.device} like input, got {device}")
-    if dtype != input.dtype:
-        raise ValueError(f"Expected {name} to have input's dtype {input.dtype}, got {dtype}")
-    expected = list(input.shape) if same_shape else [input.shape[-1]]
-    if shape != expected:
-        raise ValueError(f"Expected {name} to have shape {expected}, got {shape}")
-
-
+# What the bindings cannot name: eps and enable_pdl. They check every tensor themselves.
 def _check_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None) -> bool:
-    _check_rows(input)
-    _check_like_input(weight, input, "weight", same_shape=False)
-    if out is not None:
-        _check_like_input(out, input, "out", same_shape=True)
+    check_eps(eps)
+    check_enable_pdl(enable_pdl)
     return True
 
 
 def _check_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None) -> bool:
-    _check_rows(input)
-    _check_like_input(residual, input, "residual", same_shape=True)
-    _check_like_input(weight, input, "weight", same_shape=False)
+    check_eps(eps)
+    check_enable_pdl(enable_pdl)
     return True
 
 
-def _output(input, out):
-    if out is None:
-        import torch
-
-        out = torch.empty_like(input)
-    return out
+def _check_layernorm(input, gemma, beta, eps=1e-6) -> bool:
+    check_eps(eps)
+    return True
 
 
 @aotinfer_api(trace=rmsnorm_trace)
@@ -108,8 +78,11 @@ def rmsnorm(
     torch.Tensor
         ``out``.
     """
-    out = _output(input, out)
-    _rmsnorm.fn(out, input, weight, float(eps), False, _pdl(enable_pdl))
+    if out is None:
+        import torch
+
+        out = torch.empty_like(input)
+    _rmsnorm.fn(out, input, weight, eps, False, pdl_flag(enable_pdl))
     return out
 
 
@@ -122,12 +95,13 @@ def fused_add_rmsnorm(
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
 ) -> None:
-    r"""Residual add then RMSNorm, in place: ``residual += input``, then
-    ``input = residual / sqrt(mean(residual**2) + eps) * weight``.
+    r"""Residual add then RMSNorm, in place: with ``s = input + residual`` in float32,
+    ``residual = s`` (rounded to its dtype) and ``input = s / sqrt(mean(s**2) + eps) * weight``.
+    The norm is of the float32 sum, not of the rounded residual.
 
     ``input`` and ``residual`` have the same shape (2-D or 3-D) and dtype; ``weight`` is ``[hidden]``.
     """
-    _fused_add_rmsnorm.fn(input, residual, weight, float(eps), False, _pdl(enable_pdl))
+    _fused_add_rmsnorm.fn(input, residual, weight, eps, False, pdl_flag(enable_pdl))
 
 
 @aotinfer_api(trace=gemma_rmsnorm_trace)
@@ -140,8 +114,11 @@ def gemma_rmsnorm(
     enable_pdl: Optional[bool] = None,
 ) -> torch.Tensor:
     r"""Gemma's RMSNorm: as :func:`rmsnorm` with the weight applied as ``1 + weight``."""
-    out = _output(input, out)
-    _rmsnorm.fn(out, input, weight, float(eps), True, _pdl(enable_pdl))
+    if out is None:
+        import torch
+
+        out = torch.empty_like(input)
+    _rmsnorm.fn(out, input, weight, eps, True, pdl_flag(enable_pdl))
     return out
 
 
@@ -155,23 +132,7 @@ def gemma_fused_add_rmsnorm(
     enable_pdl: Optional[bool] = None,
 ) -> None:
     r"""Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with the weight applied as ``1 + weight``."""
-    _fused_add_rmsnorm.fn(input, residual, weight, float(eps), True, _pdl(enable_pdl))
-
-
-def _check_layernorm(input, gemma, beta, eps=1e-6) -> bool:
-    _check_rows(input)
-    for name, tensor in (("gemma", gemma), ("beta", beta)):
-        try:
-            dtype, shape, device = tensor.dtype, list(tensor.shape), tensor.device
-        except AttributeError:
-            raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}") from None
-        if device != input.device:
-            raise ValueError(f"Expected {name} on {input.device} like input, got {device}")
-        if shape != [input.shape[-1]]:
-            raise ValueError(f"Expected {name} to have shape {[input.shape[-1]]}, got {shape}")
-        if dtype != gemma.dtype or str(dtype) not in ("torch.float32", str(input.dtype)):
-            raise ValueError(f"Expected {name} to be float32 or input's dtype {input.dtype} (like gemma), got {dtype}")
-    return True
+    _fused_add_rmsnorm.fn(input, residual, weight, eps, True, pdl_flag(enable_pdl))
 
 
 @aotinfer_api(trace=layernorm_trace)
@@ -185,5 +146,5 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
     import torch
 
     out = torch.empty_like(input)
-    _layernorm.fn(out, input, gemma, beta, float(eps), -1)
+    _layernorm.fn(out, input, gemma, beta, eps, -1)
     return out

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import numbers
-
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.scale import scale_trace
-from .utils import backend_requirement
+from .utils import backend_requirement, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,13 +16,9 @@ if TYPE_CHECKING:
 _scale = kernel("scale", "scale")
 
 
+# What the binding cannot name: factor. It checks every tensor itself.
 def _check_scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None) -> bool:
-    # Runs on every call without skip_check, so it tests only what nothing later reports by name:
-    # torch names a non-tensor input, the binding a tensor off the GPU, of the wrong dtype, shape
-    # or layout. The common types come first.
-    if type(factor) is not float and type(factor) is not int:
-        if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
-            raise TypeError(f"Expected factor to be a real number, got {type(factor).__name__}")
+    check_real(factor, "factor")
     return True
 
 

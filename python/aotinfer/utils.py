@@ -1,31 +1,31 @@
 """Requirements of public ops: which GPUs and which backends, checked before the kernel runs.
 
     @supported_compute_capability([80, 86, 89, 90, 100, 103, 110, 120])
-    def _check_scale(input, factor, out=None):        # the op's arguments; True or raise
-        ...
+    def _check_op(input, eps=1e-6):          # the op's arguments; True or raise
+        check_eps(eps)
+        return True
 
-    @backend_requirement(backend_checks={}, common_check=_check_scale)
-    def scale(input, factor, out=None): ...
+    @backend_requirement(backend_checks={}, common_check=_check_op)
+    def op(input, eps=1e-6): ...
 
 Three patterns: one implementation (``backend_checks={}`` and a ``common_check``); several
 (``backend_checks={"cuda": check, "cudnn": check}``, chosen by the op's ``backend`` argument); and
 ``backend="auto"``, where every backend whose checks pass is ranked by ``heuristic_func(suitable,
 *args)`` into ``op.suitable_auto_backends`` for the op to pick from.
 
-The wrapped op takes a keyword-only ``skip_check=False`` and gains ``is_backend_supported``,
-``is_compute_capability_supported``, ``has_backend`` and ``has_backend_choices``. The compute
-capability checked is that of the first CUDA tensor among the arguments (cached per device), as
-``major * 10 + minor``, and only where a check lists capabilities.
-
-The wrapper is generated with the op's own signature and, for one backend, with the check call
-written into it: a checked call costs the wrapper plus the check function, and ``skip_check=True``
-the wrapper alone. torch.compile traces the op's body instead (``_kernels.traceable``); the
-bindings validate again at run time.
+A check tests what no binding can name: scalars and options, never a tensor's device, dtype or
+shape, which the binding reports itself. The compute capability checked is that of the first CUDA
+tensor among the arguments, as ``major * 10 + minor``, and only where a check lists capabilities.
+The op's wrapper (built in _op.py with the other decorators' parts) takes a keyword-only
+``skip_check=False`` and answers ``is_backend_supported``, ``is_compute_capability_supported``,
+``has_backend`` and ``has_backend_choices``.
 """
 
 from __future__ import annotations
 
-from . import _kernels, _loader
+import numbers
+
+from . import _loader, _op
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,34 +36,44 @@ class BackendSupportedError(ValueError):
     """An op cannot run with this backend, on this GPU, or with these arguments."""
 
 
-def check_cuda_tensor(tensor: Any, name: str) -> None:
-    """For check functions: TypeError unless ``tensor`` is a tensor, ValueError unless on a GPU."""
-    try:
-        on_gpu = tensor.is_cuda
-    except AttributeError:
-        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}") from None
-    if not on_gpu:
-        raise ValueError(f"Expected {name} to be a CUDA tensor, got a tensor on {tensor.device}")
+# ---- checks of scalars, shared by the ops ---------------------------------------------------------
 
 
-def _cc_int(cc: Any) -> int:
-    """90 from 90, (9, 0) or "9.0"."""
-    if isinstance(cc, int):
-        return cc
-    if isinstance(cc, str):
-        major, _, minor = cc.partition(".")
-        return int(major) * 10 + int(minor or 0)
-    major, minor = cc
-    return major * 10 + minor
+def check_real(value: Any, name: str) -> None:
+    """TypeError unless ``value`` is a real number (bool is not)."""
+    if type(value) is not float and type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"Expected {name} to be a real number, got {type(value).__name__}")
+
+
+def check_eps(eps: Any) -> None:
+    """eps: a finite, non-negative real number."""
+    check_real(eps, "eps")
+    if not 0.0 <= eps < float("inf"):
+        raise ValueError(f"Expected eps to be finite and non-negative, got {eps}")
+
+
+def check_enable_pdl(enable_pdl: Any) -> None:
+    """enable_pdl: None (where the GPU supports it), True or False."""
+    if enable_pdl is not None and type(enable_pdl) is not bool:
+        raise TypeError(f"Expected enable_pdl to be None, True or False, got {enable_pdl!r}")
+
+
+def pdl_flag(enable_pdl: Optional[bool]) -> int:
+    """A binding's enable_pdl: -1 where the GPU supports it, else 1 or 0."""
+    return -1 if enable_pdl is None else int(bool(enable_pdl))
+
+
+# ---- requirements -------------------------------------------------------------------------------
 
 
 def supported_compute_capability(ccs: Iterable[Any]) -> Callable:
     """Mark a check function with the compute capabilities (e.g. 80, 90, 100) it allows."""
-    allowed = tuple(sorted({_cc_int(c) for c in ccs}))
+    allowed = tuple(sorted({_op.cc_int(c) for c in ccs}))
 
     def mark(check: Callable) -> Callable:
         check.supported_compute_capabilities = allowed
-        check.is_compute_capability_supported = lambda cc: _cc_int(cc) in allowed
+        check.is_compute_capability_supported = lambda cc: _op.cc_int(cc) in allowed
         return check
 
     return mark
@@ -74,32 +84,23 @@ def _allows(check: Optional[Callable], cc: Optional[int]) -> bool:
     return cc is None or ccs is None or cc in ccs
 
 
-_capabilities: Dict[int, int] = {}
-
-
 def _device_capability(args: tuple) -> tuple:
     """(device index, compute capability as an int) of the first CUDA tensor, or (None, None)."""
     for arg in args:
-        get_device = getattr(arg, "get_device", None)
-        if get_device is not None and getattr(arg, "is_cuda", False):
-            index = get_device()
-            cc = _capabilities.get(index)
-            if cc is None:
-                cc = _capabilities[index] = _cc_int(_loader.device_capability(index))
-            return index, cc
+        if getattr(arg, "is_cuda", False):
+            index = arg.get_device()
+            return index, _op.cc_int(_loader.device_capability(index))
     return None, None
 
 
 class _Requirement:
-    def __init__(self, fn, backend_checks, common_check, heuristic_func):
-        self.fn = fn
-        self.name = f"{fn.__module__}.{fn.__qualname__}"
+    def __init__(self, spec, backend_checks, common_check, heuristic_func):
+        self.name = spec.name
         self.backend_checks = dict(backend_checks)
         self.common_check = common_check
         self.heuristic_func = heuristic_func
-        self.parameters = _parameters(fn)
-        params = [name for name, _, _ in self.parameters]
-        self.backend_index = params.index("backend") if "backend" in params else None
+        names = spec.names
+        self.backend_index = names.index("backend") if "backend" in names else None
         if self.backend_checks and self.backend_index is None:
             raise TypeError(f"{self.name}: backend_checks need a 'backend' parameter")
         self.wrapper = None
@@ -142,15 +143,9 @@ class _Requirement:
         index, cc = _device_capability(args + tuple(kwargs.values()))
         self.choose_auto(index, cc, args, kwargs)
 
-    def backend_of(self, args, kwargs):
-        return kwargs["backend"] if "backend" in kwargs else args[self.backend_index]
-
     def check(self, *args, **kwargs):
         index, cc = _device_capability(args + tuple(kwargs.values()) if kwargs else args)
-        if not self.backend_checks:
-            self.run_check(self.common_check, None, index, cc, args, kwargs)
-            return
-        backend = self.backend_of(args, kwargs)
+        backend = kwargs["backend"] if "backend" in kwargs else args[self.backend_index]
         if backend == "auto":
             self.choose_auto(index, cc, args, kwargs)
             return
@@ -167,93 +162,13 @@ class _Requirement:
             raise self.fail("auto", index, cc, f"no backend of {list(self.backend_checks)} accepts these arguments")
         self.wrapper.suitable_auto_backends = ranked
 
-    # ---- queries ------------------------------------------------------------------------------
-
-    def is_backend_supported(self, backend: str, cc: Any = None) -> bool:
-        if backend not in self.backend_checks:
+    def allows_capability(self, cc: int, backend: Optional[str] = None) -> bool:
+        """Whether the checks allow compute capability ``cc``: those of ``backend``, or of any."""
+        if not _allows(self.common_check, cc):
             return False
-        cc = None if cc is None else _cc_int(cc)
-        return _allows(self.backend_checks[backend], cc) and _allows(self.common_check, cc)
-
-    def is_compute_capability_supported(self, cc: Any) -> bool:
-        cc = _cc_int(cc)
-        if not self.backend_checks:
-            return _allows(self.common_check, cc)
-        return any(self.is_backend_supported(b, cc) for b in self.backend_checks)
-
-    def has_backend(self, name: str) -> bool:
-        return name in self.backend_checks
-
-    def has_backend_choices(self) -> bool:
-        return bool(self.backend_checks)
-
-
-# The generated wrappers: the op's parameters as they are, plus skip_check. With one backend the
-# common check is called inline; with several, "auto" backends are ranked even with skip_check,
-# since the op reads its choice from suitable_auto_backends.
-_SINGLE_BACKEND = """
-def {name}({params}):
-    if not skip_check:
-        {capability}
-        if _common({call}) is not True:
-            _rejected({call})
-    return _fn({call})
-"""
-_NO_CHECKS = """
-def {name}({params}):
-    return _fn({call})
-"""
-_SEVERAL_BACKENDS = """
-def {name}({params}):
-    if not skip_check:
-        _check({call})
-    elif {auto}:
-        _choose({call})
-    return _fn({call})
-"""
-
-
-_NO_DEFAULT = object()
-
-
-def _parameters(fn) -> list:
-    """(name, keyword_only, default or _NO_DEFAULT) of fn's parameters, read from its code object
-    (inspect costs milliseconds at import, for every op)."""
-    code = fn.__code__
-    if code.co_flags & (0x04 | 0x08):  # CO_VARARGS, CO_VARKEYWORDS
-        raise TypeError(f"{fn.__module__}.{fn.__qualname__}: ops with *args or **kwargs are not supported")
-    positional = code.co_varnames[: code.co_argcount]
-    keyword_only = code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
-    defaults = fn.__defaults__ or ()
-    first_default = len(positional) - len(defaults)
-    result = [(n, False, defaults[i - first_default] if i >= first_default else _NO_DEFAULT) for i, n in enumerate(positional)]
-    kwdefaults = fn.__kwdefaults__ or {}
-    result += [(n, True, kwdefaults.get(n, _NO_DEFAULT)) for n in keyword_only]
-    return result
-
-
-def _wrapper_source(requirement: _Requirement) -> str:
-    params, names, call = [], [], []
-    star = False
-    for name, keyword_only, default in requirement.parameters:
-        if keyword_only and not star:
-            params.append("*")
-            star = True
-        params.append(name if default is _NO_DEFAULT else f"{name}=_default_{name}")
-        names.append(name)
-        call.append(f"{name}={name}" if keyword_only else name)
-    if not star:
-        params.append("*")
-    params.append("skip_check=False")
-    fields = dict(name=requirement.fn.__name__, params=", ".join(params), call=", ".join(call))
-    if not requirement.backend_checks:
-        if requirement.common_check is None:
-            return _NO_CHECKS.format(**fields)
-        restricted = getattr(requirement.common_check, "supported_compute_capabilities", None) is not None
-        capability = f"_require_capability({fields['call']})" if restricted else "pass"
-        return _SINGLE_BACKEND.format(capability=capability, **fields)
-    auto = f"{names[requirement.backend_index]} == 'auto'" if requirement.backend_index is not None else "False"
-    return _SEVERAL_BACKENDS.format(auto=auto, **fields)
+        if backend is not None:
+            return _allows(self.backend_checks[backend], cc)
+        return not self.backend_checks or any(_allows(c, cc) for c in self.backend_checks.values())
 
 
 def backend_requirement(
@@ -266,29 +181,8 @@ def backend_requirement(
         raise ValueError("'auto' is not a backend name; it asks for heuristic_func's choice")
 
     def decorate(fn: Callable) -> Callable:
-        import functools
-
-        requirement = _Requirement(fn, backend_checks, common_check, heuristic_func)
-        namespace = {f"_default_{n}": d for n, _, d in requirement.parameters if d is not _NO_DEFAULT}
-        namespace.update(
-            _fn=fn,
-            _common=common_check,
-            _rejected=requirement.rejected,
-            _require_capability=requirement.require_capability,
-            _check=requirement.check,
-            _choose=requirement.choose,
-        )
-        source = _wrapper_source(requirement)
-        exec(compile(source, f"<aotinfer checks of {requirement.name}>", "exec"), namespace)
-        wrapper = functools.update_wrapper(namespace[fn.__name__], fn)
-        wrapper.__wrapped__ = fn
-        wrapper.suitable_auto_backends = []
-        wrapper.is_backend_supported = requirement.is_backend_supported
-        wrapper.is_compute_capability_supported = requirement.is_compute_capability_supported
-        wrapper.has_backend = requirement.has_backend
-        wrapper.has_backend_choices = requirement.has_backend_choices
-        requirement.wrapper = wrapper
-        _kernels.traceable(wrapper, fn)
-        return wrapper
+        spec = _op.spec_of(fn)
+        spec.requirement = _Requirement(spec, backend_checks, common_check, heuristic_func)
+        return _op.build(spec)
 
     return decorate

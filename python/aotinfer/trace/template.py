@@ -12,8 +12,12 @@ the shapes and dtypes off those arguments and returns the definition:
 - ``Const(abbrev="h")``: an axis fixed per definition; its value goes into the JSON and, as
   ``h4096``, into the name (``abbrev=""``: JSON only). Its value comes from a tensor dimension,
   an op parameter of the same name, or ``derive`` from other axes.
-- ``Tensor(dim_names, param=, dtype_from=, optional=)``: ``param`` is the op parameter it reads
-  (default: its key); outputs take their dtype from an input's key through ``dtype_from``.
+- ``Tensor(dim_names, param=, dtype_from=, optional=, ranks=)``: ``param`` is the op parameter it
+  reads (default: its key); outputs take their dtype from an input's key through ``dtype_from``.
+  ``ranks``: the ranks the op takes for it when they differ from ``len(dim_names)``, a tuple or
+  ``"any"``; a tensor of another rank is read as if its leading dimensions were flattened into
+  the first axis (or, with fewer dimensions, as if they were 1): rmsnorm's ``[tokens, heads,
+  hidden]`` is ``batch_size = tokens * heads`` rows of ``hidden_size``.
 - ``Scalar(dtype)``: a scalar parameter.
 The reference is a plain torch function taking the inputs by key and returning the outputs in
 order; its source is written into the definition.
@@ -58,12 +62,27 @@ class Tensor:
         dtype_from: Optional[str] = None,
         optional: bool = False,
         description: Optional[str] = None,
+        ranks: Any = None,
     ) -> None:
         self.dim_names = list(dim_names)
         self.param = param
         self.dtype_from = dtype_from
         self.optional = optional
         self.description = description
+        self.ranks = (len(self.dim_names),) if ranks is None else ranks
+
+    def takes_rank(self, rank: int) -> bool:
+        return self.ranks == "any" or rank in self.ranks
+
+    def sizes(self, shape: Sequence[int]) -> List[int]:
+        """The template's axis sizes of a tensor of ``shape`` (see ``ranks``)."""
+        n = len(self.dim_names)
+        if len(shape) < n:
+            return [1] * (n - len(shape)) + [int(s) for s in shape]
+        merged = 1
+        for s in shape[: len(shape) - n + 1]:
+            merged *= int(s)
+        return [merged] + [int(s) for s in shape[len(shape) - n + 1 :]] if n else []
 
 
 class Scalar:
@@ -128,13 +147,14 @@ class TraceTemplate:
                 inputs[key] = {"shape": spec.dim_names, "dtype": None if spec.optional else "unknown"}
                 continue
             shape = list(value.shape)
-            if len(shape) != len(spec.dim_names):
+            if not spec.takes_rank(len(shape)):
+                ranks = "any rank" if spec.ranks == "any" else " or ".join(map(str, spec.ranks)) + " dimensions"
                 raise ValueError(
                     f"{self.name_prefix}: input {key!r} has {len(shape)} dimensions {shape}, "
-                    f"the template expects {len(spec.dim_names)} {spec.dim_names}"
+                    f"the template takes {ranks} for {spec.dim_names}"
                 )
-            for axis, size in zip(spec.dim_names, shape):
-                bind_axis(axis, int(size), f"input {key!r}")
+            for axis, size in zip(spec.dim_names, spec.sizes(shape)):
+                bind_axis(axis, size, f"input {key!r}")
             inputs[key] = {"shape": spec.dim_names, "dtype": dtype_name(value.dtype)}
         for axis, kind in self.axes.items():
             if values[axis] is None and isinstance(arguments.get(axis), int):

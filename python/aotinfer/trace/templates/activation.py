@@ -32,6 +32,9 @@ def _gelu_tanh_and_mul_reference(input):
     return (0.5 * gate * (1 + torch.tanh(inner)) * up).to(input.dtype)
 
 
+_LEADING_ANY = range(1, 65)  # every rank torch has, from 1-D
+
+
 def _gated(prefix, act, reference):
     return TraceTemplate(
         op_type="activation",
@@ -42,8 +45,9 @@ def _gated(prefix, act, reference):
             "input_size": Const(abbrev=""),
             "hidden_size": Const(abbrev="h", derive=lambda sizes: sizes["input_size"] // 2),
         },
-        inputs={"input": Tensor(["num_tokens", "input_size"])},
-        outputs={"output": Tensor(["num_tokens", "hidden_size"], dtype_from="input")},
+        # [..., 2d]: any leading dimensions, flattened into num_tokens.
+        inputs={"input": Tensor(["num_tokens", "input_size"], ranks=_LEADING_ANY)},
+        outputs={"output": Tensor(["num_tokens", "hidden_size"], dtype_from="input", ranks=_LEADING_ANY)},
         tags=["status:verified", "gated"],
         reference=reference,
     )

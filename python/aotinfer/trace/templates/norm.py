@@ -4,6 +4,7 @@ from ..template import Const, Scalar, Tensor, TraceTemplate, Var
 
 _AXES = {"batch_size": Var(), "hidden_size": Const(abbrev="h")}
 _ROWS = ["batch_size", "hidden_size"]
+_ROW_RANKS = (2, 3)  # [tokens, hidden] or [tokens, heads, hidden]: batch_size = tokens * heads
 
 
 def _rms(x, weight, eps, weight_offset):
@@ -45,11 +46,11 @@ def _rmsnorm_like(prefix, description, reference, tags):
         description=description,
         axes=dict(_AXES),
         inputs={
-            "hidden_states": Tensor(_ROWS, param="input"),
+            "hidden_states": Tensor(_ROWS, param="input", ranks=_ROW_RANKS),
             "weight": Tensor(["hidden_size"]),
             "eps": Scalar("float32"),
         },
-        outputs={"output": Tensor(_ROWS, dtype_from="hidden_states")},
+        outputs={"output": Tensor(_ROWS, dtype_from="hidden_states", ranks=_ROW_RANKS)},
         tags=tags,
         reference=reference,
     )
@@ -62,15 +63,15 @@ def _fused_like(prefix, description, reference, tags):
         description=description,
         axes=dict(_AXES),
         inputs={
-            "hidden_states": Tensor(_ROWS, param="input"),
-            "residual": Tensor(_ROWS),
+            "hidden_states": Tensor(_ROWS, param="input", ranks=_ROW_RANKS),
+            "residual": Tensor(_ROWS, ranks=_ROW_RANKS),
             "weight": Tensor(["hidden_size"]),
             "eps": Scalar("float32"),
         },
         outputs={
-            "output": Tensor(_ROWS, param="input", dtype_from="hidden_states",
+            "output": Tensor(_ROWS, param="input", dtype_from="hidden_states", ranks=_ROW_RANKS,
                              description="Written into hidden_states (in place)."),
-            "residual": Tensor(_ROWS, param="residual", dtype_from="hidden_states",
+            "residual": Tensor(_ROWS, param="residual", dtype_from="hidden_states", ranks=_ROW_RANKS,
                                description="residual + hidden_states (in place)."),
         },
         tags=tags,
@@ -96,12 +97,12 @@ layernorm_trace = TraceTemplate(
     description="Layer normalization over the last dimension: (x - mean) / sqrt(var + eps) * gemma + beta.",
     axes=dict(_AXES),
     inputs={
-        "hidden_states": Tensor(_ROWS, param="input"),
+        "hidden_states": Tensor(_ROWS, param="input", ranks=_ROW_RANKS),
         "gemma": Tensor(["hidden_size"]),
         "beta": Tensor(["hidden_size"]),
         "eps": Scalar("float32"),
     },
-    outputs={"output": Tensor(_ROWS, dtype_from="hidden_states")},
+    outputs={"output": Tensor(_ROWS, dtype_from="hidden_states", ranks=_ROW_RANKS)},
     tags=["status:verified"],
     reference=_layernorm_reference,
 )

@@ -13,10 +13,10 @@ scale_trace = TraceTemplate(
     description="out = input * factor, computed in float32 and rounded once to input's dtype.",
     axes={"num_elements": Var()},
     inputs={
-        "input": Tensor(["num_elements"]),
+        "input": Tensor(["num_elements"], ranks="any"),  # any shape, as num_elements
         "factor": Scalar("float32"),
     },
-    outputs={"output": Tensor(["num_elements"], dtype_from="input")},
+    outputs={"output": Tensor(["num_elements"], dtype_from="input", ranks="any")},
     tags=["status:verified", "elementwise"],
     reference=_scale_reference,
 )

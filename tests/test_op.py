@@ -1,0 +1,177 @@
+"""The wrapper every public op gets (aotinfer/_op.py), for every op: tracers record the custom op,
+bad arguments are named, skip_check keeps the error classes, capability queries match the builds."""
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import aotinfer
+from aotinfer import _loader, _op
+from aotinfer.cli import choices_for
+from op_arguments import IDS, PAIRS, make_arguments, ranks
+
+CASES = [(op, template, rank) for op, template in PAIRS for rank in ranks(template)]
+CASE_IDS = [f"{op.__name__}-rank{rank}" for op, template, rank in CASES]
+
+
+def bindings_of(op):
+    return {f"aotinfer.{k.function}" for k in op.__aotinfer_spec__.kernels()}
+
+
+def positional(op, args):
+    """(f(*tensors), tensors): the op as a function of its tensor arguments alone."""
+    tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+    scalars = {k: v for k, v in args.items() if k not in tensors}
+
+    def f(*values):
+        return op(**dict(zip(tensors, values)), **scalars)
+
+    return f, tuple(tensors.values())
+
+
+def recorded(graph):
+    """The aotinfer custom ops a graph calls, by name."""
+    names = set()
+    for node in graph.nodes:
+        if node.op == "call_function":
+            name = str(getattr(node.target, "_name", node.target)).replace("::", ".")
+            if name.startswith("aotinfer."):
+                names.add(name.split(".default")[0])
+    return names
+
+
+# ---- tracers record aotinfer::<binding>, never run a kernel on fake tensors -------------------
+
+
+@pytest.mark.parametrize("op, template, rank", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("mode", ["fake", "symbolic"])
+def test_make_fx(op, template, rank, mode):
+    f, tensors = positional(op, make_arguments(template, "cpu", rank=rank)[0])
+    gm = make_fx(f, tracing_mode=mode)(*tensors)
+    assert recorded(gm.graph) == bindings_of(op)
+
+
+@pytest.mark.parametrize("op, template, rank", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("strict", [False, True])
+def test_export(op, template, rank, strict):
+    f, tensors = positional(op, make_arguments(template, "cpu", rank=rank)[0])
+
+    class Model(torch.nn.Module):
+        def forward(self, *values):
+            return f(*values)
+
+    exported = torch.export.export(Model(), tensors, strict=strict)
+    assert recorded(exported.graph) == bindings_of(op)
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_dynamo_fullgraph(op, template):
+    f, tensors = positional(op, make_arguments(template, "cpu", rank=ranks(template)[-1])[0])
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    with pytest.raises(ValueError, match="to be a CUDA tensor, got a tensor on cpu"):
+        compiled(*tensors)  # the graph runs the op on CPU tensors: the binding refuses them by name
+    (graph,) = graphs
+    assert recorded(graph.graph) == bindings_of(op)
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_fake_cuda_tensors(op, template):
+    # What torch.compile does with fake inputs: the fake (Meta) implementation, no kernel.
+    with FakeTensorMode():
+        args, _ = make_arguments(template, "cuda", rank=ranks(template)[-1])
+        result = op(**args)
+    for value in (result if isinstance(result, tuple) else (result,)):
+        assert value is None or value.device.type == "cuda"
+
+
+def test_a_dispatch_mode_sees_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record(), pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
+        aotinfer.rmsnorm(torch.randn(4, 8), torch.randn(8))
+    assert "aotinfer.rmsnorm.default" in seen
+
+
+# ---- bad arguments are named, with or without skip_check --------------------------------------
+
+
+@pytest.mark.parametrize("skip_check", [False, True])
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_non_tensor_arguments(op, template, skip_check):
+    args, _ = make_arguments(template, "cpu", rank=ranks(template)[-1])
+    for name in [n for n, v in args.items() if isinstance(v, torch.Tensor)]:
+        bad = dict(args, **{name: [1.0, 2.0]})
+        with pytest.raises(TypeError, match=f"(Expected {name} to be a torch.Tensor|argument '{name}'.* must be Tensor), (got|not) list"):
+            op(**bad, skip_check=skip_check)
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_meta_tensors(op, template):
+    args, _ = make_arguments(template, "meta", rank=ranks(template)[-1])
+    first = next(n for n, v in args.items() if isinstance(v, torch.Tensor))
+    with pytest.raises(ValueError, match=f"Expected {first} to be a CUDA tensor, got a tensor on meta"):
+        op(**args)
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_cpu_tensors(op, template):
+    args, _ = make_arguments(template, "cpu", rank=ranks(template)[-1])
+    with pytest.raises(ValueError, match="to be a CUDA tensor, got a tensor on cpu"):
+        op(**args)
+
+
+def test_scalar_arguments():
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with pytest.raises(TypeError, match="Expected eps to be a real number, got str"):
+        aotinfer.rmsnorm(x, w, eps="abc")
+    with pytest.raises(TypeError, match="Expected eps to be a real number, got str"):
+        aotinfer.rmsnorm(x, w, eps="abc", skip_check=True)  # the binding's type check, named
+    for eps in (float("nan"), -1e-6, float("inf")):
+        with pytest.raises(ValueError, match="Expected eps to be finite and non-negative"):
+            aotinfer.layernorm(x, w, w, eps=eps)
+    with pytest.raises(TypeError, match="Expected eps to be a real number, got bool"):
+        aotinfer.fused_add_rmsnorm(x, x, w, eps=True)
+    for op in (aotinfer.silu_and_mul, lambda x, **kw: aotinfer.gemma_rmsnorm(x, w, **kw)):
+        with pytest.raises(TypeError, match="Expected enable_pdl to be None, True or False, got 'no'"):
+            op(x, enable_pdl="no")
+    with pytest.raises(TypeError, match="Expected factor to be a real number, got str"):
+        aotinfer.scale(x, "2")
+
+
+# ---- capability queries agree with the builds installed and with `info` -------------------------
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_capability_queries_match_the_builds(op, template):
+    for cc in (35, 70, 75, 80, 86, 89, 90, 100, 103, 110, 120, 121, 999):
+        modules = {k.module for k in op.__aotinfer_spec__.kernels()}
+        loadable = all(choices_for((cc // 10, cc % 10))[m]["file"] is not None for m in modules)
+        assert op.is_compute_capability_supported(cc) == loadable, cc
+        assert op.is_compute_capability_supported(f"{cc // 10}.{cc % 10}") == loadable
+    built = next(iter(_loader.module_builds(next(iter(op.__aotinfer_spec__.kernels())).module)))
+    assert op.is_compute_capability_supported((built.major, built.minor))
+    assert not op.has_backend_choices() and not op.has_backend("cuda")
+
+
+def test_capability_queries_without_a_build(monkeypatch):
+    def not_built(*args):
+        raise _loader.NotBuiltError("no kernels")
+
+    monkeypatch.setattr(_loader, "resolve", not_built)
+    assert not aotinfer.rmsnorm.is_compute_capability_supported(90)
+    assert _op.cc_int("9.0") == 90 and _op.cc_int((10, 3)) == 103
