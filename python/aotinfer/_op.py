@@ -26,7 +26,6 @@ cc=None)``, ``has_backend(name)`` and ``has_backend_choices()``, against the bui
 
 from __future__ import annotations
 
-import re
 import types
 
 from . import _kernels, _loader
@@ -216,17 +215,21 @@ _kernels.when_torch_is_imported(_on_torch)
 
 # ---- errors from a binding, named -------------------------------------------------------------
 
-_MISMATCH = re.compile(r"Mismatched type on argument #(\d+) when calling: `(\w+)\(.*Expected `([^`]*)` but got `([^`]*)`", re.S)
-_NOT_PACKABLE = re.compile(r"Cannot pack tensors on (\w+)")
-_SCHEMA_PARAM = re.compile(r"(\w+)(?:\(\w!\))? (\w+)")
+# tvm-ffi's words for an argument of the wrong type, torch's for a tensor it cannot hand over, and a
+# schema parameter: read with the re module, imported on the error path only (it costs milliseconds).
+_MISMATCH = r"Mismatched type on argument #(\d+) when calling: `(\w+)\(.*Expected `([^`]*)` but got `([^`]*)`"
+_NOT_PACKABLE = r"Cannot pack tensors on (\w+)"
+_SCHEMA_PARAM = r"(\w+)(?:\(\w!\))? (\w+)"
 _EXPECTED = {"Tensor": "a torch.Tensor", "float": "a real number", "int": "an integer", "bool": "a bool"}
 
 
 def _binding_params(function: str) -> list:
     """[(type, name)] of a binding's parameters, from its schema in the manifest."""
+    import re
+
     for functions in _loader.declared_functions().values():
         if function in functions:
-            return _SCHEMA_PARAM.findall(functions[function].partition(") ->")[0])
+            return re.findall(_SCHEMA_PARAM, functions[function].partition(") ->")[0])
     return []
 
 
@@ -234,9 +237,11 @@ def _explain(spec: OpSpec, error: BaseException, values: tuple) -> None:
     """Raise ``error`` again as the TypeError or ValueError that names the argument, if it is one
     a binding raised before its own checks could (the argument could not be converted); else
     return, and the caller re-raises it as it is."""
+    import re
+
     message = str(error)
     arguments = dict(zip(spec.names, values))
-    mismatch = _MISMATCH.search(message)
+    mismatch = re.search(_MISMATCH, message, re.S)
     if mismatch is not None:
         index, function, _, got = int(mismatch[1]), mismatch[2], mismatch[3], mismatch[4]
         params = _binding_params(function)
@@ -245,7 +250,7 @@ def _explain(spec: OpSpec, error: BaseException, values: tuple) -> None:
             if name in arguments:
                 got = type(arguments[name]).__name__
             raise TypeError(f"Expected {name} to be {_EXPECTED.get(kind, kind)}, got {got}") from None
-    unpackable = _NOT_PACKABLE.search(message)
+    unpackable = re.search(_NOT_PACKABLE, message)
     if unpackable is not None:
         for name, value in arguments.items():
             device = getattr(value, "device", None)

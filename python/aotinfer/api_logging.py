@@ -151,7 +151,8 @@ def aotinfer_api(fn: Optional[Callable] = None, *, trace: Any = None) -> Callabl
             spec.logging = _log_functions(spec, level)
         if spec.logging is None and trace is None and spec.requirement is None and not spec.kernels():
             return f
-        wrapper = _op.build(spec)
+        # With nothing of ours to add to a wrapper built below, that one stays the op.
+        wrapper = spec.wrapper if spec.wrapper is not None and spec.logging is None else _op.build(spec)
         if trace is not None:
             from .trace import register
 
