@@ -92,6 +92,51 @@ def test_fused_add_rmsnorm(gemma, layout, hidden, dtype):
     close(x, want_out, dtype)
 
 
+# The fused add normalizes input + residual as summed in float32 and rounds once, on the way out:
+# every output within half a unit in the last place (of its dtype, at the float32-sum reference)
+# plus 1e-5 relative for the kernel's own float arithmetic. Normalizing the residual rounded to
+# the dtype first (the old behaviour) adds up to half an ulp of the input's rounding and fails
+# this bound in 16-bit dtypes. The residual must be the float32 sum rounded, bit for bit.
+MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+MIN_EXPONENT = {torch.float16: -14, torch.bfloat16: -126, torch.float32: -126}
+
+
+def ulp(want, dtype):
+    """The spacing of dtype's values at each element of want (float64)."""
+    _, exponent = torch.frexp(want)  # want = m * 2**exponent, 0.5 <= |m| < 1
+    exponent = torch.clamp(exponent - 1, min=MIN_EXPONENT[dtype])
+    return torch.pow(2.0, (exponent - MANTISSA_BITS[dtype]).double())
+
+
+def assert_one_rounding(got, want, dtype):
+    assert not got.isnan().any(), "some outputs were not written"
+    error = (got.double() - want).abs()
+    bound = 0.5 * ulp(want, dtype) + 1e-5 * want.abs() + 1e-30
+    worst = (error / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.3f} times the one-rounding bound (max abs error {error.max().item():.3g})"
+
+
+# 40960: a 16-bit row too long for registers, vectorized (the streamed kernel with 16-byte vectors).
+@gpu
+@pytest.mark.parametrize("gemma", [False, True], ids=["fused_add_rmsnorm", "gemma_fused_add_rmsnorm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("hidden", [96, 111, 4095, 4096, 8192, 20481, 40960])
+@pytest.mark.parametrize("tokens", [40, 600])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_add_rmsnorm_one_rounding(gemma, layout, hidden, tokens, dtype):
+    if hidden >= 20481 and tokens > 40:
+        pytest.skip("one batch size is enough for streamed rows")
+    op = aotinfer.gemma_fused_add_rmsnorm if gemma else aotinfer.fused_add_rmsnorm
+    x, residual = make_rows(layout, hidden, dtype, tokens), make_rows(layout, hidden, dtype, tokens)
+    weight = torch.randn(hidden, device="cuda", dtype=dtype)
+    total = x.float() + residual.float()  # float32, as the kernel sums
+    want_out = rms_reference(total, weight, 1e-6, 1.0 if gemma else 0.0)
+    want_residual = total.to(dtype)
+    op(x, residual, weight)
+    assert torch.equal(residual, want_residual), "the residual is not the float32 sum rounded"
+    assert_one_rounding(x, want_out, dtype)
+
+
 @gpu
 @pytest.mark.parametrize("weights", ["float32", "input"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -203,11 +248,11 @@ def test_no_rows(shape):
 
 
 @gpu
-@pytest.mark.parametrize("rows, hidden", [(64, 4096), (64, 4095), (1500, 4096)])
+@pytest.mark.parametrize("rows, hidden", [(64, 4096), (64, 4095), (1500, 4096), (16, 40960)])
 def test_pdl_chain_matches_plain_chain(rows, hidden):
     # 40 dependent launches, each reading what the one before wrote: with PDL the kernels overlap
     # their starts, and a read before the wait would show as a different result. 1500 rows take
-    # the staged kernel for rmsnorm.
+    # the staged kernel for rmsnorm; rows of 40960 stream.
     x0 = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
     results = []
@@ -246,6 +291,59 @@ def test_cuda_graph_capture(rows, hidden):
         torch.cuda.synchronize()
         close(out, want_out, torch.bfloat16)
         close(x, want_x, torch.bfloat16)
+
+
+# ---- the bindings' own checks -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def norm_binding():
+    import os
+
+    import tvm_ffi
+
+    from aotinfer import _loader
+
+    builds = _loader.module_entry("norm")["builds"]
+    return tvm_ffi.load_module(os.path.join(_loader.OPS_DIR, next(iter(builds.values()))["file"]))
+
+
+def test_binding_checks_input_before_out(norm_binding):
+    # A CPU input beside an out of another shape, as an op would allocate beside it: the input's fault.
+    x, w = torch.randn(4, 8), torch.randn(8)
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
+        norm_binding.rmsnorm(torch.empty(2, 2), x, w, 1e-6, False, -1)
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
+        norm_binding.layernorm(torch.empty(2, 2), x, w, w, 1e-6, -1)
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
+        norm_binding.fused_add_rmsnorm(x, torch.empty(2, 2), w, 1e-6, False, -1)
+
+
+@gpu
+def test_binding_errors(norm_binding):
+    x = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    cases = [
+        (lambda: norm_binding.rmsnorm(out, x.float(), w, 1e-6, False, -1), TypeError, "Expected weight and input to have the same dtype"),
+        (lambda: norm_binding.rmsnorm(out, x.int(), w.int(), 1e-6, False, -1), TypeError, "Expected input to have dtype float32, float16 or bfloat16, got int32"),
+        (lambda: norm_binding.rmsnorm(out.cpu(), x, w, 1e-6, False, -1), ValueError, "Expected out to be a CUDA tensor"),
+        (lambda: norm_binding.rmsnorm(out.float(), x, w, 1e-6, False, -1), TypeError, "Expected out and input to have the same dtype"),
+        (lambda: norm_binding.rmsnorm(out, x, w, -1.0, False, -1), ValueError, "Expected eps to be non-negative"),
+        (lambda: norm_binding.rmsnorm(out, x, w, 1e-6, False, 3), ValueError, "Expected enable_pdl to be -1"),
+        (lambda: norm_binding.rmsnorm(out, x, w.cpu(), 1e-6, False, -1), ValueError, "Expected weight to be a CUDA tensor"),
+        (lambda: norm_binding.rmsnorm(out, x, w[::2], 1e-6, False, -1), ValueError, r"Expected weight to have shape \[8\]"),
+        (lambda: norm_binding.rmsnorm(out, x, torch.randn(16, device="cuda", dtype=torch.bfloat16)[::2], 1e-6, False, -1), ValueError, "Expected weight to be contiguous"),
+        (lambda: norm_binding.rmsnorm(out, x.t(), w, 1e-6, False, -1), ValueError, "Expected the last dimension of input to be contiguous"),
+        (lambda: norm_binding.fused_add_rmsnorm(x, x.half(), w, 1e-6, False, -1), TypeError, "Expected residual and input to have the same dtype"),
+        (lambda: norm_binding.fused_add_rmsnorm(x, x[:2], w, 1e-6, False, -1), ValueError, "Expected residual and input to have the same shape"),
+        (lambda: norm_binding.layernorm(out, x, w.int(), w.int(), 1e-6, -1), TypeError, "Expected gemma to be float32 or input's dtype"),
+        (lambda: norm_binding.layernorm(out, x, w, w.float(), 1e-6, -1), TypeError, "Expected beta and gemma to have the same dtype"),
+        (lambda: norm_binding.layernorm(out, x, w[:4], w, 1e-6, -1), ValueError, r"Expected gemma to have shape \[8\]"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
 
 
 # ---- argument errors, without a GPU: fake CUDA tensors run the checks ----------------------------

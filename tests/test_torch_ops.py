@@ -46,7 +46,7 @@ def test_fake_implementation():
     with FakeTensorMode():
         x = torch.empty(8, device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(x)
-        assert torch.ops.aotinfer.scale(out, x, 2.0) is None
+        assert torch.ops.aotinfer.scale(out, x, 2.0, -1) is None
 
 
 def test_compile_fullgraph_traces_the_custom_op():
@@ -90,4 +90,4 @@ def test_compile_fullgraph_on_gpu(mode):
 @pytest.mark.gpu
 def test_opcheck():
     x = torch.randn(1001, device="cuda", dtype=torch.float16)
-    torch.library.opcheck(torch.ops.aotinfer.scale.default, (torch.empty_like(x), x, 2.0))
+    torch.library.opcheck(torch.ops.aotinfer.scale.default, (torch.empty_like(x), x, 2.0, -1))

@@ -56,5 +56,5 @@ def scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None
         import torch
 
         out = torch.empty_like(input)
-    _scale.fn(out, input, factor)
+    _scale.fn(out, input, factor, -1)
     return out
