@@ -1,14 +1,14 @@
 // Design experiment for include/aotinfer/activation.cuh (issue 13): which gated-activation kernel
-// moves bytes fastest at prefill sizes and finishes soonest at decode sizes. Variants differ in
-// the activation's math (exact: expf, IEEE division, tanhf; fast: __expf and __fdividef, GELU-tanh
-// as x * sigmoid(2u)), threads a block, vectors a thread, where the PDL trigger sits (after the
-// loads, or at the end) and cache hints (ld.global.nc.L1::no_allocate, st.global.cs). "shipped" is
-// aotinfer::ActAndMul as it is; "FI" is FlashInfer's act_and_mul_kernel (include/flashinfer/
-// activation.cuh at fb28d72: a block a row, min(d / vec, 1024) threads, a loop, the trigger at
-// the end; fast math as its JIT builds it); "stream" is benchmarks/streaming.cu's read-2-write-1
-// kernel at its best configuration. Every variant is checked against a host reference on sampled
-// rows, then timed with CUDA events (L2 flushed before each call, median of 30) beside
-// cudaMemcpyAsync of the same bytes; decode sizes as graph replays of 20 PDL launches.
+// moves bytes fastest at prefill sizes and finishes soonest at decode sizes. "1 item" and "2 items"
+// are ActAndMulKernel with one or two 16-byte vectors a thread, "shipped" the launcher's choice
+// between them; "FI" is FlashInfer's act_and_mul_kernel (include/flashinfer/activation.cuh at
+// fb28d72: a block a row, min(d / vec, 1024) threads, a loop, the trigger at the end; the math of
+// its -use_fast_math build); "stream" is benchmarks/streaming.cu's read-2-write-1 kernel at its
+// best configuration. Every variant is checked against a host reference on sampled rows, then
+// timed with CUDA events (L2 flushed before each call, median of 30) beside cudaMemcpyAsync of the
+// same bytes; decode sizes as graph replays of 20 PDL launches. The first version of this file
+// (commit 34ec90a) compared slice shapes, trigger placement, cache hints and exact against fast
+// math on the kernel of that time; benchmarks/NOTES.md has its results.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include -I benchmarks benchmarks/activation_variants.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -27,89 +27,19 @@
 using namespace aotinfer;
 using bf16 = __nv_bfloat16;
 
-struct SiLUFast {
-  __device__ __forceinline__ static float apply(float x) { return __fdividef(x, 1.f + __expf(-x)); }
-};
-// 0.5 x (1 + tanh(u)) = x * sigmoid(2u)
-struct GELUTanhFast {
-  __device__ __forceinline__ static float apply(float x) {
-    const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);
-    return __fdividef(x, 1.f + __expf(-2.f * u));
-  }
-};
 // FlashInfer's, under -use_fast_math: __expf, a fast division, tanh.approx.
 struct FISiLU {
+  template <typename T>
   __device__ __forceinline__ static float apply(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 };
 struct FIGELUTanh {
+  template <typename T>
   __device__ __forceinline__ static float apply(float x) {
     float t;
     asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     return x * (0.5f * (1.0f + t));
   }
 };
-
-__device__ __forceinline__ uint4 LoadNoAllocate(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ void StoreStreaming(void* p, uint4 v) {
-  asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
-// A block takes kThreads * kItems vectors of a row (blocks numbered row by row); a thread, kItems
-// of them kThreads apart. Rows contiguous: in [rows, 2d], out [rows, d].
-template <typename Act, int kThreads, int kItems, bool kLateTrigger, bool kHints>
-__global__ void __launch_bounds__(kThreads) SliceKernel(bf16* out, const bf16* in, int64_t d, unsigned slices) {
-  constexpr int V = 8;
-  const int64_t row = blockIdx.x / slices;
-  const int64_t first = int64_t(blockIdx.x % slices) * kThreads * kItems + threadIdx.x;
-  const int64_t nv = d / V;
-  const bf16* src = in + row * 2 * d;
-  bf16* dst = out + row * d;
-  WaitForPriorGrids();
-  Vec<bf16, V> gate[kItems], up[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int64_t j = first + k * kThreads;
-    if (j < nv) {
-      if constexpr (kHints) {
-        *reinterpret_cast<uint4*>(gate[k].elems) = LoadNoAllocate(src + j * V);
-        *reinterpret_cast<uint4*>(up[k].elems) = LoadNoAllocate(src + d + j * V);
-      } else {
-        gate[k].load(src + j * V);
-        up[k].load(src + d + j * V);
-      }
-    }
-  }
-  if constexpr (!kLateTrigger) AllowDependentGrids();
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int64_t j = first + k * kThreads;
-    if (j < nv) {
-      Vec<bf16, V> y;
-#pragma unroll
-      for (int e = 0; e < V; ++e) y[e] = from_float<bf16>(Act::apply(to_float(gate[k][e])) * to_float(up[k][e]));
-      if constexpr (kHints) {
-        StoreStreaming(dst + j * V, *reinterpret_cast<uint4*>(y.elems));
-      } else {
-        y.store(dst + j * V);
-      }
-    }
-  }
-  if constexpr (kLateTrigger) AllowDependentGrids();
-}
-
-template <typename Act, int kThreads, int kItems, bool kLate, bool kHints>
-cudaError_t LaunchSlices(bf16* out, const bf16* in, int64_t d, int64_t rows, cudaStream_t stream) {
-  const int64_t slices = (d / 8 + kThreads * kItems - 1) / (kThreads * kItems);
-  return Launch(SliceKernel<Act, kThreads, kItems, kLate, kHints>, dim3(unsigned(rows * slices)), dim3(kThreads),
-                stream, true, out, in, d, unsigned(slices));
-}
 
 // FlashInfer's act_and_mul_kernel (bf16, 16-byte vectors), restated with Vec.
 template <typename Act>
@@ -124,7 +54,7 @@ __global__ void FIKernel(bf16* __restrict__ out, const bf16* __restrict__ input,
     x.load(input + offset + idx * vec_size);
     y.load(input + offset + d + idx * vec_size);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = from_float<bf16>(Act::apply(to_float(x[i])) * to_float(y[i]));
+    for (int i = 0; i < 8; ++i) o[i] = from_float<bf16>(Act::template apply<bf16>(to_float(x[i])) * to_float(y[i]));
     o.store(out + token_idx * d + idx * vec_size);
   }
   AllowDependentGrids();
@@ -142,24 +72,19 @@ struct Variant {
   LaunchFn launch;
 };
 
-// Variants for one activation: Exact is the shipped math, Fast the candidate, FI FlashInfer's.
-template <typename Exact, typename Fast, typename FI>
+// Variants for one activation: Act is the shipped math, FI FlashInfer's.
+template <typename Act, typename FI>
 std::vector<Variant> Variants() {
   return {
-      {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-         return ActAndMul<Exact, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
+      {"1 item", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+         return LaunchActAndMul<Act, bf16, 8, 1>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
        }},
-      {"exact 128x1 late", LaunchSlices<Exact, 128, 1, true, false>},
-      {"fast 128x1", LaunchSlices<Fast, 128, 1, false, false>},
-      {"fast 128x1 late", LaunchSlices<Fast, 128, 1, true, false>},
-      {"fast 256x1 late", LaunchSlices<Fast, 256, 1, true, false>},
-      {"fast 512x1 late", LaunchSlices<Fast, 512, 1, true, false>},
-      {"fast 512x1", LaunchSlices<Fast, 512, 1, false, false>},
-      {"fast 128x2 late", LaunchSlices<Fast, 128, 2, true, false>},
-      {"fast 256x2 late", LaunchSlices<Fast, 256, 2, true, false>},
-      {"fast 128x4 late", LaunchSlices<Fast, 128, 4, true, false>},
-      {"fast 128x1 late hints", LaunchSlices<Fast, 128, 1, true, true>},
-      {"fast 512x1 late hints", LaunchSlices<Fast, 512, 1, true, true>},
+      {"2 items", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+         return LaunchActAndMul<Act, bf16, 8, 2>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
+       }},
+      {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
+       }},
       {"FI", LaunchFI<FI>},
   };
 }
@@ -294,12 +219,12 @@ int main() {
   const size_t flush_bytes = size_t(256) << 20;
   char* flush;
   CHECK(cudaMalloc(&flush, flush_bytes));
-  Bench("silu_and_mul", [](double x) { return x / (1 + std::exp(-x)); }, Variants<SiLU, SiLUFast, FISiLU>(), flush,
+  Bench("silu_and_mul", [](double x) { return x / (1 + std::exp(-x)); }, Variants<SiLU, FISiLU>(), flush,
         flush_bytes);
   Bench("gelu_tanh_and_mul",
         [](double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); },
-        Variants<GELUTanh, GELUTanhFast, FIGELUTanh>(), flush, flush_bytes);
+        Variants<GELUTanh, FIGELUTanh>(), flush, flush_bytes);
   Bench("gelu_and_mul", [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
-        Variants<GELU, GELU, GELU>(), flush, flush_bytes);
+        Variants<GELU, GELU>(), flush, flush_bytes);
   std::printf("\n(FI's gelu uses ::erf; here the FI row runs our GELU in FI's kernel shape)\n");
 }

@@ -163,7 +163,7 @@ cudaError_t LaunchShipped(const Rows& p, cudaStream_t stream) {
   const RowLayout rows{1, p.hidden, 0};
   NormParams<bf16, bf16> params{p.input, rows, p.input, rows, p.residual, rows, p.weight, nullptr,
                                 p.hidden, p.rows, 1e-6f, 0.f};
-  return Norm<NormKind::kFusedAddRMS>(params, stream, true);
+  return Norm<NormKind::kFusedAddRMS>(params, 0, stream, true);
 }
 
 using LaunchFn = std::function<cudaError_t(const Rows&, cudaStream_t)>;

@@ -2,77 +2,134 @@
 // SiLU, GELU (erf) or GELU (tanh approximation). The activation is a template parameter; the
 // kernel is the same for all three.
 //
-// Memory-bound: each element is read once and each output written once. One thread per vector of
-// kVec outputs (16 bytes where d, the row strides and the pointers allow, else one element), 128
-// threads a block: the layout that reached the copy bandwidth for element-wise work. Blocks are
-// numbered row by row, so that consecutive blocks read consecutive memory (benchmarks/NOTES.md).
+// Memory-bound: each element is read once and each output written once. A thread takes kItems
+// vectors of kVec outputs (16 bytes where d, the row strides and the pointers allow, else one
+// element) in blocks of 128 threads over a row's slice (blockIdx.x) and row (blockIdx.y), so that
+// consecutive blocks read consecutive memory. The math is what limits it short of the streaming
+// limit: the activations use the hardware's approximate exp2, reciprocal and tanh (MUFU), at most
+// two an element, and two vectors a thread for large inputs keep more bytes in flight while the
+// ALU works (benchmarks/NOTES.md).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "aotinfer/launch.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
 
+// 2^x and 1 / x on the MUFU unit, flushing denormals (which plain exp2f / __expf would handle
+// with three more instructions an element). Relative error about 2^-22 each.
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float RcpApprox(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh on the MUFU unit: relative error about 2^-11 (FlashInfer's GELU-tanh uses it).
+__device__ __forceinline__ float TanhApprox(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// x / (1 + exp(-x)); exact to a few float ulps.
 struct SiLU {
-  __device__ __forceinline__ static float apply(float x) { return x / (1.f + expf(-x)); }
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) {
+    return x * RcpApprox(1.f + Exp2Approx(-kLog2e * x));
+  }
 };
 
 // erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7): one reciprocal, one
 // exponential and five FMAs, where erff's 30-odd instructions made gelu_and_mul ALU-bound at HBM
-// speed on the H200 (benchmarks/NOTES.md).
-__device__ __forceinline__ float Erf(float x) {
-  const float a = fabsf(x);
-  const float t = __fdividef(1.f, 1.f + 0.3275911f * a);
-  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  return copysignf(1.f - poly * __expf(-a * a), x);
-}
-
+// speed on the H200. GELU = 0.5 (x + |x| erf(|x| / sqrt 2)).
 struct GELU {
-  __device__ __forceinline__ static float apply(float x) { return 0.5f * x * (1.f + Erf(x * 0.70710678118654752f)); }
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) {
+    const float a = fabsf(x) * 0.70710678118654752f;
+    const float t = RcpApprox(fmaf(0.3275911f, a, 1.f));
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    const float erf_a = 1.f - poly * Exp2Approx(-kLog2e * a * a);
+    return 0.5f * fmaf(fabsf(x), erf_a, x);
+  }
 };
 
-// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+// 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3). 16-bit outputs take tanh.approx as
+// FlashInfer does (one MUFU op an element, its error below their rounding where the output is not
+// near 0); float32 outputs take the exact form x / (1 + exp(-2u)).
 struct GELUTanh {
+  template <typename T>
   __device__ __forceinline__ static float apply(float x) {
-    return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    const float u = x * fmaf(0.0356774081363001f, x * x, 0.79788456080286536f);
+    if constexpr (sizeof(T) == 2) {
+      const float h = 0.5f * x;
+      return fmaf(h, TanhApprox(u), h);
+    } else {
+      return x * RcpApprox(1.f + Exp2Approx(-2.f * kLog2e * u));
+    }
   }
 };
 
 constexpr int kActThreads = 128;
+constexpr int kActMaxGridY = 65535;
 
-template <typename Act, typename T, int kVec>
+template <typename Act, typename T, int kVec, int kItems>
 __global__ void __launch_bounds__(kActThreads)
-    ActAndMulKernel(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, unsigned slices) {
-  const int64_t row = blockIdx.x / slices;
-  const int64_t j = int64_t(blockIdx.x % slices) * kActThreads + threadIdx.x;  // vector index in the row
+    ActAndMulKernel(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, int64_t num_rows) {
+  const int64_t num_vecs = d / kVec;
+  const int64_t first = int64_t(blockIdx.x) * kActThreads * kItems + threadIdx.x;  // vector index in the row
   WaitForPriorGrids();
-  const bool active = j < d / kVec;
-  Vec<T, kVec> gate, up;
-  if (active) {
-    const T* src = in + in_rows.offset(row) + j * kVec;
-    gate.load(src);
-    up.load(src + d);
-  }
-  AllowDependentGrids();
-  if (active) {
-    Vec<T, kVec> y;
+  // Rows past the grid's 65535 come round again (a grid-stride loop that runs once below that).
+  for (int64_t row = blockIdx.y; row < num_rows; row += gridDim.y) {
+    const T* src = in + in_rows.offset(row);
+    T* dst = out + out_rows.offset(row);
+    Vec<T, kVec> gate[kItems], up[kItems];
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) y[e] = from_float<T>(Act::apply(to_float(gate[e])) * to_float(up[e]));
-    y.store(out + out_rows.offset(row) + j * kVec);
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = first + k * kActThreads;
+      if (j < num_vecs) {
+        gate[k].load(src + j * kVec);
+        up[k].load(src + d + j * kVec);
+      }
+    }
+    // After the loads: the next kernel's launch overlaps this one's math and stores (0.05-0.2 us
+    // less a call at decode sizes than at the end; benchmarks/NOTES.md).
+    if (row == blockIdx.y) AllowDependentGrids();
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = first + k * kActThreads;
+      if (j < num_vecs) {
+        // Through PTX: a plain store of the vector comes out as four 4-byte stores here.
+        Vec<T, kVec>::from_floats([&](int e) {
+          return Act::template apply<T>(to_float(gate[k][e])) * to_float(up[k][e]);
+        }).store_unsplit(dst + j * kVec);
+      }
+    }
   }
 }
 
-template <typename Act, typename T, int kVec>
+// Vectors a thread: 2 for large inputs (bandwidth), 1 for small ones (latency).
+constexpr int64_t kActTwoItemsVecs = int64_t(1) << 20;
+
+template <typename Act, typename T, int kVec, int kItems>
 cudaError_t LaunchActAndMul(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d,
                             int64_t num_rows, cudaStream_t stream, bool pdl) {
-  const int64_t slices = (d / kVec + kActThreads - 1) / kActThreads;
-  if (num_rows * slices > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return Launch(ActAndMulKernel<Act, T, kVec>, dim3(unsigned(num_rows * slices)), dim3(kActThreads), stream, pdl,
-                out, out_rows, in, in_rows, d, unsigned(slices));
+  const int64_t slices = (d / kVec + kActThreads * kItems - 1) / (kActThreads * kItems);
+  if (slices > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 grid(unsigned(slices), unsigned(std::min<int64_t>(num_rows, kActMaxGridY)));
+  return Launch(ActAndMulKernel<Act, T, kVec, kItems>, grid, dim3(kActThreads), stream, pdl, out, out_rows, in,
+                in_rows, d, num_rows);
 }
 
 // out[r, :d] = Act(in[r, :d]) * in[r, d:2d] for num_rows rows (0 rows or d == 0: nothing runs).
@@ -83,8 +140,11 @@ cudaError_t ActAndMul(T* out, RowLayout out_rows, const T* in, RowLayout in_rows
   constexpr int kVec = kVec16<T>;
   const bool vectorized = d % kVec == 0 && Aligned16(out) && Aligned16(in) && out_rows.rows_aligned(kVec) &&
                           in_rows.rows_aligned(kVec);
-  return vectorized ? LaunchActAndMul<Act, T, kVec>(out, out_rows, in, in_rows, d, num_rows, stream, pdl)
-                    : LaunchActAndMul<Act, T, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+  if (!vectorized) return LaunchActAndMul<Act, T, 1, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+  if (num_rows * (d / kVec) >= kActTwoItemsVecs) {
+    return LaunchActAndMul<Act, T, kVec, 2>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+  }
+  return LaunchActAndMul<Act, T, kVec, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -106,19 +106,16 @@ __device__ __forceinline__ Vec<T, kVec> NormalizeVec(const Vec<S, kVec>& x, cons
                                                       float weight_offset) {
   constexpr bool kOneFma = kKind == NormKind::kLayer && sizeof(T) == 2;
   const float shift = (n.pivot + n.mean) * n.scale;
-  Vec<T, kVec> y;
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) {
+  return Vec<T, kVec>::from_floats([&](int e) {
     const float v = x.float_again(e);
     if constexpr (kOneFma) {
-      y[e] = from_float<T>(fmaf(fmaf(v, n.scale, -shift), to_float(w[e]), to_float(b[e])));
+      return fmaf(fmaf(v, n.scale, -shift), to_float(w[e]), to_float(b[e]));
     } else if constexpr (kKind == NormKind::kLayer) {
-      y[e] = from_float<T>((v - n.pivot - n.mean) * n.scale * to_float(w[e]) + to_float(b[e]));
+      return (v - n.pivot - n.mean) * n.scale * to_float(w[e]) + to_float(b[e]);
     } else {
-      y[e] = from_float<T>(v * n.scale * (to_float(w[e]) + weight_offset));
+      return v * fmaf(to_float(w[e]), n.scale, n.scale * weight_offset);
     }
-  }
-  return y;
+  });
 }
 
 // Calls f(slot, j) for each vector j of the row that this thread owns: with kItems > 0, slots 0 to
@@ -137,7 +134,10 @@ __device__ __forceinline__ void ForEachSlot(int64_t num_vecs, F&& f) {
   }
 }
 
-template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights>
+// kEvenRows: every layout has evenly spaced rows (inner == 1), so a row's offset is one multiply;
+// the general offset of 3-D rows, branch and division, costs the fused add's kernel 11 registers
+// even where it is never taken (benchmarks/NOTES.md).
+template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights, bool kEvenRows>
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
     NormKernel(const NormParams<T, W> p) {
   static_assert(kItems > 0 || !kPrefetchWeights, "a streamed row has no registers to prefetch into");
@@ -149,9 +149,14 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   // take part in the block's reduction.
   const bool active = row < p.num_rows;
   const int64_t num_vecs = active ? p.hidden / kVec : 0;
-  const T* in = p.input + (active ? p.input_rows.offset(row) : 0);
-  T* out = p.out + (active ? p.out_rows.offset(row) : 0);
-  T* res = kFused ? p.residual + (active ? p.residual_rows.offset(row) : 0) : nullptr;
+  auto offset = [&](const RowLayout& rows) -> int64_t {
+    if (!active) return 0;
+    return kEvenRows ? row * rows.outer_stride : rows.offset(row);
+  };
+  const T* in = p.input + offset(p.input_rows);
+  // The fused add normalizes in place: p.out is p.input, with its layout.
+  T* out = kFused ? const_cast<T*>(in) : p.out + offset(p.out_rows);
+  T* res = kFused ? p.residual + offset(p.residual_rows) : nullptr;
 
   WaitForPriorGrids();
   // LayerNorm sums x - pivot and its square in one reduction; shifting by the row's first element
@@ -173,13 +178,9 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   };
   // Fused add: total = input + residual in float, and the new residual, rounded.
   auto add = [&](int slot) {
-    Vec<T, kVec> rounded;
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      total[slot][e] = to_float(x[slot][e]) + to_float(r[slot][e]);
-      rounded[e] = from_float<T>(total[slot][e]);
-    }
-    return rounded;
+    for (int e = 0; e < kVec; ++e) total[slot][e] = to_float(x[slot][e]) + to_float(r[slot][e]);
+    return Vec<T, kVec>::from_floats([&](int e) { return total[slot][e]; });
   };
 
   // Pass 1: the row's sums. Rows in registers issue every load before the first store (a store
@@ -203,7 +204,6 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     });
   }
   ForEachSlot<kItems>(num_vecs, accumulate);
-  AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
   const RowNorm norm = FinishRow<kKind>(totals, pivot, p.hidden, p.eps);
 
@@ -220,6 +220,9 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       NormalizeVec<kKind, T>(x[slot], w[slot], b[slot], norm, p.weight_offset).store_unsplit(out + j * kVec);
     }
   });
+  // At the end rather than after pass 1: 0.05-0.1 us less a call under graph replay at decode
+  // sizes, the same bandwidth (benchmarks/NOTES.md).
+  AllowDependentGrids();
 }
 
 // RMSNorm and LayerNorm over many rows, with rows staged through shared memory. A grid that fills
@@ -326,16 +329,28 @@ cudaError_t DispatchNormItems(int items, bool prefetch, F&& f) {
   }
 }
 
+// Vectors a thread of NormKernel for rows of num_vecs vectors (0: the row streams). Small batches
+// are bound by latency: the fewest vectors a thread that keep a row within kNormCachedThreads
+// threads, weights beside the row. Large ones are bound by bandwidth: 128 threads a row with 1, 2
+// or 4 vectors each, longer rows up to 512 threads of 4 vectors, then of 8, keep many rows in
+// flight on each SM while others wait at their reduction (benchmarks/NOTES.md).
+inline int NormItems(int64_t num_vecs, int64_t num_rows) {
+  int items = 1;
+  if (num_rows <= kNormLatencyRows) {
+    while (items < 4 && num_vecs > int64_t(items) * kNormCachedThreads) items *= 2;
+  } else {
+    while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
+  }
+  if (num_vecs > int64_t(4) * kNormCachedThreads) items = kNormMaxItems;
+  if (num_vecs > int64_t(kNormMaxItems) * kNormCachedThreads) items = 0;
+  return items;
+}
+
 // NormKernel over p: a block a row (a few rows for short ones), kVec elements a vector.
 template <NormKind kKind, typename T, typename W, int kVec>
 cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
   const int64_t num_vecs = p.hidden / kVec;
-  // 128 threads a row with 1, 2 or 4 vectors each; longer rows take up to 512 threads of 4 vectors,
-  // then of 8; longer still stream.
-  int items = 1;
-  while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
-  if (num_vecs > int64_t(4) * kNormCachedThreads) items = kNormMaxItems;
-  if (num_vecs > int64_t(kNormMaxItems) * kNormCachedThreads) items = 0;
+  const int items = NormItems(num_vecs, p.num_rows);
   int64_t threads = items ? (num_vecs + items - 1) / items : kNormStreamThreads;
   threads = threads < 32 ? 32 : (threads + 31) / 32 * 32;
   const int rows_per_block = threads <= 64 ? int(128 / threads) : 1;
@@ -343,9 +358,13 @@ cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, boo
   const dim3 grid{unsigned((p.num_rows + rows_per_block - 1) / rows_per_block)};
   // Weights beside the row only for small batches, bound by latency; for large ones the registers
   // they take cost more rows in flight than their later load costs (benchmarks/NOTES.md).
-  const bool prefetch = p.num_rows <= kNormLatencyRows && items <= 4;
+  const bool prefetch = p.num_rows <= kNormLatencyRows && items >= 1 && items <= 4;
+  const bool even = p.input_rows.inner == 1 && p.out_rows.inner == 1 &&
+                    (kKind != NormKind::kFusedAddRMS || p.residual_rows.inner == 1);
   return DispatchNormItems(items, prefetch, [&](auto kItems, auto kPrefetch) {
-    return Launch(NormKernel<kKind, T, W, kVec, kItems, kPrefetch>, grid, block, stream, pdl, p);
+    // Rows of single elements (unaligned) take the general offset only: they are slow anyway.
+    if (kVec > 1 && even) return Launch(NormKernel<kKind, T, W, kVec, kItems, kPrefetch, true>, grid, block, stream, pdl, p);
+    return Launch(NormKernel<kKind, T, W, kVec, kItems, kPrefetch, false>, grid, block, stream, pdl, p);
   });
 }
 
