@@ -1,14 +1,15 @@
 // Design experiment for include/aotinfer/activation.cuh (issue 13): which gated-activation kernel
-// moves bytes fastest at prefill sizes and finishes soonest at decode sizes. "1 item" and "2 items"
-// are ActAndMulKernel with one or two 16-byte vectors a thread, "shipped" the launcher's choice
-// between them; "FI" is FlashInfer's act_and_mul_kernel (include/flashinfer/activation.cuh at
-// fb28d72: a block a row, min(d / vec, 1024) threads, a loop, the trigger at the end; the math of
-// its -use_fast_math build); "stream" is benchmarks/streaming.cu's read-2-write-1 kernel at its
-// best configuration. Every variant is checked against a host reference on sampled rows, then
-// timed with CUDA events (L2 flushed before each call, median of 30) beside cudaMemcpyAsync of the
-// same bytes; decode sizes as graph replays of 20 PDL launches. The first version of this file
-// (commit 34ec90a) compared slice shapes, trigger placement, cache hints and exact against fast
-// math on the kernel of that time; benchmarks/NOTES.md has its results.
+// moves bytes fastest at prefill sizes and finishes soonest at decode sizes. "shipped" is
+// aotinfer::ActAndMul (a 1-D grid, a vector a thread); "2-D grid" the kernel of commit 042a625
+// (slices in x, rows in y, one or two vectors a thread); "FI" is FlashInfer's act_and_mul_kernel
+// (include/flashinfer/activation.cuh at fb28d72: a block a row, min(d / vec, 1024) threads, a
+// loop, the trigger at the end; the math of its -use_fast_math build); "stream" is
+// benchmarks/streaming.cu's read-2-write-1 kernel at its best configuration. Every variant is
+// checked against a host reference on sampled rows, then timed with CUDA events (L2 flushed before
+// each call, median of 30) beside cudaMemcpyAsync of the same bytes; decode sizes as graph replays
+// of 20 PDL launches. The first version of this file (commit 34ec90a) compared slice shapes,
+// trigger placement, cache hints and exact against fast math on the kernel of that time;
+// benchmarks/NOTES.md has its results.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include -I benchmarks benchmarks/activation_variants.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -72,19 +73,56 @@ struct Variant {
   LaunchFn launch;
 };
 
+// The kernel of commit 042a625: rows in blockIdx.y (a grid-stride loop past 65535), slices in
+// blockIdx.x, kItems vectors a thread; otherwise the shipped kernel's code.
+template <typename Act, typename T, int kVec, int kItems>
+__global__ void __launch_bounds__(kActThreads)
+    Act2D(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, int64_t num_rows) {
+  const int64_t num_vecs = d / kVec;
+  const int64_t first = int64_t(blockIdx.x) * kActThreads * kItems + threadIdx.x;
+  WaitForPriorGrids();
+  for (int64_t row = blockIdx.y; row < num_rows; row += gridDim.y) {
+    const T* src = in + in_rows.offset(row);
+    T* dst = out + out_rows.offset(row);
+    Vec<T, kVec> gate[kItems], up[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = first + k * kActThreads;
+      if (j < num_vecs) {
+        gate[k].load(src + j * kVec);
+        up[k].load(src + d + j * kVec);
+      }
+    }
+    if (row == blockIdx.y) AllowDependentGrids();
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = first + k * kActThreads;
+      if (j < num_vecs) {
+        Vec<T, kVec>::from_floats([&](int e) {
+          return Act::template apply<T>(to_float(gate[k][e])) * to_float(up[k][e]);
+        }).store_unsplit(dst + j * kVec);
+      }
+    }
+  }
+}
+
+template <typename Act, int kItems>
+cudaError_t Launch2D(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+  const int64_t slices = (d / 8 + kActThreads * kItems - 1) / (kActThreads * kItems);
+  const dim3 grid(unsigned(slices), unsigned(std::min<int64_t>(r, 65535)));
+  return Launch(Act2D<Act, bf16, 8, kItems>, grid, dim3(kActThreads), s, true, o, RowLayout{1, d, 0}, i,
+                RowLayout{1, 2 * d, 0}, d, r);
+}
+
 // Variants for one activation: Act is the shipped math, FI FlashInfer's.
 template <typename Act, typename FI>
 std::vector<Variant> Variants() {
   return {
-      {"1 item", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-         return LaunchActAndMul<Act, bf16, 8, 1>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
-       }},
-      {"2 items", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-         return LaunchActAndMul<Act, bf16, 8, 2>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
-       }},
       {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
          return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
        }},
+      {"2-D grid, 1 item", Launch2D<Act, 1>},
+      {"2-D grid, 2 items", Launch2D<Act, 2>},
       {"FI", LaunchFI<FI>},
   };
 }

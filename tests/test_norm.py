@@ -199,12 +199,14 @@ def launched(call):
 bf16 = dict(device="cuda", dtype=torch.bfloat16)
 w, w32 = torch.randn(4096, **bf16), torch.randn(4096, device="cuda")
 x = torch.randn(rows, 4096, **bf16)
+x8k, w8k = torch.randn(rows, 8192, **bf16), torch.randn(8192, device="cuda")  # 48 KB staged: past the default limit
 wide = torch.randn(rows, 4096 + 64, **bf16)[:, 32:4128]
 spaced = torch.randn(3, rows // 3 + 2, 4096, **bf16)[:, 1:-1]
 cases = {
     "rmsnorm": lambda: aotinfer.rmsnorm(x, w),
     "layernorm fp32 weights": lambda: aotinfer.layernorm(x, w32, w32),
     "layernorm bf16 weights": lambda: aotinfer.layernorm(x, w, w),
+    "layernorm fp32 weights, hidden 8192": lambda: aotinfer.layernorm(x8k, w8k, w8k),
     "strided 2-D rows": lambda: aotinfer.rmsnorm(wide, w),
     "3-D rows, unevenly spaced": lambda: aotinfer.rmsnorm(spaced, w),
     "512 rows": lambda: aotinfer.rmsnorm(x[:512], w),
@@ -223,7 +225,8 @@ def test_kernel_choice():
     chosen = dict(line.split(" = ") for line in out.stdout.splitlines())
     if not any(chosen.values()):
         pytest.skip("the profiler saw no kernels (another CUPTI client, e.g. compute-sanitizer)")
-    staged = {"rmsnorm", "layernorm fp32 weights", "layernorm bf16 weights", "strided 2-D rows"}
+    staged = {"rmsnorm", "layernorm fp32 weights", "layernorm bf16 weights", "layernorm fp32 weights, hidden 8192",
+              "strided 2-D rows"}
     assert chosen == {name: "NormStagedKernel" if name in staged else "NormKernel" for name in chosen}
 
 

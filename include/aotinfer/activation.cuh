@@ -2,20 +2,17 @@
 // SiLU, GELU (erf) or GELU (tanh approximation). The activation is a template parameter; the
 // kernel is the same for all three.
 //
-// Memory-bound: each element is read once and each output written once. A thread takes kItems
-// vectors of kVec outputs (16 bytes where d, the row strides and the pointers allow, else one
-// element) in blocks of 128 threads over a row's slice (blockIdx.x) and row (blockIdx.y), so that
-// consecutive blocks read consecutive memory. The math is what limits it short of the streaming
-// limit: the activations use the hardware's approximate exp2, reciprocal and tanh (MUFU), at most
-// two an element, and two vectors a thread for large inputs keep more bytes in flight while the
-// ALU works (benchmarks/NOTES.md).
+// Memory-bound: each element is read once and each output written once. One thread per vector of
+// kVec outputs (16 bytes where d, the row strides and the pointers allow, else one element), 128
+// threads a block, a 1-D grid: the layout that reaches the streaming limit at prefill sizes and
+// finishes soonest at decode sizes (benchmarks/NOTES.md). The math must stay lean to keep up with
+// HBM: the activations use the hardware's approximate exp2, reciprocal and tanh (MUFU), at most
+// two an element.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "aotinfer/launch.cuh"
 #include "aotinfer/vec.cuh"
@@ -82,54 +79,38 @@ struct GELUTanh {
 };
 
 constexpr int kActThreads = 128;
-constexpr int kActMaxGridY = 65535;
 
-template <typename Act, typename T, int kVec, int kItems>
+// A thread a vector, blocks numbered row by row (consecutive blocks read consecutive memory).
+template <typename Act, typename T, int kVec>
 __global__ void __launch_bounds__(kActThreads)
-    ActAndMulKernel(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, int64_t num_rows) {
-  const int64_t num_vecs = d / kVec;
-  const int64_t first = int64_t(blockIdx.x) * kActThreads * kItems + threadIdx.x;  // vector index in the row
+    ActAndMulKernel(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, unsigned slices) {
+  const int64_t row = blockIdx.x / slices;
+  const int64_t j = int64_t(blockIdx.x % slices) * kActThreads + threadIdx.x;  // vector index in the row
   WaitForPriorGrids();
-  // Rows past the grid's 65535 come round again (a grid-stride loop that runs once below that).
-  for (int64_t row = blockIdx.y; row < num_rows; row += gridDim.y) {
-    const T* src = in + in_rows.offset(row);
-    T* dst = out + out_rows.offset(row);
-    Vec<T, kVec> gate[kItems], up[kItems];
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = first + k * kActThreads;
-      if (j < num_vecs) {
-        gate[k].load(src + j * kVec);
-        up[k].load(src + d + j * kVec);
-      }
-    }
-    // After the loads: the next kernel's launch overlaps this one's math and stores (0.05-0.2 us
-    // less a call at decode sizes than at the end; benchmarks/NOTES.md).
-    if (row == blockIdx.y) AllowDependentGrids();
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = first + k * kActThreads;
-      if (j < num_vecs) {
-        // Through PTX: a plain store of the vector comes out as four 4-byte stores here.
-        Vec<T, kVec>::from_floats([&](int e) {
-          return Act::template apply<T>(to_float(gate[k][e])) * to_float(up[k][e]);
-        }).store_unsplit(dst + j * kVec);
-      }
-    }
+  const bool active = j < d / kVec;
+  Vec<T, kVec> gate, up;
+  if (active) {
+    const T* src = in + in_rows.offset(row) + j * kVec;
+    gate.load(src);
+    up.load(src + d);
+  }
+  // After the loads: the next kernel's launch overlaps this one's math and stores (0.05-0.2 us
+  // less a call at decode sizes than at the end; benchmarks/NOTES.md).
+  AllowDependentGrids();
+  if (active) {
+    // Through PTX: a plain store of the vector came out as four 4-byte stores.
+    Vec<T, kVec>::from_floats([&](int e) { return Act::template apply<T>(to_float(gate[e])) * to_float(up[e]); })
+        .store_unsplit(out + out_rows.offset(row) + j * kVec);
   }
 }
 
-// Vectors a thread: 2 for large inputs (bandwidth), 1 for small ones (latency).
-constexpr int64_t kActTwoItemsVecs = int64_t(1) << 20;
-
-template <typename Act, typename T, int kVec, int kItems>
+template <typename Act, typename T, int kVec>
 cudaError_t LaunchActAndMul(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d,
                             int64_t num_rows, cudaStream_t stream, bool pdl) {
-  const int64_t slices = (d / kVec + kActThreads * kItems - 1) / (kActThreads * kItems);
-  if (slices > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const dim3 grid(unsigned(slices), unsigned(std::min<int64_t>(num_rows, kActMaxGridY)));
-  return Launch(ActAndMulKernel<Act, T, kVec, kItems>, grid, dim3(kActThreads), stream, pdl, out, out_rows, in,
-                in_rows, d, num_rows);
+  const int64_t slices = (d / kVec + kActThreads - 1) / kActThreads;
+  if (num_rows * slices > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  return Launch(ActAndMulKernel<Act, T, kVec>, dim3(unsigned(num_rows * slices)), dim3(kActThreads), stream, pdl,
+                out, out_rows, in, in_rows, d, unsigned(slices));
 }
 
 // out[r, :d] = Act(in[r, :d]) * in[r, d:2d] for num_rows rows (0 rows or d == 0: nothing runs).
@@ -140,11 +121,8 @@ cudaError_t ActAndMul(T* out, RowLayout out_rows, const T* in, RowLayout in_rows
   constexpr int kVec = kVec16<T>;
   const bool vectorized = d % kVec == 0 && Aligned16(out) && Aligned16(in) && out_rows.rows_aligned(kVec) &&
                           in_rows.rows_aligned(kVec);
-  if (!vectorized) return LaunchActAndMul<Act, T, 1, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
-  if (num_rows * (d / kVec) >= kActTwoItemsVecs) {
-    return LaunchActAndMul<Act, T, kVec, 2>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
-  }
-  return LaunchActAndMul<Act, T, kVec, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+  return vectorized ? LaunchActAndMul<Act, T, kVec>(out, out_rows, in, in_rows, d, num_rows, stream, pdl)
+                    : LaunchActAndMul<Act, T, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -76,20 +76,24 @@ inline const DeviceFacts& GetDeviceFacts(int device) {
 }
 
 // Blocks of kKernel with `threads` threads that fit on one SM of `device`, the current device, at
-// once, with shared_bytes of dynamic shared memory (the kernel's limit raised past the default
-// 48 KB where needed); 0 where they do not fit or the runtime cannot say. Asked once per (kernel,
-// block size, device), so shared_bytes must follow from the block size. Thread-safe: racing first
-// calls ask twice and store the same answer.
+// once, with shared_bytes of dynamic shared memory; 0 where they do not fit or the runtime cannot
+// say. Where shared_bytes is past the kernel's limit (48 KB less its static shared memory, by
+// default), the limit is raised to it first, never lowered, so that every size asked before still
+// launches. Asked once per (kernel, block size, device), so shared_bytes must follow from the
+// block size; thread-safe.
 template <auto kKernel>
 int BlocksPerSm(int threads, size_t shared_bytes, int device) {
   static std::atomic<int> known[kMaxDevices][1024 / 32 + 1] = {};  // by block size in warps: blocks + 1; 0: not asked yet
+  static std::mutex asking;
   if (device < 0 || device >= kMaxDevices || threads <= 0 || threads > 1024) return 0;
   std::atomic<int>& slot = known[device][(threads + 31) / 32];
-  int value = slot.load(std::memory_order_relaxed);
+  int value = slot.load(std::memory_order_acquire);
   if (value == 0) {
+    std::lock_guard<std::mutex> lock(asking);
     int blocks = 0;
-    cudaError_t status = cudaSuccess;
-    if (shared_bytes > 48 * 1024) {
+    cudaFuncAttributes attributes;
+    cudaError_t status = cudaFuncGetAttributes(&attributes, kKernel);
+    if (status == cudaSuccess && shared_bytes > size_t(attributes.maxDynamicSharedSizeBytes)) {
       status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
     }
     if (status == cudaSuccess) {
@@ -100,7 +104,7 @@ int BlocksPerSm(int threads, size_t shared_bytes, int device) {
       cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
     }
     value = blocks + 1;
-    slot.store(value, std::memory_order_relaxed);
+    slot.store(value, std::memory_order_release);
   }
   return value - 1;
 }

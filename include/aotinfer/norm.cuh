@@ -329,14 +329,16 @@ cudaError_t DispatchNormItems(int items, bool prefetch, F&& f) {
   }
 }
 
-// Vectors a thread of NormKernel for rows of num_vecs vectors (0: the row streams). Small batches
-// are bound by latency: the fewest vectors a thread that keep a row within kNormCachedThreads
-// threads, weights beside the row. Large ones are bound by bandwidth: 128 threads a row with 1, 2
-// or 4 vectors each, longer rows up to 512 threads of 4 vectors, then of 8, keep many rows in
-// flight on each SM while others wait at their reduction (benchmarks/NOTES.md).
-inline int NormItems(int64_t num_vecs, int64_t num_rows) {
+// Vectors a thread of NormKernel for rows of num_vecs vectors (0: the row streams). Large batches
+// are bound by bandwidth: 128 threads a row with 1, 2 or 4 vectors each, longer rows up to 512
+// threads of 4 vectors, then of 8, keep many rows in flight on each SM while others wait at their
+// reduction. Small batches of RMSNorm and the fused add are bound by latency: the fewest vectors a
+// thread that keep a row within kNormCachedThreads threads (LayerNorm, which also loads beta,
+// was not faster so; benchmarks/NOTES.md).
+template <NormKind kKind>
+int NormItems(int64_t num_vecs, int64_t num_rows) {
   int items = 1;
-  if (num_rows <= kNormLatencyRows) {
+  if (kKind != NormKind::kLayer && num_rows <= kNormLatencyRows) {
     while (items < 4 && num_vecs > int64_t(items) * kNormCachedThreads) items *= 2;
   } else {
     while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
@@ -350,7 +352,7 @@ inline int NormItems(int64_t num_vecs, int64_t num_rows) {
 template <NormKind kKind, typename T, typename W, int kVec>
 cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
   const int64_t num_vecs = p.hidden / kVec;
-  const int items = NormItems(num_vecs, p.num_rows);
+  const int items = NormItems<kKind>(num_vecs, p.num_rows);
   int64_t threads = items ? (num_vecs + items - 1) / items : kNormStreamThreads;
   threads = threads < 32 ? 32 : (threads + 31) / 32 * 32;
   const int rows_per_block = threads <= 64 ? int(128 / threads) : 1;
