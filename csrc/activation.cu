@@ -9,7 +9,6 @@ namespace {
 
 template <typename Act>
 void ActAndMul(TensorView out, TensorView input, int64_t enable_pdl, const char* op) {
-  CHECK_CUDA(input);
   if (input.ndim() == 0 || input.size(-1) % 2 != 0) {
     TVM_FFI_THROW(ValueError) << "Expected the last dimension of input to be even (gate and up halves), got shape "
                               << aotinfer::ShapeString(input.shape());
@@ -18,8 +17,6 @@ void ActAndMul(TensorView out, TensorView input, int64_t enable_pdl, const char*
   const RowLayout in_layout = aotinfer::RowsOf<RowLayout>(input, "input", &rows);
   CHECK_DTYPE_FP32_FP16(input);
   aotinfer::CheckEnablePdl(enable_pdl);
-  CHECK_CUDA(out);
-  CHECK_DEVICE(out, input);
   bool shape_ok = out.ndim() == input.ndim() && out.size(-1) * 2 == input.size(-1);
   for (int i = 0; shape_ok && i + 1 < input.ndim(); ++i) shape_ok = out.size(i) == input.size(i);
   if (!shape_ok) {
@@ -28,6 +25,7 @@ void ActAndMul(TensorView out, TensorView input, int64_t enable_pdl, const char*
   }
   CHECK_SAME_DTYPE(out, input);
   const RowLayout out_layout = aotinfer::RowsOf<RowLayout>(out, "out", &out_rows);
+  aotinfer::CheckOnOneGpu({{input, "input"}, {out, "out"}});
 
   const int device = input.device().device_id;
   aotinfer::DeviceGuard guard(device);

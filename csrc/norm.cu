@@ -1,5 +1,7 @@
 // Bindings of the row normalizations (include/aotinfer/norm.cuh): RMSNorm (and Gemma's), the fused
 // residual add + RMSNorm, and LayerNorm, on 2-D or 3-D inputs normalized over the last dimension.
+#include <cmath>
+
 #include "aotinfer/norm.cuh"
 #include "tvm_ffi_utils.h"
 
@@ -9,10 +11,9 @@ using aotinfer::RowLayout;
 
 namespace {
 
-// Rows to normalize: [rows, hidden] or [a, b, hidden] on the GPU, last dimension contiguous, of a
-// dtype the kernels take.
+// Rows to normalize: [rows, hidden] or [a, b, hidden], last dimension contiguous, of a dtype the
+// kernels take.
 RowLayout CheckRows(const TensorView& x, const char* name, int64_t* num_rows) {
-  aotinfer::CheckCuda(x, name);
   if (x.ndim() != 2 && x.ndim() != 3) {
     TVM_FFI_THROW(ValueError) << "Expected " << name << " to have 2 or 3 dimensions, got " << x.ndim() << " (shape "
                               << aotinfer::ShapeString(x.shape()) << ")";
@@ -22,10 +23,8 @@ RowLayout CheckRows(const TensorView& x, const char* name, int64_t* num_rows) {
   return rows;
 }
 
-// A weight of input: [hidden], contiguous, on input's GPU.
+// A weight of input: [hidden], contiguous.
 void CheckWeight(const TensorView& w, const char* name, const TensorView& input) {
-  aotinfer::CheckCuda(w, name);
-  aotinfer::CheckSameDevice(w, input, name, "input");
   if (w.ndim() != 1 || w.size(0) != input.size(-1)) {
     TVM_FFI_THROW(ValueError) << "Expected " << name << " to have shape [" << input.size(-1)
                               << "] (the last dimension of input), got " << aotinfer::ShapeString(w.shape());
@@ -33,10 +32,8 @@ void CheckWeight(const TensorView& w, const char* name, const TensorView& input)
   aotinfer::CheckContiguous(w, name);
 }
 
-// A tensor of rows beside input: on its GPU, of its shape and dtype, last dimension contiguous.
+// A tensor of rows beside input: of its shape and dtype, last dimension contiguous.
 RowLayout CheckLikeInput(const TensorView& x, const char* name, const TensorView& input) {
-  aotinfer::CheckCuda(x, name);
-  aotinfer::CheckSameDevice(x, input, name, "input");
   aotinfer::CheckSameShape(x, input, name, "input");
   aotinfer::CheckSameDtype(x, input, name, "input");
   int64_t num_rows = 0;
@@ -44,7 +41,9 @@ RowLayout CheckLikeInput(const TensorView& x, const char* name, const TensorView
 }
 
 void CheckScalars(double eps, int64_t enable_pdl) {
-  if (!(eps >= 0)) TVM_FFI_THROW(ValueError) << "Expected eps to be non-negative, got " << eps;
+  if (!(eps >= 0 && eps < INFINITY)) {
+    TVM_FFI_THROW(ValueError) << "Expected eps to be finite and non-negative, got " << eps;
+  }
   aotinfer::CheckEnablePdl(enable_pdl);
 }
 
@@ -67,6 +66,7 @@ void rmsnorm(TensorView out, TensorView input, TensorView weight, double eps, bo
   CHECK_SAME_DTYPE(weight, input);
   CheckScalars(eps, enable_pdl);
   const RowLayout out_layout = CheckLikeInput(out, "out", input);
+  aotinfer::CheckOnOneGpu({{input, "input"}, {weight, "weight"}, {out, "out"}});
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(input.dtype(), T, [&] {
     NormParams<T, T> p{aotinfer::data_ptr<T>(out), out_layout, aotinfer::data_ptr<T>(input), in_layout,
                        nullptr, {}, aotinfer::data_ptr<T>(weight), nullptr, input.size(-1), rows,
@@ -87,6 +87,7 @@ void fused_add_rmsnorm(TensorView input, TensorView residual, TensorView weight,
   CheckWeight(weight, "weight", input);
   CHECK_SAME_DTYPE(weight, input);
   CheckScalars(eps, enable_pdl);
+  aotinfer::CheckOnOneGpu({{input, "input"}, {residual, "residual"}, {weight, "weight"}});
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(input.dtype(), T, [&] {
     NormParams<T, T> p{aotinfer::data_ptr<T>(input), in_layout, aotinfer::data_ptr<T>(input), in_layout,
                        aotinfer::data_ptr<T>(residual), res_layout, aotinfer::data_ptr<T>(weight), nullptr,
@@ -106,12 +107,13 @@ void layernorm(TensorView out, TensorView input, TensorView gemma, TensorView be
   CheckWeight(beta, "beta", input);
   const DLDataType f32{kDLFloat, 32, 1};
   if (gemma.dtype() != input.dtype() && gemma.dtype() != f32) {
-    TVM_FFI_THROW(TypeError) << "Expected gemma to be float32 or input's dtype " << input.dtype() << ", got "
-                             << gemma.dtype();
+    TVM_FFI_THROW(TypeError) << "Expected gemma and beta to be float32 or input's dtype " << input.dtype()
+                             << ", got " << gemma.dtype();
   }
   CHECK_SAME_DTYPE(beta, gemma);
   CheckScalars(eps, enable_pdl);
   const RowLayout out_layout = CheckLikeInput(out, "out", input);
+  aotinfer::CheckOnOneGpu({{input, "input"}, {gemma, "gemma"}, {beta, "beta"}, {out, "out"}});
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(input.dtype(), T, [&] {
     auto run = [&](auto weight_type) {
       using W = decltype(weight_type);

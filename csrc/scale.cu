@@ -3,14 +3,13 @@
 #include "tvm_ffi_utils.h"
 
 void scale(TensorView out, TensorView input, double factor, int64_t enable_pdl) {
-  // 1. Validate: the input, the scalars, then the output (which the op may have allocated).
-  CHECK_INPUT(input);
+  // 1. Validate: the input, the scalars, the output (which the op may have allocated), devices.
+  CHECK_CONTIGUOUS(input);
   CHECK_DTYPE_FP32_FP16(input);
   aotinfer::CheckEnablePdl(enable_pdl);
-  CHECK_INPUT(out);
-  CHECK_DEVICE(out, input);
   CHECK_SHAPE(out, input);
   CHECK_SAME_DTYPE(out, input);
+  CHECK_CONTIGUOUS(out);
   const int64_t n = input.numel();
   const char* in = static_cast<const char*>(input.data_ptr()) + input.byte_offset();
   const char* dst = static_cast<const char*>(out.data_ptr()) + out.byte_offset();
@@ -19,6 +18,7 @@ void scale(TensorView out, TensorView input, double factor, int64_t enable_pdl) 
   if (dst != in && dst < in + bytes && in < dst + bytes) {
     TVM_FFI_THROW(ValueError) << "Expected out to be input itself or not to overlap it";
   }
+  aotinfer::CheckOnOneGpu({{input, "input"}, {out, "out"}});
   if (n == 0) return;
   // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
   const int device = input.device().device_id;

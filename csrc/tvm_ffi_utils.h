@@ -2,12 +2,14 @@
 // naming the argument, dtype dispatch to C++ types, the caller's stream, and a device guard.
 //
 // A binding does four things in order: validate, guard the device, get the stream, dispatch and
-// launch (see csrc/scale.cu). Validation names each argument as the Python op does, and checks
-// the inputs before the outputs (which the op may have allocated beside a faulty input), each
-// fault with one error class: ValueError for a tensor off the GPU or on another device, a wrong
-// shape, a layout that is not contiguous, overlapping tensors or a bad value; TypeError for a
-// wrong dtype. The stream is never a Python argument: tvm-ffi sets it, per call, to torch's
-// current stream on the tensors' device.
+// launch (see csrc/scale.cu). Validation names each argument as the Python op does. It checks
+// shapes, dtypes, layouts and scalars first, the inputs before the outputs (which the op may have
+// allocated beside a faulty input), and devices last (CheckOnOneGpu), so that a CPU tensor of the
+// wrong shape is reported for its shape and tests without a GPU reach every check. One error
+// class a fault: TypeError for a wrong dtype; ValueError for a wrong shape, a layout that is not
+// contiguous, overlapping tensors, a bad value, a tensor off the GPU or on another device. The
+// stream is never a Python argument: tvm-ffi sets it, per call, to torch's current stream on the
+// tensors' device.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,9 +23,11 @@
 #include <tvm/ffi/extra/cuda/device_guard.h>
 #include <tvm/ffi/function.h>
 
-#include <sstream>
 #include <algorithm>
+#include <initializer_list>
+#include <sstream>
 #include <string>
+#include <utility>
 
 using tvm::ffi::TensorView;
 
@@ -193,11 +197,18 @@ inline void CheckEnablePdl(int64_t enable_pdl) {
   }
 }
 
+// The last check: every tensor on a CUDA device, each on the first one's. Tensors are named in
+// the order given, inputs first.
+inline void CheckOnOneGpu(std::initializer_list<std::pair<const TensorView&, const char*>> tensors) {
+  for (const auto& [tensor, name] : tensors) CheckCuda(tensor, name);
+  const auto& [first, first_name] = *tensors.begin();
+  for (const auto& [tensor, name] : tensors) CheckSameDevice(tensor, first, name, first_name);
+}
+
 }  // namespace aotinfer
 
 #define CHECK_CUDA(x) ::aotinfer::CheckCuda(x, #x)
 #define CHECK_CONTIGUOUS(x) ::aotinfer::CheckContiguous(x, #x)
-#define CHECK_INPUT(x) (CHECK_CUDA(x), CHECK_CONTIGUOUS(x))  // on the GPU and contiguous
 #define CHECK_DIM(d, x) ::aotinfer::CheckDim(d, x, #x)
 #define CHECK_SHAPE(a, b) ::aotinfer::CheckSameShape(a, b, #a, #b)
 #define CHECK_DEVICE(a, b) ::aotinfer::CheckSameDevice(a, b, #a, #b)

@@ -311,42 +311,50 @@ def norm_binding():
     return tvm_ffi.load_module(os.path.join(_loader.OPS_DIR, next(iter(builds.values()))["file"]))
 
 
-def test_binding_checks_input_before_out(norm_binding):
-    # A CPU input beside an out of another shape, as an op would allocate beside it: the input's fault.
-    x, w = torch.randn(4, 8), torch.randn(8)
-    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
-        norm_binding.rmsnorm(torch.empty(2, 2), x, w, 1e-6, False, -1)
-    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
-        norm_binding.layernorm(torch.empty(2, 2), x, w, w, 1e-6, -1)
-    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
-        norm_binding.fused_add_rmsnorm(x, torch.empty(2, 2), w, 1e-6, False, -1)
+# Shapes, dtypes, layouts and values before devices, inputs before outputs: on CPU tensors.
+def _random_bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+BINDING_ERRORS = [
+    (lambda b, x, w, out: b.rmsnorm(out, x.float(), w, 1e-6, False, -1), TypeError, "Expected weight and input to have the same dtype"),
+    (lambda b, x, w, out: b.rmsnorm(out, x.int(), w.int(), 1e-6, False, -1), TypeError, "Expected input to have dtype float32, float16 or bfloat16, got int32"),
+    (lambda b, x, w, out: b.rmsnorm(out.float(), x, w, 1e-6, False, -1), TypeError, "Expected out and input to have the same dtype"),
+    (lambda b, x, w, out: b.rmsnorm(out[:2], x, w, 1e-6, False, -1), ValueError, "Expected out and input to have the same shape"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w, -1.0, False, -1), ValueError, "Expected eps to be finite and non-negative"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w, float("nan"), False, -1), ValueError, "Expected eps to be finite and non-negative"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w, 1e-6, False, 3), ValueError, "Expected enable_pdl to be -1"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w[::2], 1e-6, False, -1), ValueError, r"Expected weight to have shape \[8\]"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, _random_bf16(16)[::2], 1e-6, False, -1), ValueError, "Expected weight to be contiguous"),
+    (lambda b, x, w, out: b.rmsnorm(out, x.t(), w, 1e-6, False, -1), ValueError, "Expected the last dimension of input to be contiguous"),
+    (lambda b, x, w, out: b.rmsnorm(out, x[0], w, 1e-6, False, -1), ValueError, "Expected input to have 2 or 3 dimensions"),
+    (lambda b, x, w, out: b.fused_add_rmsnorm(x, x.half(), w, 1e-6, False, -1), TypeError, "Expected residual and input to have the same dtype"),
+    (lambda b, x, w, out: b.fused_add_rmsnorm(x, x[:2], w, 1e-6, False, -1), ValueError, "Expected residual and input to have the same shape"),
+    (lambda b, x, w, out: b.layernorm(out, x, w.half(), w.half(), 1e-6, -1), TypeError, "Expected gemma and beta to be float32 or input's dtype"),
+    (lambda b, x, w, out: b.layernorm(out, x, w, w.float(), 1e-6, -1), TypeError, "Expected beta and gemma to have the same dtype"),
+    (lambda b, x, w, out: b.layernorm(out, x, w[:4], w, 1e-6, -1), ValueError, r"Expected gemma to have shape \[8\]"),
+    (lambda b, x, w, out: b.layernorm(out, x, w, w, 1e-6, -1), ValueError, "Expected input to be a CUDA tensor, got a tensor on cpu"),
+    (lambda b, x, w, out: b.fused_add_rmsnorm(x, torch.empty_like(x), w, 1e-6, True, -1), ValueError, "Expected input to be a CUDA tensor"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", BINDING_ERRORS)
+def test_binding_errors(norm_binding, call, error, message):
+    x, w = _random_bf16(4, 8), _random_bf16(8)
+    with pytest.raises(error, match=message):
+        call(norm_binding, x, w, torch.empty_like(x))
 
 
 @gpu
-def test_binding_errors(norm_binding):
+def test_binding_device_errors(norm_binding):
     x = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(8, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(x)
-    cases = [
-        (lambda: norm_binding.rmsnorm(out, x.float(), w, 1e-6, False, -1), TypeError, "Expected weight and input to have the same dtype"),
-        (lambda: norm_binding.rmsnorm(out, x.int(), w.int(), 1e-6, False, -1), TypeError, "Expected input to have dtype float32, float16 or bfloat16, got int32"),
-        (lambda: norm_binding.rmsnorm(out.cpu(), x, w, 1e-6, False, -1), ValueError, "Expected out to be a CUDA tensor"),
-        (lambda: norm_binding.rmsnorm(out.float(), x, w, 1e-6, False, -1), TypeError, "Expected out and input to have the same dtype"),
-        (lambda: norm_binding.rmsnorm(out, x, w, -1.0, False, -1), ValueError, "Expected eps to be non-negative"),
-        (lambda: norm_binding.rmsnorm(out, x, w, 1e-6, False, 3), ValueError, "Expected enable_pdl to be -1"),
-        (lambda: norm_binding.rmsnorm(out, x, w.cpu(), 1e-6, False, -1), ValueError, "Expected weight to be a CUDA tensor"),
-        (lambda: norm_binding.rmsnorm(out, x, w[::2], 1e-6, False, -1), ValueError, r"Expected weight to have shape \[8\]"),
-        (lambda: norm_binding.rmsnorm(out, x, torch.randn(16, device="cuda", dtype=torch.bfloat16)[::2], 1e-6, False, -1), ValueError, "Expected weight to be contiguous"),
-        (lambda: norm_binding.rmsnorm(out, x.t(), w, 1e-6, False, -1), ValueError, "Expected the last dimension of input to be contiguous"),
-        (lambda: norm_binding.fused_add_rmsnorm(x, x.half(), w, 1e-6, False, -1), TypeError, "Expected residual and input to have the same dtype"),
-        (lambda: norm_binding.fused_add_rmsnorm(x, x[:2], w, 1e-6, False, -1), ValueError, "Expected residual and input to have the same shape"),
-        (lambda: norm_binding.layernorm(out, x, w.int(), w.int(), 1e-6, -1), TypeError, "Expected gemma to be float32 or input's dtype"),
-        (lambda: norm_binding.layernorm(out, x, w, w.float(), 1e-6, -1), TypeError, "Expected beta and gemma to have the same dtype"),
-        (lambda: norm_binding.layernorm(out, x, w[:4], w, 1e-6, -1), ValueError, r"Expected gemma to have shape \[8\]"),
-    ]
-    for call, error, message in cases:
-        with pytest.raises(error, match=message):
-            call()
+    with pytest.raises(ValueError, match="Expected out to be a CUDA tensor, got a tensor on cpu"):
+        norm_binding.rmsnorm(torch.empty(4, 8, dtype=torch.bfloat16), x, w, 1e-6, False, -1)
+    with pytest.raises(ValueError, match="Expected weight to be a CUDA tensor, got a tensor on cpu"):
+        norm_binding.rmsnorm(torch.empty_like(x), x, w.cpu(), 1e-6, False, -1)
+    with pytest.raises(ValueError, match="Expected beta to be a CUDA tensor"):
+        norm_binding.layernorm(torch.empty_like(x), x, w, w.cpu(), 1e-6, -1)
 
 
 # ---- argument errors, without a GPU: fake CUDA tensors run the checks ----------------------------

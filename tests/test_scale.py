@@ -55,16 +55,34 @@ def binding():
     return tvm_ffi.load_module(path).scale
 
 
+# The binding checks shapes, dtypes and values before devices, inputs before outputs: these run on
+# CPU tensors.
+
+
+def test_binding_dtype_mismatch(binding):
+    with pytest.raises(TypeError, match="Expected out and input to have the same dtype, got float32 and float16"):
+        binding(torch.empty(8), torch.randn(8).half(), 2.0, -1)
+
+
+def test_binding_shape_mismatch(binding):
+    with pytest.raises(ValueError, match=r"Expected out and input to have the same shape, got \[4, 2\] and \[8\]"):
+        binding(torch.empty(4, 2), torch.randn(8), 2.0, -1)
+
+
+def test_binding_bad_values(binding):
+    with pytest.raises(TypeError, match="Expected input to have dtype float32, float16 or bfloat16, got int32"):
+        binding(torch.empty(8), torch.ones(8, dtype=torch.int32), 2.0, -1)
+    with pytest.raises(ValueError, match=r"Expected enable_pdl to be -1 \(where supported\), 0 or 1, got 2"):
+        binding(torch.empty(8), torch.randn(8), 2.0, 2)
+    with pytest.raises(ValueError, match="Expected input to be contiguous"):
+        binding(torch.empty(4, 4), torch.randn(4, 4).t(), 2.0, -1)
+
+
 def test_binding_cpu(binding):
+    # Shapes and dtypes right, so the device is what is refused: the input's, before the output's
+    # that an op allocates beside it.
     with pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
         binding(torch.empty(8), torch.randn(8), 2.0, -1)
-
-
-def test_binding_checks_input_before_out(binding):
-    # A CPU input beside an out of another dtype and shape (as an op would allocate beside it) is
-    # reported as the input's fault.
-    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor"):
-        binding(torch.empty(4, 2), torch.randn(8).half(), 2.0, -1)
 
 
 # ---- on the GPU --------------------------------------------------------------------------------
@@ -145,16 +163,9 @@ def test_bad_out():
 
 
 @gpu
-def test_binding_errors(binding):
-    x = torch.randn(8, device="cuda", dtype=torch.float16)
-    with pytest.raises(TypeError, match="Expected out and input to have the same dtype, got float32 and float16"):
-        binding(torch.empty(8, device="cuda"), x, 2.0, -1)
-    with pytest.raises(ValueError, match=r"Expected out and input to have the same shape, got \[4, 2\] and \[8\]"):
-        binding(torch.empty(4, 2, device="cuda", dtype=torch.float16), x, 2.0, -1)
-    with pytest.raises(TypeError, match="Expected input to have dtype float32, float16 or bfloat16, got int32"):
-        binding(torch.empty(8, device="cpu"), torch.ones(8, device="cuda", dtype=torch.int32), 2.0, -1)
-    with pytest.raises(ValueError, match="Expected enable_pdl to be -1 \\(where supported\\), 0 or 1, got 2"):
-        binding(torch.empty_like(x), x, 2.0, 2)
+def test_binding_out_off_the_gpu(binding):
+    with pytest.raises(ValueError, match="Expected out to be a CUDA tensor, got a tensor on cpu"):
+        binding(torch.empty(8, dtype=torch.float16), torch.randn(8, device="cuda", dtype=torch.float16), 2.0, -1)
 
 
 @gpu

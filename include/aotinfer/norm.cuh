@@ -3,17 +3,17 @@
 // once, and weights come from L2.
 //
 // NormKernel serves the three, a block per row (or per few short rows). A row belongs to
-// blockDim.x threads, 128 where the row is long enough (blockDim.y rows share a block when rows
-// are short); each thread keeps kItems vectors of kVec elements of its row in registers between
-// the reduction and the output. Small blocks with several vectors per thread keep many rows, and
-// so many bytes, in flight on each SM while others wait at their reduction (benchmarks/NOTES.md).
-// kPrefetchWeights loads the weights beside the row, before the reduction, for small batches where
-// latency counts; otherwise they come after, from L1 mostly, since every row of an SM reads the
-// same ones. kItems == 0 is the fallback for rows too long for registers: it reads the row again
-// for each pass.
+// blockDim.x threads (blockDim.y rows share a block when rows are short); each thread keeps kItems
+// vectors of kVec elements of its row in registers between the reduction and the output. For
+// large batches, rows of 128 threads with several vectors each keep many rows, and so many bytes,
+// in flight on each SM while others wait at their reduction; small batches, bound by latency,
+// spread a row over more threads (NormItems; benchmarks/NOTES.md). kPrefetchWeights loads the
+// weights beside the row, before the reduction, for small batches; otherwise they come after, from
+// L1 mostly, since every row of an SM reads the same ones. kItems == 0 is the fallback for rows
+// too long for registers: it reads the row again for each pass.
 // NormStagedKernel serves RMSNorm and LayerNorm over large batches on a short grid: blocks that
 // stay resident walk the rows, weights in registers, rows staged through shared memory (see
-// there; Norm() at the end chooses).
+// there). Norm() at the end chooses: the staged kernel where it applies, else NormKernel.
 // LayerNorm sums the values and their squares in the same reduction. Accumulation is in float.
 // The fused add normalizes input + residual as summed in float (as FlashInfer does) and rounds
 // only the residual it writes back, so its output has one rounding, like the others'.
@@ -204,6 +204,11 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     });
   }
   ForEachSlot<kItems>(num_vecs, accumulate);
+  // The next kernel may launch after pass 1, or at the end where a thread has one vector: under
+  // graph replay at decode sizes that is 0.05-0.1 us less a call for rows of one vector a thread
+  // and 0.03-0.07 us more for rows of four (benchmarks/NOTES.md); bandwidth is the same.
+  constexpr bool kTriggerAtEnd = kItems == 1;
+  if constexpr (!kTriggerAtEnd) AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
   const RowNorm norm = FinishRow<kKind>(totals, pivot, p.hidden, p.eps);
 
@@ -220,9 +225,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
       NormalizeVec<kKind, T>(x[slot], w[slot], b[slot], norm, p.weight_offset).store_unsplit(out + j * kVec);
     }
   });
-  // At the end rather than after pass 1: 0.05-0.1 us less a call under graph replay at decode
-  // sizes, the same bandwidth (benchmarks/NOTES.md).
-  AllowDependentGrids();
+  if constexpr (kTriggerAtEnd) AllowDependentGrids();
 }
 
 // RMSNorm and LayerNorm over many rows, with rows staged through shared memory. A grid that fills

@@ -5,8 +5,8 @@
 // where more vectors per thread or a grid-stride loop lost 4-10% (benchmarks/NOTES.md). The
 // vector body starts `head` elements in, where both pointers are 16-byte aligned; block 0 does
 // that scalar head and the tail that fills no whole vector. Pointers that cannot both be aligned
-// at one offset take the same kernel with 1-element vectors. PDL as in launch.cuh: each block
-// waits for the grids before it and lets the next one launch once its load is issued.
+// at one offset take the same kernel with 1-element vectors. Launched through Launch() with PDL
+// where asked, like the other kernels (see ScaleKernel for where it triggers).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,13 +26,14 @@ __global__ void __launch_bounds__(kScaleThreads)
     ScaleKernel(T* out, const T* in, float factor, int64_t n, int64_t head) {
   const int64_t num_vecs = (n - head) / kVecSize;
   const int64_t i = int64_t(blockIdx.x) * kScaleThreads + threadIdx.x;  // vector index
+  // Waits for the grids before it, but never calls AllowDependentGrids(): in this kernel of many
+  // small blocks the instruction, wherever it sits and with PDL or without, cost a fifth of the
+  // bandwidth (0.80 of a copy against 1.00; benchmarks/NOTES.md). The next kernel launches as
+  // this one's blocks exit.
   WaitForPriorGrids();
-  Vec<T, kVecSize> v;
-  if (i < num_vecs) v.load(in + head + i * kVecSize);
-  // After the load, as in the gated activations: at the end of each of the many small blocks, the
-  // trigger cost a fifth of the bandwidth (benchmarks/NOTES.md).
-  AllowDependentGrids();
   if (i < num_vecs) {
+    Vec<T, kVecSize> v;
+    v.load(in + head + i * kVecSize);
 #pragma unroll
     for (int j = 0; j < kVecSize; ++j) v[j] = from_float<T>(to_float(v[j]) * factor);
     v.store(out + head + i * kVecSize);
