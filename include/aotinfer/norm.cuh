@@ -204,10 +204,9 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
     });
   }
   ForEachSlot<kItems>(num_vecs, accumulate);
-  // The next kernel may launch after pass 1, or at the end where a thread has one vector: under
-  // graph replay at decode sizes that is 0.05-0.1 us less a call for rows of one vector a thread
-  // and 0.03-0.07 us more for rows of four (benchmarks/NOTES.md); bandwidth is the same.
-  constexpr bool kTriggerAtEnd = kItems == 1;
+  // The next kernel may launch at the end, not after pass 1: under graph replay at decode sizes
+  // that is 0.05-0.25 us less a call; bandwidth is the same (benchmarks/NOTES.md).
+  constexpr bool kTriggerAtEnd = true;
   if constexpr (!kTriggerAtEnd) AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
   const RowNorm norm = FinishRow<kKind>(totals, pivot, p.hidden, p.eps);
