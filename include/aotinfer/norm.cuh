@@ -205,7 +205,8 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   }
   ForEachSlot<kItems>(num_vecs, accumulate);
   // The next kernel may launch at the end, not after pass 1: under graph replay at decode sizes
-  // that is 0.05-0.25 us less a call; bandwidth is the same (benchmarks/NOTES.md).
+  // that is up to 0.25 us less a call, and never more; bandwidth is the same (benchmarks/NOTES.md;
+  // norm_decode_variants.cu compares the two by building against a copy with this set to false).
   constexpr bool kTriggerAtEnd = true;
   if constexpr (!kTriggerAtEnd) AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
@@ -334,13 +335,11 @@ cudaError_t DispatchNormItems(int items, bool prefetch, F&& f) {
 // Vectors a thread of NormKernel for rows of num_vecs vectors (0: the row streams). Large batches
 // are bound by bandwidth: 128 threads a row with 1, 2 or 4 vectors each, longer rows up to 512
 // threads of 4 vectors, then of 8, keep many rows in flight on each SM while others wait at their
-// reduction. Small batches of RMSNorm and the fused add are bound by latency: the fewest vectors a
-// thread that keep a row within kNormCachedThreads threads (LayerNorm, which also loads beta,
-// was not faster so; benchmarks/NOTES.md).
-template <NormKind kKind>
-int NormItems(int64_t num_vecs, int64_t num_rows) {
+// reduction. Small batches are bound by latency: the fewest vectors a thread that keep a row
+// within kNormCachedThreads threads (benchmarks/NOTES.md).
+inline int NormItems(int64_t num_vecs, int64_t num_rows) {
   int items = 1;
-  if (kKind != NormKind::kLayer && num_rows <= kNormLatencyRows) {
+  if (num_rows <= kNormLatencyRows) {
     while (items < 4 && num_vecs > int64_t(items) * kNormCachedThreads) items *= 2;
   } else {
     while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
@@ -354,7 +353,7 @@ int NormItems(int64_t num_vecs, int64_t num_rows) {
 template <NormKind kKind, typename T, typename W, int kVec>
 cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
   const int64_t num_vecs = p.hidden / kVec;
-  const int items = NormItems<kKind>(num_vecs, p.num_rows);
+  const int items = NormItems(num_vecs, p.num_rows);
   int64_t threads = items ? (num_vecs + items - 1) / items : kNormStreamThreads;
   threads = threads < 32 ? 32 : (threads + 31) / 32 * 32;
   const int rows_per_block = threads <= 64 ? int(128 / threads) : 1;
