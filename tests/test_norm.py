@@ -116,16 +116,18 @@ def assert_one_rounding(got, want, dtype):
     assert worst <= 1.0, f"error {worst:.3f} times the one-rounding bound (max abs error {error.max().item():.3g})"
 
 
-# 40960: a 16-bit row too long for registers, vectorized (the streamed kernel with 16-byte vectors).
+# 40 rows (weights beside the row, a row over up to 512 threads) and 600 (the large-batch shapes);
+# 20481 and 40960: rows too long for registers, streamed (40960: with 16-byte vectors).
+ONE_ROUNDING_SIZES = [(tokens, hidden) for tokens in (40, 600) for hidden in (96, 111, 4095, 4096, 8192)]
+ONE_ROUNDING_SIZES += [(40, 20481), (40, 40960)]
+
+
 @gpu
 @pytest.mark.parametrize("gemma", [False, True], ids=["fused_add_rmsnorm", "gemma_fused_add_rmsnorm"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("hidden", [96, 111, 4095, 4096, 8192, 20481, 40960])
-@pytest.mark.parametrize("tokens", [40, 600])
+@pytest.mark.parametrize("tokens, hidden", ONE_ROUNDING_SIZES, ids=[f"{t}-{h}" for t, h in ONE_ROUNDING_SIZES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_fused_add_rmsnorm_one_rounding(gemma, layout, hidden, tokens, dtype):
-    if hidden >= 20481 and tokens > 40:
-        pytest.skip("one batch size is enough for streamed rows")
+def test_fused_add_rmsnorm_one_rounding(gemma, layout, tokens, hidden, dtype):
     op = aotinfer.gemma_fused_add_rmsnorm if gemma else aotinfer.fused_add_rmsnorm
     x, residual = make_rows(layout, hidden, dtype, tokens), make_rows(layout, hidden, dtype, tokens)
     weight = torch.randn(hidden, device="cuda", dtype=dtype)
