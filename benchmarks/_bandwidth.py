@@ -1,4 +1,19 @@
-"""Helpers shared by the bandwidth benchmarks: one timed row, and per-op latency under graph replay."""
+"""Helpers shared by the bandwidth benchmarks: one timed row, the streaming limit, and per-op latency
+under graph replay.
+
+Each row shows ours beside two baselines timed in the same run: torch's copy_ of the same bytes,
+and the streaming limit, benchmarks/streaming.cu's kernel reading and writing the same bytes in
+the op's read:write proportion (a gated activation reads 2 units and writes 1) at the fastest of
+its configurations. copy_ is not the ceiling: two streams read and one written is friendlier to
+HBM than one read and one written. The streaming kernel is compiled with nvcc at the first row
+(a few seconds) and called through ctypes; without nvcc its column reads n/a.
+"""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
 
 import torch
 
@@ -19,16 +34,85 @@ def same_size_copy(nbytes):
     return gbps(nbytes, t)
 
 
-def bandwidth_row(label, ours, torch_fn, nbytes, copy_bw):
-    """Time ours and torch's version of one case beside a copy of the same bytes; print GB/s and
-    ratios to that copy (and to copy_bw, the large copy of the run). Returns ours / same-size copy."""
+_streaming = {}  # "lib": the ctypes library of streaming.cu, or None once it could not be built
+_limits = {}  # (nbytes, reads, writes) -> GB/s, measured once a run
+
+
+def _streaming_lib():
+    if "lib" in _streaming:
+        return _streaming["lib"]
+    lib = None
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    if nvcc is None:
+        print("  (streaming limit: no nvcc on PATH; its column reads n/a)")
+    else:
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"{major}{minor}{'a' if major >= 9 else ''}"
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "streaming.cu")
+        target = os.path.join(tempfile.mkdtemp(prefix="aotinfer-bench-"), "streaming.so")
+        command = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                   source, "-o", target]
+        built = subprocess.run(command, capture_output=True, text=True)
+        if built.returncode != 0:
+            print(f"  (streaming limit: nvcc failed; its column reads n/a)\n{built.stderr}")
+        else:
+            lib = ctypes.CDLL(target)
+            lib.streaming_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                          ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+            lib.streaming_config.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    _streaming["lib"] = lib
+    return lib
+
+
+def streaming_limit(nbytes, reads, writes):
+    """GB/s of streaming.cu's kernel reading `reads` streams and writing `writes` streams, nbytes in
+    all (each stream nbytes / (reads + writes), rounded down to 16 bytes), at its fastest
+    configuration; each configuration checked once. None without the kernel."""
+    lib = _streaming_lib()
+    if lib is None:
+        return None
+    if (nbytes, reads, writes) in _limits:
+        return _limits[nbytes, reads, writes]
+    per_stream = nbytes // (reads + writes) // 16 * 16
+    src = [torch.randint(-2**31, 2**31 - 1, (per_stream // 4,), dtype=torch.int32, device="cuda") for _ in range(reads)]
+    dst = [torch.empty_like(src[0]) for _ in range(writes)]
+    read_ptrs = (ctypes.c_void_p * reads)(*[t.data_ptr() for t in src])
+    write_ptrs = (ctypes.c_void_p * writes)(*[t.data_ptr() for t in dst])
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    want = src[0] if reads == 1 else torch.bitwise_xor(src[0], src[1])
+
+    def run(config):
+        status = lib.streaming_run(read_ptrs, reads, write_ptrs, writes, per_stream // 16, config, stream)
+        if status != 0:
+            raise RuntimeError(f"streaming kernel, configuration {config}: CUDA error {status}")
+
+    best = 0.0
+    for config in range(lib.streaming_num_configs()):
+        for t in dst:
+            t.fill_(0)
+        run(config)
+        assert all(torch.equal(t, want) for t in dst), f"streaming kernel, configuration {config}, is wrong: not timing it"
+        t, _ = bench_gpu_time(run, args=(config,))
+        best = max(best, gbps(per_stream * (reads + writes), t))
+    _limits[nbytes, reads, writes] = best
+    return best
+
+
+def bandwidth_row(label, ours, torch_fn, nbytes, copy_bw, streams):
+    """Time ours and torch's version of one case beside a copy of the same bytes and the streaming
+    limit of streams = (reads, writes); print GB/s and ratios: ours / copy, ours / limit, torch /
+    copy (in parentheses, to copy_bw, the large copy of the run). Returns (ours / copy, ours / limit)."""
     t_ours, _ = bench_gpu_time(ours)
     t_torch, _ = bench_gpu_time(torch_fn)
     same = same_size_copy(nbytes)
-    ratio, torch_ratio = gbps(nbytes, t_ours) / same, gbps(nbytes, t_torch) / same
-    print(f"  {label:<32} {t_ours * 1e6:8.1f} us {gbps(nbytes, t_ours):6.0f} GB/s  copy {same:5.0f}"
-          f"  {ratio:6.3f} ({gbps(nbytes, t_ours) / copy_bw:5.3f})   torch {torch_ratio:6.3f} ({gbps(nbytes, t_torch) / copy_bw:5.3f})")
-    return ratio
+    limit = streaming_limit(nbytes, *streams)
+    ours_bw = gbps(nbytes, t_ours)
+    ratio, torch_ratio = ours_bw / same, gbps(nbytes, t_torch) / same
+    limit_ratio = ours_bw / limit if limit else float("nan")
+    limit_text = f"{limit:5.0f}" if limit else "  n/a"
+    print(f"  {label:<32} {t_ours * 1e6:8.1f} us {ours_bw:6.0f} GB/s  copy {same:5.0f} limit {limit_text}"
+          f"  {ratio:6.3f} {limit_ratio:6.3f} ({ours_bw / copy_bw:5.3f})   torch {torch_ratio:6.3f}")
+    return ratio, limit_ratio
 
 
 def graph_latency(fn):
@@ -51,5 +135,7 @@ def start(dtype):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}, {dtype}")
     bw = copy_bandwidth() / 1e9
     print(f"device-to-device copy bandwidth, this run: {bw:.0f} GB/s (bytes read + written)")
-    print("\nbandwidth: ours, then eager torch, as ratios to a copy of the same bytes (to the 1 GiB copy)")
+    print("\nbandwidth: ours as ratios to torch's copy_ of the same bytes, to the streaming limit (and to the 1 GiB"
+          " copy); eager torch to the same copy_")
+    print(f"  {'case':<32} {'time':>11} {'ours':>11}  {'copy_ GB/s':>10} {'limit GB/s':>10}  {'/copy':>6} {'/limit':>6}")
     return bw

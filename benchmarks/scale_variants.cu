@@ -1,5 +1,5 @@
 // Design experiment for include/aotinfer/scale.cuh: which access pattern reaches the copy
-// bandwidth. Each variant computes out = in * factor over n elements; all are checked against a
+// bandwidth, and (issue 13) where the PDL trigger goes. Each variant computes out = in * factor over n elements; all are checked against a
 // host reference, then timed (cuda_timer.cuh: CUDA events, median of 50 after 10 warm-ups) beside
 // cudaMemcpyAsync device-to-device of the same bytes. Results: benchmarks/NOTES.md.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include benchmarks/scale_variants.cu
@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "aotinfer/scale.cuh"
@@ -78,8 +79,22 @@ __global__ void __launch_bounds__(kThreads) GridStride(uint4* out, const uint4* 
   }
 }
 
+// PDL placement (issue 13): 128 x 1 vector, launched with the PDL attribute, waiting for the
+// grids before it at the top and letting the next launch after the load (kTrigger 1), at the end
+// (2), or never (0, which leaves it to the block's exit).
+template <typename T, int kTrigger>
+__global__ void __launch_bounds__(128) Pdl(uint4* out, const uint4* in, float f, int32_t nv) {
+  const int32_t i = int32_t(blockIdx.x) * 128 + threadIdx.x;
+  WaitForPriorGrids();
+  uint4 v;
+  if (i < nv) v = in[i];
+  if (kTrigger == 1) AllowDependentGrids();
+  if (i < nv) out[i] = scale16<T>(v, f);
+  if (kTrigger == 2) AllowDependentGrids();
+}
+
 template <typename T>
-void run(const char* dtype, size_t bytes, int sms) {
+void run(const char* dtype, size_t bytes, int sms, bool pdl_only) {
   const size_t n = bytes / sizeof(T), nv = bytes / 16;
   std::vector<T> h(n);
   srand(1);
@@ -113,7 +128,18 @@ void run(const char* dtype, size_t bytes, int sms) {
     const size_t per = size_t(THREADS) * UNROLL;                                                  \
     OneShot<T, THREADS, UNROLL, HINT, INDEX><<<(nv + per - 1) / per, THREADS>>>(u_out, u_in, f, INDEX(nv)); \
   })
-  report("shipped aotinfer::Scale", [&] { CHECK(Scale<T>(out, in, f, int64_t(n), nullptr)); });
+  report("shipped aotinfer::Scale, PDL", [&] { CHECK(Scale<T>(out, in, f, int64_t(n), nullptr, true)); });
+  report("shipped aotinfer::Scale, no PDL", [&] { CHECK(Scale<T>(out, in, f, int64_t(n), nullptr, false)); });
+  const unsigned blocks = unsigned((nv + 127) / 128);
+  report("PDL, trigger after the load", [&] { CHECK(Launch(Pdl<T, 1>, dim3(blocks), dim3(128), nullptr, true, u_out, u_in, f, int32_t(nv))); });
+  report("PDL, trigger at the end", [&] { CHECK(Launch(Pdl<T, 2>, dim3(blocks), dim3(128), nullptr, true, u_out, u_in, f, int32_t(nv))); });
+  report("PDL, no trigger", [&] { CHECK(Launch(Pdl<T, 0>, dim3(blocks), dim3(128), nullptr, true, u_out, u_in, f, int32_t(nv))); });
+  report("no PDL, trigger at the end", [&] { CHECK(Launch(Pdl<T, 2>, dim3(blocks), dim3(128), nullptr, false, u_out, u_in, f, int32_t(nv))); });
+  if (pdl_only) {
+    CHECK(cudaFree(in));
+    CHECK(cudaFree(out));
+    return;
+  }
   ONESHOT(256, 4, kPlain, int64_t);
   ONESHOT(256, 4, kPlain, int32_t);
   ONESHOT(128, 1, kPlain, int32_t);
@@ -137,11 +163,13 @@ void run(const char* dtype, size_t bytes, int sms) {
   CHECK(cudaFree(out));
 }
 
-int main() {
+// With the argument "pdl", only the shipped kernel and the PDL placements.
+int main(int argc, char** argv) {
+  const bool pdl_only = argc > 1 && std::string(argv[1]) == "pdl";
   int sms;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   for (size_t mib : {256, 1024}) {
-    run<half>("float16", mib << 20, sms);
-    run<float>("float32", mib << 20, sms);
+    run<half>("float16", mib << 20, sms, pdl_only);
+    run<float>("float32", mib << 20, sms, pdl_only);
   }
 }

@@ -2,8 +2,14 @@
 // naming the argument, dtype dispatch to C++ types, the caller's stream, and a device guard.
 //
 // A binding does four things in order: validate, guard the device, get the stream, dispatch and
-// launch (see csrc/scale.cu). The stream is never a Python argument: tvm-ffi sets it, per call,
-// to torch's current stream on the tensors' device.
+// launch (see csrc/scale.cu). Validation names each argument as the Python op does. It checks
+// shapes, dtypes, layouts and scalars first, the inputs before the outputs (which the op may have
+// allocated beside a faulty input), and devices last (CheckOnOneGpu), so that a CPU tensor of the
+// wrong shape is reported for its shape and tests without a GPU reach every check. One error
+// class a fault: TypeError for a wrong dtype; ValueError for a wrong shape, a layout that is not
+// contiguous, overlapping tensors, a bad value, a tensor off the GPU or on another device. The
+// stream is never a Python argument: tvm-ffi sets it, per call, to torch's current stream on the
+// tensors' device.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,9 +23,11 @@
 #include <tvm/ffi/extra/cuda/device_guard.h>
 #include <tvm/ffi/function.h>
 
-#include <sstream>
 #include <algorithm>
+#include <initializer_list>
+#include <sstream>
 #include <string>
+#include <utility>
 
 using tvm::ffi::TensorView;
 
@@ -122,64 +130,90 @@ inline uint32_t DtypeKey(DLDataType dtype) {
 
 }  // namespace aotinfer
 
-#define CHECK_CUDA(x)                                                                        \
-  do {                                                                                       \
-    if ((x).device().device_type != kDLCUDA) {                                               \
-      TVM_FFI_THROW(ValueError) << "Expected " #x " to be a CUDA tensor, got a tensor on "   \
-                                << ::aotinfer::DeviceString((x).device());                   \
-    }                                                                                        \
-  } while (0)
+// Argument checks. Each function names the argument `name`; each CHECK_ macro calls it with the
+// argument's own name, the text of the expression.
+namespace aotinfer {
 
-#define CHECK_CONTIGUOUS(x)                                                                   \
-  do {                                                                                        \
-    if (!(x).IsContiguous()) {                                                                \
-      TVM_FFI_THROW(ValueError) << "Expected " #x " to be contiguous, got shape "             \
-                                << ::aotinfer::ShapeString((x).shape()) << " with strides "   \
-                                << ::aotinfer::ShapeString((x).strides());                    \
-    }                                                                                         \
-  } while (0)
+inline void CheckCuda(const TensorView& x, const char* name) {
+  if (x.device().device_type != kDLCUDA) {
+    TVM_FFI_THROW(ValueError) << "Expected " << name << " to be a CUDA tensor, got a tensor on "
+                              << DeviceString(x.device());
+  }
+}
 
-#define CHECK_INPUT(x) \
-  do {                 \
-    CHECK_CUDA(x);     \
-    CHECK_CONTIGUOUS(x); \
-  } while (0)
+inline void CheckContiguous(const TensorView& x, const char* name) {
+  if (!x.IsContiguous()) {
+    TVM_FFI_THROW(ValueError) << "Expected " << name << " to be contiguous, got shape " << ShapeString(x.shape())
+                              << " with strides " << ShapeString(x.strides());
+  }
+}
 
-#define CHECK_DIM(d, x)                                                                      \
-  do {                                                                                       \
-    if ((x).ndim() != (d)) {                                                                 \
-      TVM_FFI_THROW(ValueError) << "Expected " #x " to have " << (d) << " dimensions, got "  \
-                                << (x).ndim() << " (shape "                                  \
-                                << ::aotinfer::ShapeString((x).shape()) << ")";              \
-    }                                                                                        \
-  } while (0)
+inline void CheckDim(int64_t ndim, const TensorView& x, const char* name) {
+  if (x.ndim() != ndim) {
+    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have " << ndim << " dimensions, got " << x.ndim()
+                              << " (shape " << ShapeString(x.shape()) << ")";
+  }
+}
 
-#define CHECK_SHAPE(a, b)                                                                   \
-  do {                                                                                      \
-    if (!::aotinfer::SameShape((a).shape(), (b).shape())) {                                                       \
-      TVM_FFI_THROW(ValueError) << "Expected " #a " and " #b " to have the same shape, got " \
-                                << ::aotinfer::ShapeString((a).shape()) << " and "          \
-                                << ::aotinfer::ShapeString((b).shape());                    \
-    }                                                                                       \
-  } while (0)
+inline void CheckSameShape(const TensorView& a, const TensorView& b, const char* name_a, const char* name_b) {
+  if (!SameShape(a.shape(), b.shape())) {
+    TVM_FFI_THROW(ValueError) << "Expected " << name_a << " and " << name_b << " to have the same shape, got "
+                              << ShapeString(a.shape()) << " and " << ShapeString(b.shape());
+  }
+}
 
-#define CHECK_DEVICE(a, b)                                                                     \
-  do {                                                                                         \
-    if ((a).device().device_type != (b).device().device_type ||                                \
-        (a).device().device_id != (b).device().device_id) {                                    \
-      TVM_FFI_THROW(ValueError) << "Expected " #a " and " #b " on the same device, got "       \
-                                << ::aotinfer::DeviceString((a).device()) << " and "           \
-                                << ::aotinfer::DeviceString((b).device());                     \
-    }                                                                                          \
-  } while (0)
+inline void CheckSameDevice(const TensorView& a, const TensorView& b, const char* name_a, const char* name_b) {
+  if (a.device().device_type != b.device().device_type || a.device().device_id != b.device().device_id) {
+    TVM_FFI_THROW(ValueError) << "Expected " << name_a << " and " << name_b << " on the same device, got "
+                              << DeviceString(a.device()) << " and " << DeviceString(b.device());
+  }
+}
 
-#define CHECK_SAME_DTYPE(a, b)                                                                \
-  do {                                                                                        \
-    if ((a).dtype() != (b).dtype()) {                                                         \
-      TVM_FFI_THROW(TypeError) << "Expected " #a " and " #b " to have the same dtype, got "   \
-                               << (a).dtype() << " and " << (b).dtype();                      \
-    }                                                                                         \
-  } while (0)
+inline void CheckSameDtype(const TensorView& a, const TensorView& b, const char* name_a, const char* name_b) {
+  if (a.dtype() != b.dtype()) {
+    TVM_FFI_THROW(TypeError) << "Expected " << name_a << " and " << name_b << " to have the same dtype, got "
+                             << a.dtype() << " and " << b.dtype();
+  }
+}
+
+// The dtypes of DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16, checked ahead of the dispatch so that an
+// input's dtype is reported before any fault of an output.
+inline void CheckDtypeFp32Fp16(const TensorView& x, const char* name) {
+  switch (DtypeKey(x.dtype())) {
+    case DtypeKey(kDLFloat, 32):
+    case DtypeKey(kDLFloat, 16):
+    case DtypeKey(kDLBfloat, 16):
+      return;
+    default:
+      TVM_FFI_THROW(TypeError) << "Expected " << name << " to have dtype float32, float16 or bfloat16, got "
+                               << x.dtype();
+  }
+}
+
+// enable_pdl: -1 (where the device supports it), 0 (off) or 1 (on).
+inline void CheckEnablePdl(int64_t enable_pdl) {
+  if (enable_pdl < -1 || enable_pdl > 1) {
+    TVM_FFI_THROW(ValueError) << "Expected enable_pdl to be -1 (where supported), 0 or 1, got " << enable_pdl;
+  }
+}
+
+// The last check: every tensor on a CUDA device, each on the first one's. Tensors are named in
+// the order given, inputs first.
+inline void CheckOnOneGpu(std::initializer_list<std::pair<const TensorView&, const char*>> tensors) {
+  for (const auto& [tensor, name] : tensors) CheckCuda(tensor, name);
+  const auto& [first, first_name] = *tensors.begin();
+  for (const auto& [tensor, name] : tensors) CheckSameDevice(tensor, first, name, first_name);
+}
+
+}  // namespace aotinfer
+
+#define CHECK_CUDA(x) ::aotinfer::CheckCuda(x, #x)
+#define CHECK_CONTIGUOUS(x) ::aotinfer::CheckContiguous(x, #x)
+#define CHECK_DIM(d, x) ::aotinfer::CheckDim(d, x, #x)
+#define CHECK_SHAPE(a, b) ::aotinfer::CheckSameShape(a, b, #a, #b)
+#define CHECK_DEVICE(a, b) ::aotinfer::CheckSameDevice(a, b, #a, #b)
+#define CHECK_SAME_DTYPE(a, b) ::aotinfer::CheckSameDtype(a, b, #a, #b)
+#define CHECK_DTYPE_FP32_FP16(x) ::aotinfer::CheckDtypeFp32Fp16(x, #x)
 
 // Turns a launcher's cudaError_t into an exception that names the op.
 #define CHECK_LAUNCH(status, op)                                                     \

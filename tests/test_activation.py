@@ -97,6 +97,37 @@ def test_cuda_graph_capture():
 # ---- argument errors, without a GPU -------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def bindings():
+    import os
+
+    import tvm_ffi
+
+    from aotinfer import _loader
+
+    builds = _loader.module_entry("activation")["builds"]
+    return tvm_ffi.load_module(os.path.join(_loader.OPS_DIR, next(iter(builds.values()))["file"]))
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_binding_errors(bindings, name):
+    # Shapes, dtypes and values before devices, the input before the output: on CPU tensors.
+    binding = getattr(bindings, name)
+    bf16 = dict(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="last dimension of input to be even"):
+        binding(torch.empty(4, 4, **bf16), torch.empty(4, 7, **bf16), -1)
+    with pytest.raises(ValueError, match=r"Expected out to have shape \[4, 8\] with the last dimension halved, got \[4, 8\]"):
+        binding(torch.empty(4, 8, **bf16), torch.empty(4, 8, **bf16), -1)
+    with pytest.raises(TypeError, match="Expected out and input to have the same dtype"):
+        binding(torch.empty(4, 4, dtype=torch.float16), torch.empty(4, 8, **bf16), -1)
+    with pytest.raises(TypeError, match="Expected input to have dtype float32, float16 or bfloat16, got int32"):
+        binding(torch.empty(4, 4, **bf16), torch.ones(4, 8, dtype=torch.int32), -1)
+    with pytest.raises(ValueError, match="Expected enable_pdl to be -1"):
+        binding(torch.empty(4, 4, **bf16), torch.empty(4, 8, **bf16), 5)
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
+        binding(torch.empty(4, 4, **bf16), torch.empty(4, 8, **bf16), -1)
+
+
 @pytest.mark.parametrize("op", [op for op, _ in OPS], ids=IDS)
 def test_errors(op):
     # The binding checks shapes and dtypes before it refuses the CPU, so all of them show here.

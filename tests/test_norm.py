@@ -91,6 +91,53 @@ def test_fused_add_rmsnorm(gemma, layout, hidden, dtype):
     close(x, want_out, dtype)
 
 
+# The fused add normalizes input + residual as summed in float32 and rounds once, on the way out:
+# every output within half a unit in the last place (of its dtype, at the float32-sum reference)
+# plus 1e-5 relative for the kernel's own float arithmetic. Normalizing the residual rounded to
+# the dtype first (the old behaviour) adds up to half an ulp of the input's rounding and fails
+# this bound in 16-bit dtypes. The residual must be the float32 sum rounded, bit for bit.
+MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23}
+MIN_EXPONENT = {torch.float16: -14, torch.bfloat16: -126, torch.float32: -126}
+
+
+def ulp(want, dtype):
+    """The spacing of dtype's values at each element of want (float64)."""
+    _, exponent = torch.frexp(want)  # want = m * 2**exponent, 0.5 <= |m| < 1
+    exponent = torch.clamp(exponent - 1, min=MIN_EXPONENT[dtype])
+    return torch.pow(2.0, (exponent - MANTISSA_BITS[dtype]).double())
+
+
+def assert_one_rounding(got, want, dtype):
+    assert not got.isnan().any(), "some outputs were not written"
+    error = (got.double() - want).abs()
+    bound = 0.5 * ulp(want, dtype) + 1e-5 * want.abs() + 1e-30
+    worst = (error / bound).max().item()
+    assert worst <= 1.0, f"error {worst:.3f} times the one-rounding bound (max abs error {error.max().item():.3g})"
+
+
+# 40 rows (weights beside the row, a row over up to 512 threads) and 600 (the large-batch shapes);
+# 20481 and 40960: rows too long for registers, streamed (40960: with 16-byte vectors).
+ONE_ROUNDING_SIZES = [(tokens, hidden) for tokens in (40, 600) for hidden in (96, 111, 4095, 4096, 8192)]
+ONE_ROUNDING_SIZES += [(40, 20481), (40, 40960)]
+
+
+@gpu
+@pytest.mark.parametrize("gemma", [False, True], ids=["fused_add_rmsnorm", "gemma_fused_add_rmsnorm"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tokens, hidden", ONE_ROUNDING_SIZES, ids=[f"{t}-{h}" for t, h in ONE_ROUNDING_SIZES])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_add_rmsnorm_one_rounding(gemma, layout, tokens, hidden, dtype):
+    op = aotinfer.gemma_fused_add_rmsnorm if gemma else aotinfer.fused_add_rmsnorm
+    x, residual = make_rows(layout, hidden, dtype, tokens), make_rows(layout, hidden, dtype, tokens)
+    weight = torch.randn(hidden, device="cuda", dtype=dtype)
+    total = x.float() + residual.float()  # float32, as the kernel sums
+    want_out = rms_reference(total, weight, 1e-6, 1.0 if gemma else 0.0)
+    want_residual = total.to(dtype)
+    op(x, residual, weight)
+    assert torch.equal(residual, want_residual), "the residual is not the float32 sum rounded"
+    assert_one_rounding(x, want_out, dtype)
+
+
 @gpu
 @pytest.mark.parametrize("weights", ["float32", "input"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -153,12 +200,14 @@ def launched(call):
 bf16 = dict(device="cuda", dtype=torch.bfloat16)
 w, w32 = torch.randn(4096, **bf16), torch.randn(4096, device="cuda")
 x = torch.randn(rows, 4096, **bf16)
+x8k, w8k = torch.randn(rows, 8192, **bf16), torch.randn(8192, device="cuda")  # 48 KB staged: past the default limit
 wide = torch.randn(rows, 4096 + 64, **bf16)[:, 32:4128]
 spaced = torch.randn(3, rows // 3 + 2, 4096, **bf16)[:, 1:-1]
 cases = {
     "rmsnorm": lambda: aotinfer.rmsnorm(x, w),
     "layernorm fp32 weights": lambda: aotinfer.layernorm(x, w32, w32),
     "layernorm bf16 weights": lambda: aotinfer.layernorm(x, w, w),
+    "layernorm fp32 weights, hidden 8192": lambda: aotinfer.layernorm(x8k, w8k, w8k),
     "strided 2-D rows": lambda: aotinfer.rmsnorm(wide, w),
     "3-D rows, unevenly spaced": lambda: aotinfer.rmsnorm(spaced, w),
     "512 rows": lambda: aotinfer.rmsnorm(x[:512], w),
@@ -177,7 +226,8 @@ def test_kernel_choice():
     chosen = dict(line.split(" = ") for line in out.stdout.splitlines())
     if not any(chosen.values()):
         pytest.skip("the profiler saw no kernels (another CUPTI client, e.g. compute-sanitizer)")
-    staged = {"rmsnorm", "layernorm fp32 weights", "layernorm bf16 weights", "strided 2-D rows"}
+    staged = {"rmsnorm", "layernorm fp32 weights", "layernorm bf16 weights", "layernorm fp32 weights, hidden 8192",
+              "strided 2-D rows"}
     assert chosen == {name: "NormStagedKernel" if name in staged else "NormKernel" for name in chosen}
 
 
@@ -202,11 +252,11 @@ def test_no_rows(shape):
 
 
 @gpu
-@pytest.mark.parametrize("rows, hidden", [(64, 4096), (64, 4095), (1500, 4096)])
+@pytest.mark.parametrize("rows, hidden", [(64, 4096), (64, 4095), (1500, 4096), (16, 40960)])
 def test_pdl_chain_matches_plain_chain(rows, hidden):
     # 40 dependent launches, each reading what the one before wrote: with PDL the kernels overlap
     # their starts, and a read before the wait would show as a different result. 1500 rows take
-    # the staged kernel for rmsnorm.
+    # the staged kernel for rmsnorm; rows of 40960 stream.
     x0 = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
     results = []
@@ -245,6 +295,67 @@ def test_cuda_graph_capture(rows, hidden):
         torch.cuda.synchronize()
         close(out, want_out, torch.bfloat16)
         close(x, want_x, torch.bfloat16)
+
+
+# ---- the bindings' own checks -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def norm_binding():
+    import os
+
+    import tvm_ffi
+
+    from aotinfer import _loader
+
+    builds = _loader.module_entry("norm")["builds"]
+    return tvm_ffi.load_module(os.path.join(_loader.OPS_DIR, next(iter(builds.values()))["file"]))
+
+
+# Shapes, dtypes, layouts and values before devices, inputs before outputs: on CPU tensors.
+def _random_bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+BINDING_ERRORS = [
+    (lambda b, x, w, out: b.rmsnorm(out, x.float(), w, 1e-6, False, -1), TypeError, "Expected weight and input to have the same dtype"),
+    (lambda b, x, w, out: b.rmsnorm(out, x.int(), w.int(), 1e-6, False, -1), TypeError, "Expected input to have dtype float32, float16 or bfloat16, got int32"),
+    (lambda b, x, w, out: b.rmsnorm(out.float(), x, w, 1e-6, False, -1), TypeError, "Expected out and input to have the same dtype"),
+    (lambda b, x, w, out: b.rmsnorm(out[:2], x, w, 1e-6, False, -1), ValueError, "Expected out and input to have the same shape"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w, -1.0, False, -1), ValueError, "Expected eps to be finite and non-negative"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w, float("nan"), False, -1), ValueError, "Expected eps to be finite and non-negative"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w, 1e-6, False, 3), ValueError, "Expected enable_pdl to be -1"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, w[::2], 1e-6, False, -1), ValueError, r"Expected weight to have shape \[8\]"),
+    (lambda b, x, w, out: b.rmsnorm(out, x, _random_bf16(16)[::2], 1e-6, False, -1), ValueError, "Expected weight to be contiguous"),
+    (lambda b, x, w, out: b.rmsnorm(out, x.t(), w, 1e-6, False, -1), ValueError, "Expected the last dimension of input to be contiguous"),
+    (lambda b, x, w, out: b.rmsnorm(out, x[0], w, 1e-6, False, -1), ValueError, "Expected input to have 2 or 3 dimensions"),
+    (lambda b, x, w, out: b.fused_add_rmsnorm(x, x.half(), w, 1e-6, False, -1), TypeError, "Expected residual and input to have the same dtype"),
+    (lambda b, x, w, out: b.fused_add_rmsnorm(x, x[:2], w, 1e-6, False, -1), ValueError, "Expected residual and input to have the same shape"),
+    (lambda b, x, w, out: b.layernorm(out, x, w.half(), w.half(), 1e-6, -1), TypeError, "Expected gemma and beta to be float32 or input's dtype"),
+    (lambda b, x, w, out: b.layernorm(out, x, w, w.float(), 1e-6, -1), TypeError, "Expected beta and gemma to have the same dtype"),
+    (lambda b, x, w, out: b.layernorm(out, x, w[:4], w, 1e-6, -1), ValueError, r"Expected gemma to have shape \[8\]"),
+    (lambda b, x, w, out: b.layernorm(out, x, w, w, 1e-6, -1), ValueError, "Expected input to be a CUDA tensor, got a tensor on cpu"),
+    (lambda b, x, w, out: b.fused_add_rmsnorm(x, torch.empty_like(x), w, 1e-6, True, -1), ValueError, "Expected input to be a CUDA tensor"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", BINDING_ERRORS)
+def test_binding_errors(norm_binding, call, error, message):
+    x, w = _random_bf16(4, 8), _random_bf16(8)
+    with pytest.raises(error, match=message):
+        call(norm_binding, x, w, torch.empty_like(x))
+
+
+@gpu
+def test_binding_device_errors(norm_binding):
+    x = torch.randn(4, 8, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="Expected out to be a CUDA tensor, got a tensor on cpu"):
+        norm_binding.rmsnorm(torch.empty(4, 8, dtype=torch.bfloat16), x, w, 1e-6, False, -1)
+    with pytest.raises(ValueError, match="Expected weight to be a CUDA tensor, got a tensor on cpu"):
+        norm_binding.rmsnorm(torch.empty_like(x), x, w.cpu(), 1e-6, False, -1)
+    with pytest.raises(ValueError, match="Expected beta to be a CUDA tensor"):
+        norm_binding.layernorm(torch.empty_like(x), x, w, w.cpu(), 1e-6, -1)
 
 
 # ---- argument errors, without a GPU: the bindings check shapes and dtypes before devices ----------

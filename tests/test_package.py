@@ -162,7 +162,7 @@ def test_resolve_error_names_device_archs_and_build_command():
 
 
 def test_built_schema_matches_binding():
-    # tvm-ffi embeds each export's type schema in the object; scale takes (out, input, factor).
+    # tvm-ffi embeds each export's type schema in the object; scale takes (out, input, factor, enable_pdl).
     import tvm_ffi
 
     for name, build in all_builds():
@@ -172,4 +172,4 @@ def test_built_schema_matches_binding():
             assert schema["type"] == "ffi.Function"
             if function == "scale":
                 params = [p["type"] for p in schema["named_args"]["params"]]
-                assert params == ["DLTensor*", "DLTensor*", "float"]
+                assert params == ["DLTensor*", "DLTensor*", "float", "int"]

@@ -55,19 +55,34 @@ def binding():
     return tvm_ffi.load_module(path).scale
 
 
+# The binding checks shapes, dtypes and values before devices, inputs before outputs: these run on
+# CPU tensors.
+
+
 def test_binding_dtype_mismatch(binding):
     with pytest.raises(TypeError, match="Expected out and input to have the same dtype, got float32 and float16"):
-        binding(torch.empty(8), torch.randn(8).half(), 2.0)
+        binding(torch.empty(8), torch.randn(8).half(), 2.0, -1)
 
 
 def test_binding_shape_mismatch(binding):
     with pytest.raises(ValueError, match=r"Expected out and input to have the same shape, got \[4, 2\] and \[8\]"):
-        binding(torch.empty(4, 2), torch.randn(8), 2.0)
+        binding(torch.empty(4, 2), torch.randn(8), 2.0, -1)
+
+
+def test_binding_bad_values(binding):
+    with pytest.raises(TypeError, match="Expected input to have dtype float32, float16 or bfloat16, got int32"):
+        binding(torch.empty(8), torch.ones(8, dtype=torch.int32), 2.0, -1)
+    with pytest.raises(ValueError, match=r"Expected enable_pdl to be -1 \(where supported\), 0 or 1, got 2"):
+        binding(torch.empty(8), torch.randn(8), 2.0, 2)
+    with pytest.raises(ValueError, match="Expected input to be contiguous"):
+        binding(torch.empty(4, 4), torch.randn(4, 4).t(), 2.0, -1)
 
 
 def test_binding_cpu(binding):
+    # Shapes and dtypes right, so the device is what is refused: the input's, before the output's
+    # that an op allocates beside it.
     with pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
-        binding(torch.empty(8), torch.randn(8), 2.0)
+        binding(torch.empty(8), torch.randn(8), 2.0, -1)
 
 
 # ---- on the GPU --------------------------------------------------------------------------------
@@ -145,6 +160,46 @@ def test_bad_out():
     buf = torch.randn(200, device="cuda")
     with pytest.raises(ValueError, match="Expected out to be input itself or not to overlap it"):
         aotinfer.scale(buf[:100], 2.0, out=buf[50:150])
+
+
+@gpu
+def test_binding_out_off_the_gpu(binding):
+    with pytest.raises(ValueError, match="Expected out to be a CUDA tensor, got a tensor on cpu"):
+        binding(torch.empty(8, dtype=torch.float16), torch.randn(8, device="cuda", dtype=torch.float16), 2.0, -1)
+
+
+@gpu
+@pytest.mark.parametrize("enable_pdl", [-1, 0, 1])
+def test_pdl_chain(binding, enable_pdl):
+    # 30 dependent launches, each scaling what the one before wrote, through the binding's
+    # enable_pdl: with PDL a read before the wait would show as a wrong product.
+    x = torch.randn(1 << 20, device="cuda", dtype=torch.float32)
+    a, b = x.clone(), torch.full_like(x, float("nan"))
+    for _ in range(15):
+        binding(b, a, 1.5, enable_pdl)
+        binding(a, b, 0.5, enable_pdl)
+    torch.cuda.synchronize()
+    want = x.double()
+    for _ in range(15):
+        want = (want * 1.5).float().double() * 0.5
+    assert torch.equal(a, want.float())
+
+
+@gpu
+def test_pdl_graph_capture(binding):
+    x = torch.randn(3, 1001, device="cuda", dtype=torch.bfloat16)
+    a, b = torch.empty_like(x), torch.empty_like(x)
+    binding(a, x, 2.0, 1)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        binding(a, x, 2.0, 1)
+        binding(b, a, -0.75, 1)
+    x.copy_(torch.randn_like(x))
+    a.fill_(float("nan"))
+    b.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(b, (x * 2.0) * -0.75)
 
 
 @gpu

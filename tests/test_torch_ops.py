@@ -48,7 +48,7 @@ def test_fake_implementation():
     with FakeTensorMode():
         x = torch.empty(8, device="cuda", dtype=torch.bfloat16)
         out = torch.empty_like(x)
-        assert torch.ops.aotinfer.scale(out, x, 2.0) is None
+        assert torch.ops.aotinfer.scale(out, x, 2.0, -1) is None
 
 
 def test_compile_fullgraph_traces_the_custom_op():

@@ -4,8 +4,10 @@
 //
 // Memory-bound: each element is read once and each output written once. One thread per vector of
 // kVec outputs (16 bytes where d, the row strides and the pointers allow, else one element), 128
-// threads a block: the layout that reached the copy bandwidth for element-wise work. Blocks are
-// numbered row by row, so that consecutive blocks read consecutive memory (benchmarks/NOTES.md).
+// threads a block, a 1-D grid: the layout that reaches the streaming limit at prefill sizes and
+// finishes soonest at decode sizes (benchmarks/NOTES.md). The math must stay lean to keep up with
+// HBM: the activations use the hardware's approximate exp2, reciprocal and tanh (MUFU), at most
+// two an element.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,33 +19,68 @@
 
 namespace aotinfer {
 
+// 2^x and 1 / x on the MUFU unit, flushing denormals (which plain exp2f / __expf would handle
+// with three more instructions an element). Relative error about 2^-22 each.
+__device__ __forceinline__ float Exp2Approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float RcpApprox(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh on the MUFU unit: relative error about 2^-11 (FlashInfer's GELU-tanh uses it).
+__device__ __forceinline__ float TanhApprox(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// x / (1 + exp(-x)); exact to a few float ulps.
 struct SiLU {
-  __device__ __forceinline__ static float apply(float x) { return x / (1.f + expf(-x)); }
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) {
+    return x * RcpApprox(1.f + Exp2Approx(-kLog2e * x));
+  }
 };
 
 // erf by Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7): one reciprocal, one
 // exponential and five FMAs, where erff's 30-odd instructions made gelu_and_mul ALU-bound at HBM
-// speed on the H200 (benchmarks/NOTES.md).
-__device__ __forceinline__ float Erf(float x) {
-  const float a = fabsf(x);
-  const float t = __fdividef(1.f, 1.f + 0.3275911f * a);
-  const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  return copysignf(1.f - poly * __expf(-a * a), x);
-}
-
+// speed on the H200. GELU = 0.5 (x + |x| erf(|x| / sqrt 2)).
 struct GELU {
-  __device__ __forceinline__ static float apply(float x) { return 0.5f * x * (1.f + Erf(x * 0.70710678118654752f)); }
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) {
+    const float a = fabsf(x) * 0.70710678118654752f;
+    const float t = RcpApprox(fmaf(0.3275911f, a, 1.f));
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    const float erf_a = 1.f - poly * Exp2Approx(-kLog2e * a * a);
+    return 0.5f * fmaf(fabsf(x), erf_a, x);
+  }
 };
 
-// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+// 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3). 16-bit outputs take tanh.approx as
+// FlashInfer does (one MUFU op an element, its error below their rounding where the output is not
+// near 0); float32 outputs take the exact form x / (1 + exp(-2u)).
 struct GELUTanh {
+  template <typename T>
   __device__ __forceinline__ static float apply(float x) {
-    return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    const float u = x * fmaf(0.0356774081363001f, x * x, 0.79788456080286536f);
+    if constexpr (sizeof(T) == 2) {
+      const float h = 0.5f * x;
+      return fmaf(h, TanhApprox(u), h);
+    } else {
+      return x * RcpApprox(1.f + Exp2Approx(-2.f * kLog2e * u));
+    }
   }
 };
 
 constexpr int kActThreads = 128;
 
+// A thread a vector, blocks numbered row by row (consecutive blocks read consecutive memory).
 template <typename Act, typename T, int kVec>
 __global__ void __launch_bounds__(kActThreads)
     ActAndMulKernel(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, unsigned slices) {
@@ -57,12 +94,13 @@ __global__ void __launch_bounds__(kActThreads)
     gate.load(src);
     up.load(src + d);
   }
+  // After the loads: the next kernel's launch overlaps this one's math and stores (0.05-0.2 us
+  // less a call at decode sizes than at the end; benchmarks/NOTES.md).
   AllowDependentGrids();
   if (active) {
-    Vec<T, kVec> y;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) y[e] = from_float<T>(Act::apply(to_float(gate[e])) * to_float(up[e]));
-    y.store(out + out_rows.offset(row) + j * kVec);
+    // Through PTX: a plain store of the vector came out as four 4-byte stores.
+    Vec<T, kVec>::from_floats([&](int e) { return Act::template apply<T>(to_float(gate[e])) * to_float(up[e]); })
+        .store_unsplit(out + out_rows.offset(row) + j * kVec);
   }
 }
 

@@ -1,5 +1,5 @@
 // Launching row-wise kernels: the row layout of 2-D/3-D tensors with strided rows, programmatic
-// dependent launch (PDL) on sm90+, and the choice of vector width.
+// dependent launch (PDL) on sm90+, and what launchers ask of a device (read once per device).
 //
 // PDL lets a kernel start while the previous kernel in the stream finishes: the launch carries
 // cudaLaunchAttributeProgrammaticStreamSerialization, and the kernel calls WaitForPriorGrids()
@@ -9,7 +9,9 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <utility>
 
 namespace aotinfer {
@@ -44,18 +46,73 @@ struct RowLayout {
 
 inline bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// What launchers ask of a device, read once per device (the answers never change while the process
+// runs): its compute capability and multiprocessor count.
+struct DeviceFacts {
+  int major = 0;  // 0: the device could not be asked
+  int minor = 0;
+  int sms = 0;
+};
+
+constexpr int kMaxDevices = 64;
+
+// The facts of `device`, read on first use, thread-safe; all zero for a device that does not exist.
+inline const DeviceFacts& GetDeviceFacts(int device) {
+  static DeviceFacts facts[kMaxDevices];
+  static std::once_flag read[kMaxDevices];
+  static const DeviceFacts kNone{};
+  if (device < 0 || device >= kMaxDevices) return kNone;
+  std::call_once(read[device], [device] {
+    DeviceFacts f;
+    if (cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      f = DeviceFacts{};
+      cudaGetLastError();  // the failed query is not an error of a later launch
+    }
+    facts[device] = f;
+  });
+  return facts[device];
+}
+
+// Blocks of kKernel with `threads` threads that fit on one SM of `device`, the current device, at
+// once, with shared_bytes of dynamic shared memory; 0 where they do not fit or the runtime cannot
+// say. Where shared_bytes is past the kernel's limit (48 KB less its static shared memory, by
+// default), the limit is raised to it first, never lowered, so that every size asked before still
+// launches. Asked once per (kernel, block size, device), so shared_bytes must follow from the
+// block size; thread-safe.
+template <auto kKernel>
+int BlocksPerSm(int threads, size_t shared_bytes, int device) {
+  static std::atomic<int> known[kMaxDevices][1024 / 32 + 1] = {};  // by block size in warps: blocks + 1; 0: not asked yet
+  static std::mutex asking;
+  if (device < 0 || device >= kMaxDevices || threads <= 0 || threads > 1024) return 0;
+  std::atomic<int>& slot = known[device][(threads + 31) / 32];
+  int value = slot.load(std::memory_order_acquire);
+  if (value == 0) {
+    std::lock_guard<std::mutex> lock(asking);
+    int blocks = 0;
+    cudaFuncAttributes attributes;
+    cudaError_t status = cudaFuncGetAttributes(&attributes, kKernel);
+    if (status == cudaSuccess && shared_bytes > size_t(attributes.maxDynamicSharedSizeBytes)) {
+      status = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes));
+    }
+    if (status == cudaSuccess) {
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kKernel, threads, shared_bytes);
+    }
+    if (status != cudaSuccess) {
+      blocks = 0;
+      cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
+    }
+    value = blocks + 1;
+    slot.store(value, std::memory_order_release);
+  }
+  return value - 1;
+}
+
 // Whether PDL is used for a launch on `device`: enable_pdl is 1 (on), 0 (off) or -1 (where the
 // device supports it). Never on below sm90.
 inline bool UsePdl(int64_t enable_pdl, int device) {
-  if (enable_pdl == 0) return false;
-  static int major[64] = {};  // 0: not asked yet; the answer never changes, so races are benign
-  if (device < 0 || device >= 64) return false;
-  if (major[device] == 0) {
-    int value = 0;
-    if (cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-    major[device] = value;
-  }
-  return major[device] >= 9;
+  return enable_pdl != 0 && GetDeviceFacts(device).major >= 9;
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the PDL attribute when `pdl`.

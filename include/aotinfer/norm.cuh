@@ -3,18 +3,20 @@
 // once, and weights come from L2.
 //
 // NormKernel serves the three, a block per row (or per few short rows). A row belongs to
-// blockDim.x threads, 128 where the row is long enough (blockDim.y rows share a block when rows
-// are short); each thread keeps kItems vectors of kVec elements of its row in registers between
-// the reduction and the output. Small blocks with several vectors per thread keep many rows, and
-// so many bytes, in flight on each SM while others wait at their reduction (benchmarks/NOTES.md).
-// kPrefetchWeights loads the weights beside the row, before the reduction, for small batches where
-// latency counts; otherwise they come after, from L1 mostly, since every row of an SM reads the
-// same ones. kItems == 0 is the fallback for rows too long for registers: it reads the row again
-// for each pass.
+// blockDim.x threads (blockDim.y rows share a block when rows are short); each thread keeps kItems
+// vectors of kVec elements of its row in registers between the reduction and the output. For
+// large batches, rows of 128 threads with several vectors each keep many rows, and so many bytes,
+// in flight on each SM while others wait at their reduction; small batches, bound by latency,
+// spread a row over more threads (NormItems; benchmarks/NOTES.md). kPrefetchWeights loads the
+// weights beside the row, before the reduction, for small batches; otherwise they come after, from
+// L1 mostly, since every row of an SM reads the same ones. kItems == 0 is the fallback for rows
+// too long for registers: it reads the row again for each pass.
 // NormStagedKernel serves RMSNorm and LayerNorm over large batches on a short grid: blocks that
 // stay resident walk the rows, weights in registers, rows staged through shared memory (see
-// there; Norm() at the end chooses).
+// there). Norm() at the end chooses: the staged kernel where it applies, else NormKernel.
 // LayerNorm sums the values and their squares in the same reduction. Accumulation is in float.
+// The fused add normalizes input + residual as summed in float (as FlashInfer does) and rounds
+// only the residual it writes back, so its output has one rounding, like the others'.
 // Vectors are 16 bytes where the hidden size, the row strides and the pointers allow, else one
 // element.
 #pragma once
@@ -23,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "aotinfer/async_copy.cuh"
 #include "aotinfer/launch.cuh"
@@ -92,124 +95,137 @@ __device__ __forceinline__ RowNorm FinishRow(float2 totals, float pivot, int64_t
   }
 }
 
-// Pass 2 for one vector: normalize, weight (LayerNorm: and shift), round. 16-bit LayerNorm
+// Pass 2 for one vector of x (T, or float for the fused add's sums): normalize, weight (LayerNorm:
+// and shift), round to T. 16-bit LayerNorm
 // normalizes in one FMA, x * scale - shift; its error, |mean| / std times float's epsilon, is far
 // below the output's rounding. float32 output would show it when the mean is large against the
 // spread, so there the subtractions stay exact.
-template <NormKind kKind, typename T, typename W, int kVec>
-__device__ __forceinline__ Vec<T, kVec> NormalizeVec(const Vec<T, kVec>& x, const Vec<W, kVec>& w,
+template <NormKind kKind, typename T, typename S, typename W, int kVec>
+__device__ __forceinline__ Vec<T, kVec> NormalizeVec(const Vec<S, kVec>& x, const Vec<W, kVec>& w,
                                                       const Vec<W, kVec>& b, const RowNorm& n,
                                                       float weight_offset) {
   constexpr bool kOneFma = kKind == NormKind::kLayer && sizeof(T) == 2;
   const float shift = (n.pivot + n.mean) * n.scale;
-  Vec<T, kVec> y;
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) {
+  return Vec<T, kVec>::from_floats([&](int e) {
     const float v = x.float_again(e);
     if constexpr (kOneFma) {
-      y[e] = from_float<T>(fmaf(fmaf(v, n.scale, -shift), to_float(w[e]), to_float(b[e])));
+      return fmaf(fmaf(v, n.scale, -shift), to_float(w[e]), to_float(b[e]));
     } else if constexpr (kKind == NormKind::kLayer) {
-      y[e] = from_float<T>((v - n.pivot - n.mean) * n.scale * to_float(w[e]) + to_float(b[e]));
+      return (v - n.pivot - n.mean) * n.scale * to_float(w[e]) + to_float(b[e]);
     } else {
-      y[e] = from_float<T>(v * n.scale * (to_float(w[e]) + weight_offset));
+      return v * fmaf(to_float(w[e]), n.scale, n.scale * weight_offset);
     }
-  }
-  return y;
+  });
 }
 
-template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights>
+// Calls f(slot, j) for each vector j of the row that this thread owns: with kItems > 0, slots 0 to
+// kItems - 1 (unrolled), vector threadIdx.x + slot * blockDim.x; with kItems == 0 (a streamed row),
+// every blockDim.x-th vector from threadIdx.x, all in slot 0.
+template <int kItems, typename F>
+__device__ __forceinline__ void ForEachSlot(int64_t num_vecs, F&& f) {
+  if constexpr (kItems > 0) {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j < num_vecs) f(k, j);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) f(0, j);
+  }
+}
+
+// kEvenRows: every layout has evenly spaced rows (inner == 1), so a row's offset is one multiply;
+// the general offset of 3-D rows, branch and division, costs the fused add's kernel 11 registers
+// even where it is never taken (benchmarks/NOTES.md).
+template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights, bool kEvenRows>
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
     NormKernel(const NormParams<T, W> p) {
   static_assert(kItems > 0 || !kPrefetchWeights, "a streamed row has no registers to prefetch into");
+  constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
+  constexpr int kSlots = kItems > 0 ? kItems : 1;
   __shared__ float2 shared[kNormMaxRowsPerBlock][32];
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  // A row past the end (in the last block of short rows) has no vectors, but its threads still
+  // take part in the block's reduction.
   const bool active = row < p.num_rows;
-  const int64_t num_vecs = p.hidden / kVec;
-  const T* in = p.input + (active ? p.input_rows.offset(row) : 0);
-  T* out = p.out + (active ? p.out_rows.offset(row) : 0);
-  T* res = kKind == NormKind::kFusedAddRMS ? p.residual + (active ? p.residual_rows.offset(row) : 0) : nullptr;
-  // The values normalized: the input, or for the fused add the new residual (read back in the
-  // streaming path).
-  const T* source = kKind == NormKind::kFusedAddRMS ? res : in;
+  const int64_t num_vecs = active ? p.hidden / kVec : 0;
+  auto offset = [&](const RowLayout& rows) -> int64_t {
+    if (!active) return 0;
+    return kEvenRows ? row * rows.outer_stride : rows.offset(row);
+  };
+  const T* in = p.input + offset(p.input_rows);
+  // The fused add normalizes in place: p.out is p.input, with its layout.
+  T* out = kFused ? const_cast<T*>(in) : p.out + offset(p.out_rows);
+  T* res = kFused ? p.residual + offset(p.residual_rows) : nullptr;
 
   WaitForPriorGrids();
   // LayerNorm sums x - pivot and its square in one reduction; shifting by the row's first element
   // keeps E[x^2] - E[x]^2 from cancelling when the mean is large against the spread.
-  const float pivot = kKind == NormKind::kLayer && active && p.hidden > 0 ? to_float(in[0]) : 0.f;
+  const float pivot = kKind == NormKind::kLayer && active ? to_float(in[0]) : 0.f;
 
-  // Pass 1: load, then sum (the fused add also writes the new residual). Every load of the row is
-  // issued before the first store: a store the compiler cannot prove apart from a later load
-  // would otherwise hold that load back, one vector at a time.
-  constexpr int kSlots = kItems > 0 ? kItems : 1;
   Vec<T, kVec> x[kSlots];
-  Vec<T, kVec> r[kKind == NormKind::kFusedAddRMS ? kSlots : 1];
-  Vec<W, kVec> w[kSlots];
-  Vec<W, kVec> b[kSlots];
+  Vec<T, kVec> r[kFused ? kSlots : 1];
+  Vec<float, kVec> total[kFused ? kSlots : 1];  // fused add: input + residual in float, what is normalized
+  Vec<W, kVec> w[kSlots], b[kSlots];
   float2 sums[2] = {};  // (sum, sum of squares) of even and of odd elements
   auto load = [&](int slot, int64_t j) {
     x[slot].load(in + j * kVec);
-    if constexpr (kKind == NormKind::kFusedAddRMS) r[slot].load(res + j * kVec);
+    if constexpr (kFused) r[slot].load(res + j * kVec);
   };
-  auto accumulate = [&](int slot, int64_t j) {
-    if constexpr (kKind == NormKind::kFusedAddRMS) {
+  auto load_weights = [&](int slot, int64_t j) {
+    w[slot].load(p.weight + j * kVec);
+    if constexpr (kKind == NormKind::kLayer) b[slot].load(p.bias + j * kVec);
+  };
+  // Fused add: total = input + residual in float, and the new residual, rounded.
+  auto add = [&](int slot) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const float v = to_float(x[slot][e]) + to_float(r[slot][e]);
-        x[slot][e] = from_float<T>(v);
-        sums[e % 2].y = fmaf(v, v, sums[e % 2].y);
-      }
-      x[slot].store(res + j * kVec);
+    for (int e = 0; e < kVec; ++e) total[slot][e] = to_float(x[slot][e]) + to_float(r[slot][e]);
+    return Vec<T, kVec>::from_floats([&](int e) { return total[slot][e]; });
+  };
+
+  // Pass 1: the row's sums. Rows in registers issue every load before the first store (a store
+  // the compiler cannot prove apart from a later load would hold that load back) and write the
+  // new residual here; a streamed row writes it in pass 2, once the old one was read again.
+  auto accumulate = [&](int slot, int64_t j) {
+    if constexpr (kItems == 0) load(slot, j);
+    if constexpr (kFused) {
+      const Vec<T, kVec> rounded = add(slot);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sums[e % 2].y = fmaf(total[slot][e], total[slot][e], sums[e % 2].y);
+      if constexpr (kItems > 0) rounded.store(res + j * kVec);
     } else {
       SumVec(x[slot], pivot, sums);
     }
   };
   if constexpr (kItems > 0) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (active && j < num_vecs) {
-        load(k, j);
-        if constexpr (kPrefetchWeights) {
-          w[k].load(p.weight + j * kVec);
-          if constexpr (kKind == NormKind::kLayer) b[k].load(p.bias + j * kVec);
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (active && j < num_vecs) accumulate(k, j);
-    }
-  } else if (active) {
-    for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
-      load(0, j);
-      accumulate(0, j);
-    }
+    ForEachSlot<kItems>(num_vecs, [&](int slot, int64_t j) {
+      load(slot, j);
+      if constexpr (kPrefetchWeights) load_weights(slot, j);
+    });
   }
-  AllowDependentGrids();
+  ForEachSlot<kItems>(num_vecs, accumulate);
+  // The next kernel may launch at the end, not after pass 1: under graph replay at decode sizes
+  // that is up to 0.25 us less a call, and never more; bandwidth is the same (benchmarks/NOTES.md;
+  // norm_decode_variants.cu compares the two by building against a copy with this set to false).
+  constexpr bool kTriggerAtEnd = true;
+  if constexpr (!kTriggerAtEnd) AllowDependentGrids();
   const float2 totals = RowSum(make_float2(sums[0].x + sums[1].x, sums[0].y + sums[1].y), shared);
   const RowNorm norm = FinishRow<kKind>(totals, pivot, p.hidden, p.eps);
 
   // Pass 2: normalize, weight, store.
-  auto emit = [&](int slot, int64_t j) {
-    if constexpr (!kPrefetchWeights) {
-      w[slot].load(p.weight + j * kVec);
-      if constexpr (kKind == NormKind::kLayer) b[slot].load(p.bias + j * kVec);
+  ForEachSlot<kItems>(num_vecs, [&](int slot, int64_t j) {
+    if constexpr (kItems == 0) {
+      load(slot, j);
+      if constexpr (kFused) add(slot).store(res + j * kVec);
     }
-    NormalizeVec<kKind>(x[slot], w[slot], b[slot], norm, p.weight_offset).store_unsplit(out + j * kVec);
-  };
-  if constexpr (kItems > 0) {
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
-      if (active && j < num_vecs) emit(k, j);
+    if constexpr (!kPrefetchWeights) load_weights(slot, j);
+    if constexpr (kFused) {
+      NormalizeVec<kKind, T>(total[slot], w[slot], b[slot], norm, p.weight_offset).store_unsplit(out + j * kVec);
+    } else {
+      NormalizeVec<kKind, T>(x[slot], w[slot], b[slot], norm, p.weight_offset).store_unsplit(out + j * kVec);
     }
-  } else if (active) {
-    for (int64_t j = threadIdx.x; j < num_vecs; j += blockDim.x) {
-      x[0].load(source + j * kVec);
-      emit(0, j);
-    }
-  }
+  });
+  if constexpr (kTriggerAtEnd) AllowDependentGrids();
 }
 
 // RMSNorm and LayerNorm over many rows, with rows staged through shared memory. A grid that fills
@@ -276,61 +292,68 @@ __global__ void __launch_bounds__(kNormCachedThreads) NormStagedKernel(const Nor
     T* out = p.out + row * out_stride + threadIdx.x * kVec;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
-      NormalizeVec<kKind>(x[k], w[k], b[k], norm, p.weight_offset).store_unsplit(out + k * blockDim.x * kVec);
+      NormalizeVec<kKind, T>(x[k], w[k], b[k], norm, p.weight_offset).store_unsplit(out + k * blockDim.x * kVec);
     }
     stage = stage + 1 == kStages ? 0 : stage + 1;
   }
 }
 
-// Launches NormStagedKernel with kItems vectors a thread and kStages stages, as many blocks as fit
-// on the GPU at once, if it suits p (*launched says whether it did): the row fits the block
-// exactly, rows are evenly spaced, and the grid gives no block more than max_rows_per_block rows.
+// The grid that NormStagedKernel<..., kItems, kStages> takes for p, or 0 where it does not apply:
+// it applies where rows are evenly spaced, a row fills blockDim.x * kItems vectors exactly (at most
+// kNormCachedThreads threads), and as many blocks as fit on `device` at once give none more than
+// max_rows_per_block rows.
 template <NormKind kKind, typename T, typename W, int kVec, int kItems, int kStages>
-cudaError_t LaunchNormStaged(const NormParams<T, W>& p, int64_t max_rows_per_block, cudaStream_t stream, bool pdl,
-                             bool* launched) {
-  *launched = false;
+int64_t NormStagedGrid(const NormParams<T, W>& p, int64_t max_rows_per_block, int device) {
   const int64_t num_vecs = p.hidden / kVec;
   const int64_t threads = num_vecs / kItems;
   if (threads * kItems != num_vecs || threads % 32 != 0 || threads > kNormCachedThreads ||
       p.input_rows.inner != 1 || p.out_rows.inner != 1) {
-    return cudaSuccess;
+    return 0;
   }
-  const auto kernel = NormStagedKernel<kKind, T, W, kVec, kItems, kStages>;
-  const size_t smem = size_t(kStages) * num_vecs * 16;
-  int device = 0, sms = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (status != cudaSuccess) return status;
-  // Blocks an SM, asked once per device and block size (with the shared memory limit raised where
-  // needed): the answer never changes, so races are benign. 0: not asked yet.
-  static int known_blocks_per_sm[64][kNormCachedThreads / 32 + 1] = {};
-  int* known = device >= 0 && device < 64 ? &known_blocks_per_sm[device][threads / 32] : nullptr;
-  int blocks_per_sm = known ? *known : 0;
-  if (blocks_per_sm == 0) {
-    if (smem + sizeof(float2) * 32 > 48 * 1024) {  // past the default, with the static part
-      status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    }
-    if (status == cudaSuccess) {
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, int(threads), smem);
-    }
-    if (status != cudaSuccess) return status;
-    if (known) *known = blocks_per_sm;
-  }
-  const int64_t grid = std::min<int64_t>(p.num_rows, int64_t(blocks_per_sm) * sms);
-  if (grid == 0 || p.num_rows > grid * max_rows_per_block) return cudaSuccess;
-  *launched = true;
-  return LaunchWithSharedMemory(kernel, dim3(unsigned(grid)), dim3(unsigned(threads)), smem, stream, pdl, p);
+  const int blocks_per_sm = BlocksPerSm<NormStagedKernel<kKind, T, W, kVec, kItems, kStages>>(
+      int(threads), size_t(kStages) * num_vecs * 16, device);
+  const int64_t grid = std::min<int64_t>(p.num_rows, int64_t(blocks_per_sm) * GetDeviceFacts(device).sms);
+  return grid > 0 && p.num_rows <= grid * max_rows_per_block ? grid : 0;
 }
 
-template <NormKind kKind, typename T, typename W, int kVec>
-cudaError_t LaunchNormVec(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
-  const int64_t num_vecs = p.hidden / kVec;
-  // 128 threads a row with 1, 2 or 4 vectors each; longer rows take up to 512 threads of 4 vectors,
-  // then of 8; longer still stream.
+// Calls f(std::integral_constant<int, kItems>, std::bool_constant<kPrefetchWeights>) for the
+// NormKernel instance of `items` vectors a thread (1, 2, 4, 8, or 0: streamed) and `prefetch`
+// (with 1, 2 or 4 items only).
+template <typename F>
+cudaError_t DispatchNormItems(int items, bool prefetch, F&& f) {
+  using std::bool_constant;
+  using std::integral_constant;
+  switch (items) {
+    case 1: return prefetch ? f(integral_constant<int, 1>{}, bool_constant<true>{}) : f(integral_constant<int, 1>{}, bool_constant<false>{});
+    case 2: return prefetch ? f(integral_constant<int, 2>{}, bool_constant<true>{}) : f(integral_constant<int, 2>{}, bool_constant<false>{});
+    case 4: return prefetch ? f(integral_constant<int, 4>{}, bool_constant<true>{}) : f(integral_constant<int, 4>{}, bool_constant<false>{});
+    case 8: return f(integral_constant<int, 8>{}, bool_constant<false>{});
+    default: return f(integral_constant<int, 0>{}, bool_constant<false>{});
+  }
+}
+
+// Vectors a thread of NormKernel for rows of num_vecs vectors (0: the row streams). Large batches
+// are bound by bandwidth: 128 threads a row with 1, 2 or 4 vectors each, longer rows up to 512
+// threads of 4 vectors, then of 8, keep many rows in flight on each SM while others wait at their
+// reduction. Small batches are bound by latency: the fewest vectors a thread that keep a row
+// within kNormCachedThreads threads (benchmarks/NOTES.md).
+inline int NormItems(int64_t num_vecs, int64_t num_rows) {
   int items = 1;
-  while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
+  if (num_rows <= kNormLatencyRows) {
+    while (items < 4 && num_vecs > int64_t(items) * kNormCachedThreads) items *= 2;
+  } else {
+    while (items < 4 && num_vecs > int64_t(items) * kNormRowThreads) items *= 2;
+  }
   if (num_vecs > int64_t(4) * kNormCachedThreads) items = kNormMaxItems;
   if (num_vecs > int64_t(kNormMaxItems) * kNormCachedThreads) items = 0;
+  return items;
+}
+
+// NormKernel over p: a block a row (a few rows for short ones), kVec elements a vector.
+template <NormKind kKind, typename T, typename W, int kVec>
+cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
+  const int64_t num_vecs = p.hidden / kVec;
+  const int items = NormItems(num_vecs, p.num_rows);
   int64_t threads = items ? (num_vecs + items - 1) / items : kNormStreamThreads;
   threads = threads < 32 ? 32 : (threads + 31) / 32 * 32;
   const int rows_per_block = threads <= 64 ? int(128 / threads) : 1;
@@ -338,44 +361,47 @@ cudaError_t LaunchNormVec(const NormParams<T, W>& p, cudaStream_t stream, bool p
   const dim3 grid{unsigned((p.num_rows + rows_per_block - 1) / rows_per_block)};
   // Weights beside the row only for small batches, bound by latency; for large ones the registers
   // they take cost more rows in flight than their later load costs (benchmarks/NOTES.md).
-  const bool prefetch = p.num_rows <= kNormLatencyRows && items <= 4;
-  switch (items * 2 + prefetch) {
-    case 2: return Launch(NormKernel<kKind, T, W, kVec, 1, false>, grid, block, stream, pdl, p);
-    case 3: return Launch(NormKernel<kKind, T, W, kVec, 1, true>, grid, block, stream, pdl, p);
-    case 4: return Launch(NormKernel<kKind, T, W, kVec, 2, false>, grid, block, stream, pdl, p);
-    case 5: return Launch(NormKernel<kKind, T, W, kVec, 2, true>, grid, block, stream, pdl, p);
-    case 8: return Launch(NormKernel<kKind, T, W, kVec, 4, false>, grid, block, stream, pdl, p);
-    case 9: return Launch(NormKernel<kKind, T, W, kVec, 4, true>, grid, block, stream, pdl, p);
-    case 16: return Launch(NormKernel<kKind, T, W, kVec, 8, false>, grid, block, stream, pdl, p);
-    case 17: return Launch(NormKernel<kKind, T, W, kVec, 8, true>, grid, block, stream, pdl, p);
-    default: return Launch(NormKernel<kKind, T, W, kVec, 0, false>, grid, block, stream, pdl, p);
-  }
+  const bool prefetch = p.num_rows <= kNormLatencyRows && items >= 1 && items <= 4;
+  const bool even = p.input_rows.inner == 1 && p.out_rows.inner == 1 &&
+                    (kKind != NormKind::kFusedAddRMS || p.residual_rows.inner == 1);
+  return DispatchNormItems(items, prefetch, [&](auto kItems, auto kPrefetch) {
+    // Rows of single elements (unaligned) take the general offset only: they are slow anyway.
+    if (kVec > 1 && even) return Launch(NormKernel<kKind, T, W, kVec, kItems, kPrefetch, true>, grid, block, stream, pdl, p);
+    return Launch(NormKernel<kKind, T, W, kVec, kItems, kPrefetch, false>, grid, block, stream, pdl, p);
+  });
 }
 
-// Runs norm kKind over p.num_rows rows of p.hidden elements (0 rows: nothing is launched).
+// Runs norm kKind over p.num_rows rows of p.hidden elements on `device`, the current device (0 rows:
+// nothing is launched). Large batches over a short grid take the staged kernel where it applies,
+// since it loses the per-row kernel's tail and, with float32 weights on 16-bit rows, their L1
+// traffic, so it wins over grids twice as long there; otherwise the per-row kernel, which is
+// faster over long grids (benchmarks/NOTES.md). The fused add writes its rows twice and always
+// takes the per-row kernel.
 template <NormKind kKind, typename T, typename W>
-cudaError_t Norm(const NormParams<T, W>& p, cudaStream_t stream, bool pdl) {
+cudaError_t Norm(const NormParams<T, W>& p, int device, cudaStream_t stream, bool pdl) {
   if (p.num_rows == 0 || p.hidden == 0) return cudaSuccess;
+  if (p.num_rows > int64_t(kNormMaxRowsPerBlock) * 0x7fffffff) return cudaErrorInvalidConfiguration;
   constexpr int kVec = kVec16<T>;
-  const bool fused = kKind == NormKind::kFusedAddRMS, layer = kKind == NormKind::kLayer;
+  constexpr bool kFused = kKind == NormKind::kFusedAddRMS;
   const bool vectorized = p.hidden % kVec == 0 && Aligned16(p.out) && p.out_rows.rows_aligned(kVec) &&
                           Aligned16(p.input) && p.input_rows.rows_aligned(kVec) && Aligned16(p.weight) &&
-                          (!fused || (Aligned16(p.residual) && p.residual_rows.rows_aligned(kVec))) &&
-                          (!layer || Aligned16(p.bias));
-  if (p.num_rows > int64_t(kNormMaxRowsPerBlock) * 0x7fffffff) return cudaErrorInvalidConfiguration;
-  // Large batches over a short grid: the staged kernel, which loses the per-row kernel's tail and, with
-  // float32 weights on 16-bit rows, their L1 traffic, so it wins over grids twice as long there.
-  // Over a long grid the per-row kernel is faster (benchmarks/NOTES.md).
-  if constexpr (kKind != NormKind::kFusedAddRMS) {
-    if (vectorized && p.num_rows > kNormLatencyRows) {
-      const int64_t rows_per_block = kNormStagedRowsPerBlock * (sizeof(W) > sizeof(T) ? 2 : 1);
-      bool launched = false;
-      const cudaError_t status = LaunchNormStaged<kKind, T, W, kVec, kNormStagedItems, kNormStagedStages>(
-          p, rows_per_block, stream, pdl, &launched);
-      if (status != cudaSuccess || launched) return status;
+                          (!kFused || (Aligned16(p.residual) && p.residual_rows.rows_aligned(kVec))) &&
+                          (kKind != NormKind::kLayer || Aligned16(p.bias));
+  if (!vectorized) return LaunchNormKernel<kKind, T, W, 1>(p, stream, pdl);
+  if constexpr (!kFused) {
+    if (p.num_rows > kNormLatencyRows) {
+      constexpr int kItems = kNormStagedItems, kStages = kNormStagedStages;
+      const int64_t max_rows_per_block = kNormStagedRowsPerBlock * (sizeof(W) > sizeof(T) ? 2 : 1);
+      const int64_t grid = NormStagedGrid<kKind, T, W, kVec, kItems, kStages>(p, max_rows_per_block, device);
+      if (grid > 0) {
+        const int64_t num_vecs = p.hidden / kVec;
+        return LaunchWithSharedMemory(NormStagedKernel<kKind, T, W, kVec, kItems, kStages>, dim3(unsigned(grid)),
+                                      dim3(unsigned(num_vecs / kItems)), size_t(kStages) * num_vecs * 16, stream,
+                                      pdl, p);
+      }
     }
   }
-  return vectorized ? LaunchNormVec<kKind, T, W, kVec>(p, stream, pdl) : LaunchNormVec<kKind, T, W, 1>(p, stream, pdl);
+  return LaunchNormKernel<kKind, T, W, kVec>(p, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -5,7 +5,8 @@
 // where more vectors per thread or a grid-stride loop lost 4-10% (benchmarks/NOTES.md). The
 // vector body starts `head` elements in, where both pointers are 16-byte aligned; block 0 does
 // that scalar head and the tail that fills no whole vector. Pointers that cannot both be aligned
-// at one offset take the same kernel with 1-element vectors.
+// at one offset take the same kernel with 1-element vectors. Launched through Launch() with PDL
+// where asked, like the other kernels (see ScaleKernel for where it triggers).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +14,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "aotinfer/launch.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
@@ -24,6 +26,11 @@ __global__ void __launch_bounds__(kScaleThreads)
     ScaleKernel(T* out, const T* in, float factor, int64_t n, int64_t head) {
   const int64_t num_vecs = (n - head) / kVecSize;
   const int64_t i = int64_t(blockIdx.x) * kScaleThreads + threadIdx.x;  // vector index
+  // Waits for the grids before it, but never calls AllowDependentGrids(): in this kernel of many
+  // small blocks the instruction, wherever it sits and with PDL or without, cost a fifth of the
+  // bandwidth (0.80 of a copy against 1.00; benchmarks/NOTES.md). The next kernel launches as
+  // this one's blocks exit.
+  WaitForPriorGrids();
   if (i < num_vecs) {
     Vec<T, kVecSize> v;
     v.load(in + head + i * kVecSize);
@@ -43,19 +50,17 @@ __global__ void __launch_bounds__(kScaleThreads)
 }
 
 template <typename T, int kVecSize>
-cudaError_t LaunchScale(T* out, const T* in, float factor, int64_t n, int64_t head,
-                        cudaStream_t stream) {
+cudaError_t LaunchScale(T* out, const T* in, float factor, int64_t n, int64_t head, cudaStream_t stream, bool pdl) {
   const int64_t blocks = ((n - head) / kVecSize + kScaleThreads - 1) / kScaleThreads;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  ScaleKernel<T, kVecSize><<<blocks > 0 ? int(blocks) : 1, kScaleThreads, 0, stream>>>(
-      out, in, factor, n, head);
-  return cudaGetLastError();
+  return Launch(ScaleKernel<T, kVecSize>, dim3(blocks > 0 ? unsigned(blocks) : 1u), dim3(kScaleThreads), stream, pdl,
+                out, in, factor, n, head);
 }
 
 // out[i] = in[i] * factor for i < n. out may be in itself (in place) but must not partly overlap
 // it; both must be aligned to sizeof(T).
 template <typename T>
-cudaError_t Scale(T* out, const T* in, float factor, int64_t n, cudaStream_t stream) {
+cudaError_t Scale(T* out, const T* in, float factor, int64_t n, cudaStream_t stream, bool pdl) {
   if (n == 0) return cudaSuccess;
   const auto out_addr = reinterpret_cast<uintptr_t>(out);
   const auto in_addr = reinterpret_cast<uintptr_t>(in);
@@ -63,9 +68,9 @@ cudaError_t Scale(T* out, const T* in, float factor, int64_t n, cudaStream_t str
   int64_t head = int64_t((16 - out_addr % 16) % 16 / sizeof(T));
   if (head > n) head = n;
   if ((in_addr + head * sizeof(T)) % 16 == 0) {
-    return LaunchScale<T, kVec16<T>>(out, in, factor, n, head, stream);
+    return LaunchScale<T, kVec16<T>>(out, in, factor, n, head, stream, pdl);
   }
-  return LaunchScale<T, 1>(out, in, factor, n, 0, stream);
+  return LaunchScale<T, 1>(out, in, factor, n, 0, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -30,6 +30,24 @@ template <>
 __device__ __forceinline__ nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
 
 namespace detail {
+// Two floats rounded into the 32-bit word of a pair of 16-bit elements (element 0 in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t PackPair<half>(float lo, float hi) {
+  const half2 pair = __floats2half2_rn(lo, hi);
+  uint32_t word;
+  memcpy(&word, &pair, sizeof(word));
+  return word;
+}
+template <>
+__device__ __forceinline__ uint32_t PackPair<nv_bfloat16>(float lo, float hi) {
+  const nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  uint32_t word;
+  memcpy(&word, &pair, sizeof(word));
+  return word;
+}
+
 // The unsigned type the hardware loads in one instruction for each access width.
 template <int kBytes> struct AccessType;
 template <> struct AccessType<2> { using type = uint16_t; };
@@ -79,6 +97,34 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
         reinterpret_cast<Access*>(ptr)[i] = raw[i];
       }
     }
+  }
+  // The vector of from_float<T>(f(e)) for e < N. 16-bit elements are rounded in pairs into whole
+  // 32-bit words and the words moved into raw at once: written element by element, the union
+  // costs a PRMT/LOP3 shuffle per element and the front end splits its store into 4-byte pieces
+  // (benchmarks/NOTES.md).
+  template <typename F>
+  __device__ __forceinline__ static Vec from_floats(F&& f) {
+    Vec v;
+    if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+      uint32_t words[N / 2];
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) words[i] = detail::PackPair<T>(f(2 * i), f(2 * i + 1));
+#pragma unroll
+      for (int a = 0; a < kAccesses; ++a) {
+        constexpr int kWords = kAccessBytes / 4;
+        if constexpr (kWords == 4) {
+          v.raw[a] = make_uint4(words[4 * a], words[4 * a + 1], words[4 * a + 2], words[4 * a + 3]);
+        } else if constexpr (kWords == 2) {
+          v.raw[a] = make_uint2(words[2 * a], words[2 * a + 1]);
+        } else {
+          v.raw[a] = words[a];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < N; ++e) v.elems[e] = from_float<T>(f(e));
+    }
+    return v;
   }
   // Element i as float, for a second pass over elements converted once already: for bf16 the
   // conversion is opaque to the compiler, which therefore converts again instead of keeping the

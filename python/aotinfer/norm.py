@@ -18,7 +18,7 @@ from .trace.templates.norm import (
     layernorm_trace,
     rmsnorm_trace,
 )
-from .utils import backend_requirement, check_enable_pdl, check_eps, pdl_flag
+from .utils import backend_requirement, check_enable_pdl, check_real, pdl_flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,21 +31,23 @@ _fused_add_rmsnorm = kernel("norm", "fused_add_rmsnorm")
 _layernorm = kernel("norm", "layernorm")
 
 
-# What the bindings cannot name: eps and enable_pdl. They check every tensor themselves.
+# What the bindings cannot tell apart: a bool or another non-real eps (a binding takes it as a
+# number, and checks its value), and enable_pdl before it becomes the binding's -1/0/1. The
+# bindings check every tensor.
 def _check_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None) -> bool:
-    check_eps(eps)
+    check_real(eps, "eps")
     check_enable_pdl(enable_pdl)
     return True
 
 
 def _check_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None) -> bool:
-    check_eps(eps)
+    check_real(eps, "eps")
     check_enable_pdl(enable_pdl)
     return True
 
 
 def _check_layernorm(input, gemma, beta, eps=1e-6) -> bool:
-    check_eps(eps)
+    check_real(eps, "eps")
     return True
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.scale import scale_trace
-from .utils import backend_requirement, check_real
+from .utils import backend_requirement, check_enable_pdl, check_real, pdl_flag
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,15 +16,20 @@ if TYPE_CHECKING:
 _scale = kernel("scale", "scale")
 
 
-# What the binding cannot name: factor. It checks every tensor itself.
-def _check_scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None) -> bool:
+# What the binding cannot tell apart: a bool or another non-real factor, and enable_pdl before it
+# becomes the binding's -1/0/1. It checks every tensor itself.
+def _check_scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None,
+                 enable_pdl: Optional[bool] = None) -> bool:
     check_real(factor, "factor")
+    check_enable_pdl(enable_pdl)
     return True
 
 
 @aotinfer_api(trace=scale_trace)
 @backend_requirement(backend_checks={}, common_check=_check_scale)
-def scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def scale(
+    input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+) -> torch.Tensor:
     """Multiply every element of ``input`` by ``factor``.
 
     Computes ``input * factor`` in float32 and rounds once to the input's dtype, as torch does.
@@ -38,6 +43,10 @@ def scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None
     out : Optional[torch.Tensor]
         Contiguous tensor of ``input``'s shape, dtype and device to write to; may be ``input``
         itself for an in-place scale. Allocated when missing.
+    enable_pdl : Optional[bool]
+        Programmatic dependent launch: True on sm90+ GPUs (a no-op below), False never, None
+        (default) where the GPU supports it. The kernel waits for the kernel before it; it never
+        lets the next one start early (on the H200 that cost a fifth of its bandwidth).
     skip_check : bool
         Skip the argument checks (the kernel still rejects tensors it cannot handle).
 
@@ -50,5 +59,5 @@ def scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None
         import torch
 
         out = torch.empty_like(input)
-    _scale.fn(out, input, factor)
+    _scale.fn(out, input, factor, pdl_flag(enable_pdl))
     return out

@@ -2,7 +2,7 @@
 
     @supported_compute_capability([80, 86, 89, 90, 100, 103, 110, 120])
     def _check_op(input, eps=1e-6):          # the op's arguments; True or raise
-        check_eps(eps)
+        check_real(eps, "eps")
         return True
 
     @backend_requirement(backend_checks={}, common_check=_check_op)
@@ -44,13 +44,6 @@ def check_real(value: Any, name: str) -> None:
     if type(value) is not float and type(value) is not int:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"Expected {name} to be a real number, got {type(value).__name__}")
-
-
-def check_eps(eps: Any) -> None:
-    """eps: a finite, non-negative real number."""
-    check_real(eps, "eps")
-    if not 0.0 <= eps < float("inf"):
-        raise ValueError(f"Expected eps to be finite and non-negative, got {eps}")
 
 
 def check_enable_pdl(enable_pdl: Any) -> None:

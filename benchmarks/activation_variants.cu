@@ -1,0 +1,268 @@
+// Design experiment for include/aotinfer/activation.cuh (issue 13): which gated-activation kernel
+// moves bytes fastest at prefill sizes and finishes soonest at decode sizes. "shipped" is
+// aotinfer::ActAndMul (a 1-D grid, a vector a thread); "2-D grid" the kernel of commit 042a625
+// (slices in x, rows in y, one or two vectors a thread); "FI" is FlashInfer's act_and_mul_kernel
+// (include/flashinfer/activation.cuh at fb28d72: a block a row, min(d / vec, 1024) threads, a
+// loop, the trigger at the end; the math of its -use_fast_math build); "stream" is
+// benchmarks/streaming.cu's read-2-write-1 kernel at its best configuration. Every variant is
+// checked against a host reference on sampled rows, then timed with CUDA events (L2 flushed before
+// each call, median of 30) beside cudaMemcpyAsync of the same bytes; decode sizes as graph replays
+// of 20 PDL launches. The first version of this file (commit 34ec90a) compared slice shapes,
+// trigger placement, cache hints and exact against fast math on the kernel of that time;
+// benchmarks/NOTES.md has its results.
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include -I benchmarks benchmarks/activation_variants.cu
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "aotinfer/activation.cuh"
+#include "cuda_timer.cuh"
+#include "streaming.cu"
+
+using namespace aotinfer;
+using bf16 = __nv_bfloat16;
+
+// FlashInfer's, under -use_fast_math: __expf, a fast division, tanh.approx.
+struct FISiLU {
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+};
+struct FIGELUTanh {
+  template <typename T>
+  __device__ __forceinline__ static float apply(float x) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    return x * (0.5f * (1.0f + t));
+  }
+};
+
+// FlashInfer's act_and_mul_kernel (bf16, 16-byte vectors), restated with Vec.
+template <typename Act>
+__global__ void FIKernel(bf16* __restrict__ out, const bf16* __restrict__ input, const int d) {
+  constexpr uint32_t vec_size = 8;
+  const int64_t token_idx = blockIdx.x;
+  const int64_t offset = token_idx * 2 * d;
+  WaitForPriorGrids();
+#pragma unroll 1
+  for (uint32_t idx = threadIdx.x; idx < d / vec_size; idx += blockDim.x) {
+    Vec<bf16, 8> x, y, o;
+    x.load(input + offset + idx * vec_size);
+    y.load(input + offset + d + idx * vec_size);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = from_float<bf16>(Act::template apply<bf16>(to_float(x[i])) * to_float(y[i]));
+    o.store(out + token_idx * d + idx * vec_size);
+  }
+  AllowDependentGrids();
+}
+
+template <typename Act>
+cudaError_t LaunchFI(bf16* out, const bf16* in, int64_t d, int64_t rows, cudaStream_t stream) {
+  const unsigned threads = std::min<unsigned>(unsigned(d / 8), 1024u);
+  return Launch(FIKernel<Act>, dim3(unsigned(rows)), dim3(threads), stream, true, out, in, int(d));
+}
+
+using LaunchFn = std::function<cudaError_t(bf16*, const bf16*, int64_t, int64_t, cudaStream_t)>;
+struct Variant {
+  std::string name;
+  LaunchFn launch;
+};
+
+// The kernel of commit 042a625: rows in blockIdx.y (a grid-stride loop past 65535), slices in
+// blockIdx.x, kItems vectors a thread; otherwise the shipped kernel's code.
+template <typename Act, typename T, int kVec, int kItems>
+__global__ void __launch_bounds__(kActThreads)
+    Act2D(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, int64_t num_rows) {
+  const int64_t num_vecs = d / kVec;
+  const int64_t first = int64_t(blockIdx.x) * kActThreads * kItems + threadIdx.x;
+  WaitForPriorGrids();
+  for (int64_t row = blockIdx.y; row < num_rows; row += gridDim.y) {
+    const T* src = in + in_rows.offset(row);
+    T* dst = out + out_rows.offset(row);
+    Vec<T, kVec> gate[kItems], up[kItems];
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = first + k * kActThreads;
+      if (j < num_vecs) {
+        gate[k].load(src + j * kVec);
+        up[k].load(src + d + j * kVec);
+      }
+    }
+    if (row == blockIdx.y) AllowDependentGrids();
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t j = first + k * kActThreads;
+      if (j < num_vecs) {
+        Vec<T, kVec>::from_floats([&](int e) {
+          return Act::template apply<T>(to_float(gate[k][e])) * to_float(up[k][e]);
+        }).store_unsplit(dst + j * kVec);
+      }
+    }
+  }
+}
+
+template <typename Act, int kItems>
+cudaError_t Launch2D(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+  const int64_t slices = (d / 8 + kActThreads * kItems - 1) / (kActThreads * kItems);
+  const dim3 grid(unsigned(slices), unsigned(std::min<int64_t>(r, 65535)));
+  return Launch(Act2D<Act, bf16, 8, kItems>, grid, dim3(kActThreads), s, true, o, RowLayout{1, d, 0}, i,
+                RowLayout{1, 2 * d, 0}, d, r);
+}
+
+// Variants for one activation: Act is the shipped math, FI FlashInfer's.
+template <typename Act, typename FI>
+std::vector<Variant> Variants() {
+  return {
+      {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
+       }},
+      {"2-D grid, 1 item", Launch2D<Act, 1>},
+      {"2-D grid, 2 items", Launch2D<Act, 2>},
+      {"FI", LaunchFI<FI>},
+  };
+}
+
+float Bf(bf16 v) { return __bfloat162float(v); }
+
+// Uniform in [-4, 4) from a hash of the index: random-looking data, made on the GPU.
+__global__ void Fill(bf16* x, size_t n, unsigned seed) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  unsigned h = unsigned(i) * 2654435761u ^ unsigned(i >> 32) * 40503u ^ seed * 2246822519u;
+  h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+  x[i] = __float2bfloat16(float(h >> 8) * (8.f / 16777216.f) - 4.f);
+}
+
+template <typename Ref>
+void Bench(const char* act, Ref ref, const std::vector<Variant>& variants, char* flush, size_t flush_bytes) {
+  auto flush_l2 = [&] { CHECK(cudaMemsetAsync(flush, 0, flush_bytes)); };
+  std::printf("\n== %s: bandwidth, ratio to cudaMemcpy of the same bytes (two passes)\n", act);
+  std::printf("%-24s", "variant");
+  const int64_t shapes[][2] = {{4096, 4096}, {4096, 8192}, {16384, 4096}, {16384, 8192}};
+  for (auto& s : shapes) std::printf(" %11lldx%-5lld", (long long)s[0], (long long)s[1]);
+  std::printf("\n");
+  std::vector<std::vector<double>> ratio(variants.size() + 1, std::vector<double>(8, 0));
+  std::vector<std::string> wrong(variants.size());
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int si = 0; si < 4; ++si) {
+      const int64_t rows = shapes[si][0], d = shapes[si][1];
+      const size_t n_in = size_t(rows) * 2 * d, n_out = size_t(rows) * d;
+      bf16 *in, *out;
+      CHECK(cudaMalloc(&in, n_in * 2));
+      CHECK(cudaMalloc(&out, n_out * 2));
+      Fill<<<unsigned((n_in + 255) / 256), 256>>>(in, n_in, 11 + si);
+      CHECK(cudaGetLastError());
+      const size_t bytes = (n_in + n_out) * 2;
+      char* scratch;
+      CHECK(cudaMalloc(&scratch, bytes));
+      const float copy_ms = median_ms([&] { CHECK(cudaMemcpyAsync(scratch + bytes / 2, scratch, bytes / 2, cudaMemcpyDeviceToDevice)); },
+                                      5, 30, flush_l2);
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        if (pass == 0) {
+          CHECK(cudaMemset(out, 0xff, n_out * 2));
+          CHECK(variants[vi].launch(out, in, d, rows, nullptr));
+          std::vector<bf16> h(2 * d), got(d);
+          for (int64_t r = 0; r < rows; r += r % 2 ? 97 : 1) {  // pairs of rows, 97 apart, and the last
+            const int64_t row = std::min(r, rows - 1);
+            CHECK(cudaMemcpy(h.data(), in + row * 2 * d, 2 * d * 2, cudaMemcpyDeviceToHost));
+            CHECK(cudaMemcpy(got.data(), out + row * d, d * 2, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < d; ++i) {
+              const double want = ref(Bf(h[i])) * Bf(h[d + i]), err = std::fabs(Bf(got[i]) - want);
+              if (!(err <= 2e-2 * (1 + std::fabs(want)))) wrong[vi] = " WRONG";
+            }
+          }
+        }
+        const float ms = median_ms([&] { CHECK(variants[vi].launch(out, in, d, rows, nullptr)); }, 5, 30, flush_l2);
+        ratio[vi][pass * 4 + si] = copy_ms / ms;
+      }
+      // The streaming limit: read 2 units, write 1, the best configuration.
+      double best = 0;
+      for (int c = 0; c < streaming::kNumConfigs; ++c) {
+        const void* reads[2] = {in, in + n_out};
+        void* writes[1] = {out};
+        const float ms = median_ms([&] { CHECK(cudaError_t(streaming_run(reads, 2, writes, 1, int64_t(n_out) * 2 / 16, c, nullptr))); },
+                                   5, 30, flush_l2);
+        best = std::max(best, double(copy_ms / ms));
+      }
+      ratio[variants.size()][pass * 4 + si] = best;
+      CHECK(cudaFree(in));
+      CHECK(cudaFree(out));
+      CHECK(cudaFree(scratch));
+    }
+  }
+  for (size_t vi = 0; vi <= variants.size(); ++vi) {
+    std::printf("%-24s", vi < variants.size() ? variants[vi].name.c_str() : "stream (best config)");
+    for (int si = 0; si < 4; ++si) std::printf("   %.3f/%.3f    ", ratio[vi][si], ratio[vi][4 + si]);
+    std::printf("%s\n", vi < variants.size() ? wrong[vi].c_str() : "");
+  }
+
+  std::printf("-- %s: graph replay of 20 launches (PDL), d = 4096, us per launch (two passes)\n", act);
+  std::printf("%-24s %13s %13s %13s %13s\n", "variant", "1", "8", "32", "128");
+  std::vector<std::vector<double>> lat(variants.size(), std::vector<double>(8, 0));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int ti = 0; ti < 4; ++ti) {
+      const int64_t tokens = (int64_t[]){1, 8, 32, 128}[ti], d = 4096;
+      bf16 *in, *out;
+      CHECK(cudaMalloc(&in, tokens * 2 * d * 2));
+      CHECK(cudaMalloc(&out, tokens * d * 2));
+      Fill<<<unsigned((tokens * 2 * d + 255) / 256), 256>>>(in, tokens * 2 * d, 5);
+      cudaStream_t stream;
+      CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      for (size_t vi = 0; vi < variants.size(); ++vi) {
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < 20; ++i) CHECK(variants[vi].launch(out, in, d, tokens, stream));
+        CHECK(cudaStreamEndCapture(stream, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        cudaEvent_t a, b;
+        CHECK(cudaEventCreate(&a));
+        CHECK(cudaEventCreate(&b));
+        for (int i = 0; i < 10; ++i) CHECK(cudaGraphLaunch(exec, stream));
+        std::vector<float> t;
+        for (int i = 0; i < 50; ++i) {
+          CHECK(cudaEventRecord(a, stream));
+          CHECK(cudaGraphLaunch(exec, stream));
+          CHECK(cudaEventRecord(b, stream));
+          CHECK(cudaEventSynchronize(b));
+          float ms;
+          CHECK(cudaEventElapsedTime(&ms, a, b));
+          t.push_back(ms);
+        }
+        std::nth_element(t.begin(), t.begin() + 25, t.end());
+        lat[vi][pass * 4 + ti] = t[25] * 1e3 / 20;
+        CHECK(cudaEventDestroy(a));
+        CHECK(cudaEventDestroy(b));
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+      }
+      CHECK(cudaStreamDestroy(stream));
+      CHECK(cudaFree(in));
+      CHECK(cudaFree(out));
+    }
+  }
+  for (size_t vi = 0; vi < variants.size(); ++vi) {
+    std::printf("%-24s", variants[vi].name.c_str());
+    for (int ti = 0; ti < 4; ++ti) std::printf("   %4.2f/%4.2f  ", lat[vi][ti], lat[vi][4 + ti]);
+    std::printf("\n");
+  }
+}
+
+int main() {
+  const size_t flush_bytes = size_t(256) << 20;
+  char* flush;
+  CHECK(cudaMalloc(&flush, flush_bytes));
+  Bench("silu_and_mul", [](double x) { return x / (1 + std::exp(-x)); }, Variants<SiLU, FISiLU>(), flush,
+        flush_bytes);
+  Bench("gelu_tanh_and_mul",
+        [](double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); },
+        Variants<GELUTanh, FIGELUTanh>(), flush, flush_bytes);
+  Bench("gelu_and_mul", [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
+        Variants<GELU, GELU>(), flush, flush_bytes);
+  std::printf("\n(FI's gelu uses ::erf; here the FI row runs our GELU in FI's kernel shape)\n");
+}
