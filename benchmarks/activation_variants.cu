@@ -1,9 +1,10 @@
 // Design experiment for include/aotinfer/activation.cuh (issue 13): which gated-activation kernel
 // moves bytes fastest at prefill sizes and finishes soonest at decode sizes. "shipped" is
 // aotinfer::ActAndMul (a 1-D grid, a vector a thread); "2-D grid" the kernel of commit 042a625
-// (slices in x, rows in y, one or two vectors a thread); "FI" is FlashInfer's act_and_mul_kernel
-// (include/flashinfer/activation.cuh at fb28d72: a block a row, min(d / vec, 1024) threads, a
-// loop, the trigger at the end; the math of its -use_fast_math build); "stream" is
+// (slices in x, rows in y, one or two vectors a thread); "row loop" is the shape FlashInfer's
+// act_and_mul kernel has (a block a row, up to 1024 threads stepping through the row a 16-byte
+// vector at a time, the trigger at the end, fast-math exp, division and tanh), written here for
+// the comparison; "stream" is
 // benchmarks/streaming.cu's read-2-write-1 kernel at its best configuration. Every variant is
 // checked against a host reference on sampled rows, then timed with CUDA events (L2 flushed before
 // each call, median of 30) beside cudaMemcpyAsync of the same bytes; decode sizes as graph replays
@@ -28,43 +29,41 @@
 using namespace aotinfer;
 using bf16 = __nv_bfloat16;
 
-// FlashInfer's, under -use_fast_math: __expf, a fast division, tanh.approx.
-struct FISiLU {
+// Fast-math forms of the activations, for the row-loop baseline.
+struct FastSiLU {
   template <typename T>
-  __device__ __forceinline__ static float apply(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
+  __device__ __forceinline__ static float apply(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 };
-struct FIGELUTanh {
+struct FastGELUTanh {
   template <typename T>
   __device__ __forceinline__ static float apply(float x) {
     float t;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    return x * (0.5f * (1.0f + t));
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.f + t);
   }
 };
 
-// FlashInfer's act_and_mul_kernel (bf16, 16-byte vectors), restated with Vec.
+// The row-loop baseline: block r takes row r, its threads step through it a vector at a time.
 template <typename Act>
-__global__ void FIKernel(bf16* __restrict__ out, const bf16* __restrict__ input, const int d) {
-  constexpr uint32_t vec_size = 8;
-  const int64_t token_idx = blockIdx.x;
-  const int64_t offset = token_idx * 2 * d;
+__global__ void RowLoopKernel(bf16* out, const bf16* in, int64_t d) {
+  const bf16* gate = in + int64_t(blockIdx.x) * 2 * d;
+  bf16* row_out = out + int64_t(blockIdx.x) * d;
   WaitForPriorGrids();
-#pragma unroll 1
-  for (uint32_t idx = threadIdx.x; idx < d / vec_size; idx += blockDim.x) {
-    Vec<bf16, 8> x, y, o;
-    x.load(input + offset + idx * vec_size);
-    y.load(input + offset + d + idx * vec_size);
+  for (int64_t j = int64_t(threadIdx.x) * 8; j < d; j += int64_t(blockDim.x) * 8) {
+    Vec<bf16, 8> g, u, y;
+    g.load(gate + j);
+    u.load(gate + d + j);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = from_float<bf16>(Act::template apply<bf16>(to_float(x[i])) * to_float(y[i]));
-    o.store(out + token_idx * d + idx * vec_size);
+    for (int e = 0; e < 8; ++e) y[e] = from_float<bf16>(Act::template apply<bf16>(to_float(g[e])) * to_float(u[e]));
+    y.store(row_out + j);
   }
   AllowDependentGrids();
 }
 
 template <typename Act>
-cudaError_t LaunchFI(bf16* out, const bf16* in, int64_t d, int64_t rows, cudaStream_t stream) {
-  const unsigned threads = std::min<unsigned>(unsigned(d / 8), 1024u);
-  return Launch(FIKernel<Act>, dim3(unsigned(rows)), dim3(threads), stream, true, out, in, int(d));
+cudaError_t LaunchRowLoop(bf16* out, const bf16* in, int64_t d, int64_t rows, cudaStream_t stream) {
+  const unsigned threads = unsigned(std::min<int64_t>(d / 8, 1024));
+  return Launch(RowLoopKernel<Act>, dim3(unsigned(rows)), dim3(threads), stream, true, out, in, d);
 }
 
 using LaunchFn = std::function<cudaError_t(bf16*, const bf16*, int64_t, int64_t, cudaStream_t)>;
@@ -114,8 +113,8 @@ cudaError_t Launch2D(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t 
                 RowLayout{1, 2 * d, 0}, d, r);
 }
 
-// Variants for one activation: Act is the shipped math, FI FlashInfer's.
-template <typename Act, typename FI>
+// Variants for one activation: Act is the shipped math, Fast the row-loop baseline's.
+template <typename Act, typename Fast>
 std::vector<Variant> Variants() {
   return {
       {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
@@ -123,7 +122,7 @@ std::vector<Variant> Variants() {
        }},
       {"2-D grid, 1 item", Launch2D<Act, 1>},
       {"2-D grid, 2 items", Launch2D<Act, 2>},
-      {"FI", LaunchFI<FI>},
+      {"row loop", LaunchRowLoop<Fast>},
   };
 }
 
@@ -257,12 +256,12 @@ int main() {
   const size_t flush_bytes = size_t(256) << 20;
   char* flush;
   CHECK(cudaMalloc(&flush, flush_bytes));
-  Bench("silu_and_mul", [](double x) { return x / (1 + std::exp(-x)); }, Variants<SiLU, FISiLU>(), flush,
+  Bench("silu_and_mul", [](double x) { return x / (1 + std::exp(-x)); }, Variants<SiLU, FastSiLU>(), flush,
         flush_bytes);
   Bench("gelu_tanh_and_mul",
         [](double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); },
-        Variants<GELUTanh, FIGELUTanh>(), flush, flush_bytes);
+        Variants<GELUTanh, FastGELUTanh>(), flush, flush_bytes);
   Bench("gelu_and_mul", [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); },
         Variants<GELU, GELU>(), flush, flush_bytes);
-  std::printf("\n(FI's gelu uses ::erf; here the FI row runs our GELU in FI's kernel shape)\n");
+  std::printf("\n(gelu's row-loop row runs our GELU in the row-loop shape)\n");
 }

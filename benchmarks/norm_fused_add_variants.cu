@@ -4,9 +4,10 @@
 // where the residual is written (pass 1, keeping the float sums in registers for pass 2; or pass
 // 2, keeping input and residual as loaded and adding again), weights loaded beside the row or
 // after the reduction, and the PDL trigger after pass 1 or at the end. "shipped" is aotinfer::Norm
-// as it stands (a rounded residual before this change, the float sum after); "FI" FlashInfer's
-// FusedAddRMSNormKernel (include/flashinfer/norm.cuh at fb28d72: min(d / vec, 1024) threads, the
-// float sums in shared memory); "stream" benchmarks/streaming.cu's read-2-write-2 kernel at its
+// as it stands (a rounded residual before this change, the float sum after); "staged sums" is the
+// shape FlashInfer's fused add + RMSNorm kernel has (a block a row, up to 1024 threads stepping
+// through it, the float sums kept in shared memory between the passes), written here for the
+// comparison; "stream" benchmarks/streaming.cu's read-2-write-2 kernel at its
 // best configuration. Each is checked against a float64 host reference of the float sum on
 // sampled rows (worst error in output ulps), then timed with CUDA events (L2 flushed before each
 // call, median of 30) beside cudaMemcpyAsync of the same bytes; decode sizes as graph replays of
@@ -105,58 +106,47 @@ cudaError_t LaunchFused(const Rows& p, cudaStream_t stream) {
                 dim3(unsigned(threads)), stream, true, p);
 }
 
-// FlashInfer's FusedAddRMSNormKernel (bf16, 16-byte vectors), restated with Vec and RowSum.
-__global__ void FIFusedKernel(bf16* __restrict__ input, bf16* __restrict__ residual, const bf16* __restrict__ weight,
-                              const uint32_t d, float eps) {
-  __shared__ float2 reduce[kNormMaxRowsPerBlock][32];
-  extern __shared__ float smem_x[];
-  const uint32_t bx = blockIdx.x;
-  const uint32_t num_threads = blockDim.x;
-  const uint32_t rounds = (d + V * num_threads - 1) / (V * num_threads);
-  float sum_sq = 0.f;
+// The staged-sums baseline: block r takes row r; pass 1 adds input and residual, writes the
+// residual rounded and keeps the float sums in shared memory; pass 2 normalizes them.
+__global__ void StagedSumsKernel(bf16* input, bf16* residual, const bf16* weight, int64_t d, float eps) {
+  extern __shared__ float sums[];  // [d]: the row's float sums
+  __shared__ float2 partial[kNormMaxRowsPerBlock][32];
+  bf16* in_row = input + int64_t(blockIdx.x) * d;
+  bf16* res_row = residual + int64_t(blockIdx.x) * d;
+  const int64_t step = int64_t(blockDim.x) * V;
   WaitForPriorGrids();
-  for (uint32_t i = 0; i < rounds; i++) {
-    const uint32_t idx = (i * num_threads + threadIdx.x) * V;
-    Vec<bf16, V> input_vec, residual_vec;
-    Vec<float, V> x_vec;
-    if (idx < d) {
-      input_vec.load(input + bx * d + idx);
-      residual_vec.load(residual + bx * d + idx);
+  float squares = 0.f;
+  for (int64_t j = int64_t(threadIdx.x) * V; j < d; j += step) {
+    Vec<bf16, V> a, b;
+    a.load(in_row + j);
+    b.load(res_row + j);
 #pragma unroll
-      for (int j = 0; j < V; j++) {
-        float x = to_float(input_vec[j]) + to_float(residual_vec[j]);
-        sum_sq += x * x;
-        residual_vec[j] = from_float<bf16>(x);
-        x_vec[j] = x;
-      }
-      residual_vec.store(residual + bx * d + idx);
-      x_vec.store(smem_x + idx);
+    for (int e = 0; e < V; ++e) {
+      const float x = to_float(a[e]) + to_float(b[e]);
+      squares += x * x;
+      sums[j + e] = x;
+      b[e] = from_float<bf16>(x);
     }
+    b.store(res_row + j);
   }
-  const float total = RowSum(make_float2(0.f, sum_sq), reduce).y;
-  const float rms_rcp = rsqrtf(total / float(d) + eps);
-  for (uint32_t i = 0; i < rounds; i++) {
-    const uint32_t idx = (i * num_threads + threadIdx.x) * V;
-    if (idx < d) {
-      Vec<bf16, V> weight_vec, out;
-      Vec<float, V> x_vec;
-      weight_vec.load(weight + idx);
-      x_vec.load(smem_x + idx);
+  const float scale = rsqrtf(RowSum(make_float2(0.f, squares), partial).y / float(d) + eps);
+  for (int64_t j = int64_t(threadIdx.x) * V; j < d; j += step) {
+    Vec<bf16, V> w, y;
+    w.load(weight + j);
 #pragma unroll
-      for (int j = 0; j < V; j++) out[j] = from_float<bf16>(x_vec[j] * rms_rcp * to_float(weight_vec[j]));
-      out.store(input + bx * d + idx);
-    }
+    for (int e = 0; e < V; ++e) y[e] = from_float<bf16>(sums[j + e] * scale * to_float(w[e]));
+    y.store(in_row + j);
   }
   AllowDependentGrids();
 }
 
-cudaError_t LaunchFI(const Rows& p, cudaStream_t stream) {
-  const unsigned threads = std::min<unsigned>(1024, unsigned(p.hidden / V));
-  const size_t smem = p.hidden * sizeof(float);
-  cudaError_t status = cudaFuncSetAttribute(FIFusedKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+cudaError_t LaunchStagedSums(const Rows& p, cudaStream_t stream) {
+  const unsigned threads = unsigned(std::min<int64_t>(1024, p.hidden / V));
+  const size_t bytes = size_t(p.hidden) * sizeof(float);
+  const cudaError_t status = cudaFuncSetAttribute(StagedSumsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (status != cudaSuccess) return status;
-  return LaunchWithSharedMemory(FIFusedKernel, dim3(unsigned(p.rows)), dim3(threads), smem, stream, true, p.input,
-                                p.residual, p.weight, uint32_t(p.hidden), 1e-6f);
+  return LaunchWithSharedMemory(StagedSumsKernel, dim3(unsigned(p.rows)), dim3(threads), bytes, stream, true, p.input,
+                                p.residual, p.weight, p.hidden, 1e-6f);
 }
 
 cudaError_t LaunchShipped(const Rows& p, cudaStream_t stream) {
@@ -188,7 +178,7 @@ std::vector<Variant> kVariants = {
     {"1 late-res p", LaunchFused<1, true, true, false>},
     {"1 early-res p T", LaunchFused<1, true, false, true>},
     {"4 early-res p T", LaunchFused<4, true, false, true>},
-    {"FI", LaunchFI},
+    {"staged sums", LaunchStagedSums},
 };
 
 float Bf(bf16 v) { return __bfloat162float(v); }
