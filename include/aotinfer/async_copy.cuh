@@ -21,6 +21,17 @@ __device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
 #endif
 }
 
+// As CopyAsync16, or 16 zero bytes when !valid (src is then not read).
+__device__ __forceinline__ void CopyAsync16OrZero(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t shared_dst = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  *static_cast<uint4*>(dst) = valid ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
 __device__ __forceinline__ void CommitAsyncGroup() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -1,0 +1,113 @@
+"""Paged decode attention: bandwidth beside a copy of the same bytes, and step latency.
+
+    python benchmarks/bench_decode.py [--quick]
+
+Shape: Llama-3-8B-like, 32 query / 8 KV heads, head_dim 128, page_size 16, bf16, each request's
+pages scattered at random in a pool of twice the pages used. Bytes = the K and V rows attended +
+q read + output written; each case is timed (cold L2) beside torch's device-to-device copy of the
+same bytes in the same run. Each case is checked against a float32 reference on the gathered
+pages before it is timed. Latency: one decode step (plan done) under CUDA-graph replay at batch
+1 x 1024, beside torch's scaled_dot_product_attention on pages gathered beforehand.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+import aotinfer
+from _bandwidth import gbps, same_size_copy
+from aotinfer.testing import bench_gpu_time
+
+WORKSPACE = 256 << 20
+
+
+def paged_case(batch, kv_len, qo_heads, kv_heads, head_dim=128, page_size=16, kv_dtype=torch.bfloat16):
+    pages_each = (kv_len + page_size - 1) // page_size
+    pool = 2 * batch * pages_each
+    k = torch.randn(pool, page_size, kv_heads, head_dim, device="cuda").to(kv_dtype)
+    v = torch.randn(pool, page_size, kv_heads, head_dim, device="cuda").to(kv_dtype)
+    indices = torch.randperm(pool, device="cuda")[: batch * pages_each].int()
+    indptr = torch.arange(0, batch + 1, dtype=torch.int32, device="cuda") * pages_each
+    last = torch.full((batch,), kv_len - (pages_each - 1) * page_size, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, qo_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    return q, (k, v), indptr, indices, last
+
+
+def gathered(cache, indptr, indices, last, b):
+    pages = indices[indptr[b] : indptr[b + 1]].long()
+    k, v = (c[pages].flatten(0, 1) for c in cache)  # [pages * page_size, kv_heads, head_dim]
+    n = (len(pages) - 1) * cache[0].shape[1] + int(last[b])
+    return k[:n], v[:n]
+
+
+def reference(q, cache, indptr, indices, last, k_scale=1.0, v_scale=1.0):
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    group = q.shape[1] // cache[0].shape[2]
+    for b in range(q.shape[0]):
+        k, v = gathered(cache, indptr, indices, last, b)
+        k = k.float().repeat_interleave(group, 1) * k_scale
+        v = v.float().repeat_interleave(group, 1) * v_scale
+        scores = torch.einsum("hd,nhd->hn", q[b].float(), k) / q.shape[-1] ** 0.5
+        out[b] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+    return out
+
+
+def run_case(label, batch, kv_len, qo_heads, kv_heads, kv_dtype=torch.bfloat16, k_scale=None, v_scale=None):
+    q, cache, indptr, indices, last = paged_case(batch, kv_len, qo_heads, kv_heads, kv_dtype=kv_dtype)
+    workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(indptr, indices, last, qo_heads, kv_heads, 128, 16, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    out = torch.empty_like(q)
+    run = lambda: wrapper.run(q, cache, out=out, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
+    out.fill_(float("nan"))
+    run()
+    n = min(batch, 4)
+    want = reference(q[:n], cache, indptr, indices, last, k_scale or 1.0, v_scale or 1.0)
+    torch.testing.assert_close(out[:n].float(), want, rtol=2e-2, atol=2e-2)
+    kv_bytes = 2 * batch * kv_len * kv_heads * 128 * cache[0].element_size()
+    nbytes = kv_bytes + 2 * q.numel() * q.element_size()
+    t, _ = bench_gpu_time(run)
+    copy = same_size_copy(nbytes)
+    ratio = gbps(nbytes, t) / copy
+    print(f"  {label:<34} {t * 1e6:9.1f} us {gbps(nbytes, t):7.0f} GB/s  copy {copy:5.0f}  {ratio:6.3f}")
+    return ratio
+
+
+def latency():
+    batch, kv_len, qo_heads, kv_heads = 1, 1024, 32, 8
+    q, cache, indptr, indices, last = paged_case(batch, kv_len, qo_heads, kv_heads)
+    workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(indptr, indices, last, qo_heads, kv_heads, 128, 16, q_data_type=torch.bfloat16)
+    out = torch.empty_like(q)
+    ours, _ = bench_gpu_time(lambda: wrapper.run(q, cache, out=out), use_cuda_graph=True, cold_l2_cache=False)
+    k, v = gathered(cache, indptr, indices, last, 0)
+    k, v = (x.transpose(0, 1).unsqueeze(0) for x in (k, v))  # [1, kv_heads, n, d]
+    qs = q.unsqueeze(2)  # [1, heads, 1, d]
+    sdpa = lambda: F.scaled_dot_product_attention(qs, k, v, enable_gqa=True)  # noqa: E731
+    theirs, _ = bench_gpu_time(sdpa, use_cuda_graph=True, cold_l2_cache=False)
+    print(f"\ndecode step, batch 1 x 1024, CUDA-graph replay: ours {ours * 1e6:.2f} us, "
+          f"torch SDPA on gathered pages {theirs * 1e6:.2f} us")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="three shapes only")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
+    print("bandwidth: ours, then a copy of the same bytes, and ours / copy")
+    shapes = [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (256, 8192),
+              (1, 32768), (4, 65536)]
+    if args.quick:
+        shapes = [(16, 2048), (64, 8192), (1, 32768)]
+    for batch, kv_len in shapes:
+        run_case(f"bf16 32/8 heads {batch}x{kv_len}", batch, kv_len, 32, 8)
+    run_case("bf16 group 1 (32/32) 64x4096", 64, 4096, 32, 32)
+    run_case("bf16 group 8 (64/8) 64x4096", 64, 4096, 64, 8)
+    run_case("fp8 e4m3 KV 32/8 64x4096", 64, 4096, 32, 8, torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0)
+    latency()
+
+
+if __name__ == "__main__":
+    main()

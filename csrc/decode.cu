@@ -1,0 +1,216 @@
+// Binding of paged decode attention (include/aotinfer/decode.cuh). The plan (python/aotinfer/
+// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot) and
+// `requests` rows (page_begin, kv_len, first_partial, num_partials); this binding checks the
+// tensors, then launches the decode kernel and, when `merge`, the merge of split requests.
+#include "aotinfer/decode.cuh"
+#include "tvm_ffi_utils.h"
+
+namespace {
+
+using aotinfer::DtypeKey;
+
+// head_dim values with a kernel.
+bool SupportedHeadDim(int64_t d) { return d == 64 || d == 128 || d == 256; }
+
+void CheckDtypeFp16(const TensorView& x, const char* name) {
+  const uint32_t key = DtypeKey(x.dtype());
+  if (key != DtypeKey(kDLFloat, 16) && key != DtypeKey(kDLBfloat, 16)) {
+    TVM_FFI_THROW(TypeError) << "Expected " << name << " to have dtype float16 or bfloat16, got " << x.dtype();
+  }
+}
+
+void CheckDtype(const TensorView& x, DLDataType dtype, const char* name, const char* what) {
+  if (x.dtype() != dtype) TVM_FFI_THROW(TypeError) << "Expected " << name << " to be " << what << ", got " << x.dtype();
+}
+
+// A table of int32 rows [n, width] (width 0: 1-D), contiguous.
+void CheckIndexTable(const TensorView& x, int64_t width, const char* name) {
+  CheckDtype(x, DLDataType{kDLInt, 32, 1}, name, "int32");
+  if (x.ndim() != (width ? 2 : 1) || (width && x.size(1) != width)) {
+    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have shape [n" << (width ? ", " + std::to_string(width) : "")
+                              << "], got " << aotinfer::ShapeString(x.shape());
+  }
+  aotinfer::CheckContiguous(x, name);
+}
+
+// 16-byte rows of `elements` elements: where cp.async and vector stores can take them.
+void CheckRows16(const TensorView& x, int64_t elements_per_16_bytes, const char* name, int outer_dims) {
+  bool aligned = reinterpret_cast<uintptr_t>(aotinfer::data_ptr<char>(x)) % 16 == 0;
+  for (int i = 0; i < outer_dims; ++i) aligned = aligned && (x.size(i) <= 1 || x.stride(i) % elements_per_16_bytes == 0);
+  if (!aligned) {
+    TVM_FFI_THROW(ValueError) << "Expected the rows of " << name << " to start on 16-byte boundaries, got strides "
+                              << aotinfer::ShapeString(x.strides());
+  }
+}
+
+void CheckLastDimContiguous(const TensorView& x, const char* name) {
+  if (x.size(-1) > 1 && x.stride(-1) != 1) {
+    TVM_FFI_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got strides "
+                              << aotinfer::ShapeString(x.strides());
+  }
+}
+
+// An empty tensor (not requested) or a contiguous float32 tensor of `shape`.
+bool CheckOptionalFloat(const TensorView& x, std::initializer_list<int64_t> shape, const char* name) {
+  if (x.numel() == 0) return false;
+  CheckDtype(x, DLDataType{kDLFloat, 32, 1}, name, "float32");
+  bool same = size_t(x.ndim()) == shape.size();
+  int i = 0;
+  for (int64_t s : shape) same = same && x.size(i++) == s;
+  if (!same) {
+    std::string expected = "[";
+    for (int64_t s : shape) expected += (expected.size() > 1 ? ", " : "") + std::to_string(s);
+    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have shape " << expected << "] or no elements, got "
+                              << aotinfer::ShapeString(x.shape());
+  }
+  aotinfer::CheckContiguous(x, name);
+  return true;
+}
+
+template <typename T, typename KV>
+cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, bool merge,
+                     cudaStream_t stream, bool pdl, int device) {
+  switch (head_dim) {
+    case 64: return aotinfer::BatchDecode<T, KV, 64>(p, num_items, merge, stream, pdl, device);
+    case 128: return aotinfer::BatchDecode<T, KV, 128>(p, num_items, merge, stream, pdl, device);
+    default: return aotinfer::BatchDecode<T, KV, 256>(p, num_items, merge, stream, pdl, device);
+  }
+}
+
+}  // namespace
+
+// Decode attention of q against the paged k_cache / v_cache (kv_layout 0: [pages, page_size,
+// kv_heads, head_dim], 1: [pages, kv_heads, page_size, head_dim]) over the planned work items.
+void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
+                  TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
+                  TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
+                  double v_scale, bool merge, int64_t enable_pdl) {
+  // 1. Validate: inputs, scalars, then outputs; devices last.
+  aotinfer::CheckDim(3, q, "q");
+  CheckDtypeFp16(q, "q");
+  CheckLastDimContiguous(q, "q");
+  const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
+  if (!SupportedHeadDim(head_dim)) {
+    TVM_FFI_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << head_dim << " (q of shape "
+                              << aotinfer::ShapeString(q.shape()) << ")";
+  }
+  CheckRows16(q, 8, "q", 2);
+  if (kv_layout != 0 && kv_layout != 1) {
+    TVM_FFI_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
+  }
+  aotinfer::CheckDim(4, k_cache, "k_cache");
+  aotinfer::CheckSameShape(v_cache, k_cache, "v_cache", "k_cache");
+  aotinfer::CheckSameDtype(v_cache, k_cache, "v_cache", "k_cache");
+  const uint32_t kv_key = DtypeKey(k_cache.dtype());
+  const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
+  if (!fp8 && k_cache.dtype() != q.dtype()) {
+    TVM_FFI_THROW(TypeError) << "Expected k_cache to have q's dtype " << q.dtype()
+                             << ", float8_e4m3fn or float8_e5m2, got " << k_cache.dtype();
+  }
+  const int head_axis = kv_layout == 0 ? 2 : 1, slot_axis = kv_layout == 0 ? 1 : 2;
+  const int64_t num_kv_heads = k_cache.size(head_axis), page_size = k_cache.size(slot_axis);
+  if (k_cache.size(3) != head_dim) {
+    TVM_FFI_THROW(ValueError) << "Expected the last dimension of k_cache to be head_dim " << head_dim << ", got shape "
+                              << aotinfer::ShapeString(k_cache.shape());
+  }
+  if (num_kv_heads == 0 || num_qo_heads % num_kv_heads != 0) {
+    TVM_FFI_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
+                              << num_kv_heads << ")";
+  }
+  CheckLastDimContiguous(k_cache, "k_cache");
+  CheckLastDimContiguous(v_cache, "v_cache");
+  CheckRows16(k_cache, fp8 ? 16 : 8, "k_cache", 3);
+  CheckRows16(v_cache, fp8 ? 16 : 8, "v_cache", 3);
+  CheckIndexTable(indices, 0, "indices");
+  CheckIndexTable(work, 4, "work");
+  CheckIndexTable(requests, 4, "requests");
+  if (requests.size(0) != batch) {
+    TVM_FFI_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
+                              << aotinfer::ShapeString(requests.shape());
+  }
+  const bool has_sinks = CheckOptionalFloat(sinks, {num_qo_heads}, "sinks");
+  if (!(sm_scale > 0.0) || !(logits_soft_cap >= 0.0) || window_left < -1) {
+    TVM_FFI_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
+                              << ", " << logits_soft_cap << " and " << window_left;
+  }
+  aotinfer::CheckEnablePdl(enable_pdl);
+  aotinfer::CheckSameShape(out, q, "out", "q");
+  aotinfer::CheckSameDtype(out, q, "out", "q");
+  CheckLastDimContiguous(out, "out");
+  CheckRows16(out, 8, "out", 2);
+  const bool has_lse = CheckOptionalFloat(lse, {batch, num_qo_heads}, "lse");
+  const int64_t slots = partial_lse.numel() ? partial_lse.size(0) : 0;
+  const bool has_partials = CheckOptionalFloat(partial_lse, {slots, num_qo_heads}, "partial_lse");
+  if (has_partials != CheckOptionalFloat(partial_out, {slots, num_qo_heads, head_dim}, "partial_out")) {
+    TVM_FFI_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
+  }
+  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &out};
+  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "out"};
+  for (int i = 0; i < 7; ++i) {
+    aotinfer::CheckCuda(*on_gpu[i], names[i]);
+    aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
+  }
+  if (has_sinks) aotinfer::CheckSameDevice(sinks, q, "sinks", "q");
+  if (has_lse) aotinfer::CheckSameDevice(lse, q, "lse", "q");
+  if (has_partials) {
+    aotinfer::CheckSameDevice(partial_out, q, "partial_out", "q");
+    aotinfer::CheckSameDevice(partial_lse, q, "partial_lse", "q");
+  }
+  if (work.size(0) > 0x7fffffff || num_qo_heads / num_kv_heads > 0xffff * aotinfer::kDecodeRows) {
+    TVM_FFI_THROW(ValueError) << "Expected fewer work items (" << work.size(0) << ") and query heads";
+  }
+
+  aotinfer::DecodeParams p{};
+  p.out = aotinfer::data_ptr<char>(out);
+  p.out_stride_n = out.stride(0);
+  p.out_stride_h = out.stride(1);
+  p.lse = has_lse ? aotinfer::data_ptr<float>(lse) : nullptr;
+  p.partial_out = has_partials ? aotinfer::data_ptr<float>(partial_out) : nullptr;
+  p.partial_lse = has_partials ? aotinfer::data_ptr<float>(partial_lse) : nullptr;
+  p.q = aotinfer::data_ptr<char>(q);
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.k = aotinfer::data_ptr<char>(k_cache);
+  p.v = aotinfer::data_ptr<char>(v_cache);
+  p.k_stride_page = k_cache.stride(0);
+  p.k_stride_slot = k_cache.stride(slot_axis);
+  p.k_stride_head = k_cache.stride(head_axis);
+  p.v_stride_page = v_cache.stride(0);
+  p.v_stride_slot = v_cache.stride(slot_axis);
+  p.v_stride_head = v_cache.stride(head_axis);
+  p.indices = aotinfer::data_ptr<int32_t>(indices);
+  p.work = aotinfer::data_ptr<int4>(work);
+  p.requests = aotinfer::data_ptr<int4>(requests);
+  p.sinks = has_sinks ? aotinfer::data_ptr<float>(sinks) : nullptr;
+  p.batch = int(batch);
+  p.num_qo_heads = int(num_qo_heads);
+  p.num_kv_heads = int(num_kv_heads);
+  p.group = int(num_qo_heads / num_kv_heads);
+  p.head_blocks = (p.group + aotinfer::kDecodeRows - 1) / aotinfer::kDecodeRows;
+  p.page_size = int(page_size);
+  p.scale_log2 = float(sm_scale * 1.4426950408889634);
+  p.soft_cap = float(logits_soft_cap);
+  p.window_left = int(window_left);
+  p.v_scale = float(v_scale);
+  if (batch == 0 || work.size(0) == 0) return;
+
+  // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
+  const int device = q.device().device_id;
+  aotinfer::DeviceGuard guard(device);
+  cudaStream_t stream = aotinfer::get_stream(q.device());
+  const bool pdl = aotinfer::UsePdl(enable_pdl, device);
+  const int num_items = int(work.size(0));
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
+    cudaError_t status;
+    if (kv_key == DtypeKey(kDLFloat8_e4m3fn, 8)) {
+      status = Dispatch<T, __nv_fp8_e4m3>(p, head_dim, num_items, merge, stream, pdl, device);
+    } else if (kv_key == DtypeKey(kDLFloat8_e5m2, 8)) {
+      status = Dispatch<T, __nv_fp8_e5m2>(p, head_dim, num_items, merge, stream, pdl, device);
+    } else {
+      status = Dispatch<T, T>(p, head_dim, num_items, merge, stream, pdl, device);
+    }
+    CHECK_LAUNCH(status, "batch_decode");
+    return true;
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode, batch_decode);

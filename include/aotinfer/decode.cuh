@@ -1,0 +1,454 @@
+// Paged decode attention: one query token of each request against its paged KV cache, at the speed
+// of reading the cache.
+//
+// A block of 4 warps takes one work item -- a request and a range of its token positions -- for one
+// KV head and up to 16 of the query heads that share it (GQA): every K and V byte is read once for
+// all of them. Those query heads are the 16 rows of tensor-core tiles (mma.sync m16n8k16; rows past
+// the group are zero), so scores and the weighted sum of V run on tensor cores whatever the group
+// size. Tiles of 64 tokens of K and V stream through a cp.async pipeline of kStages tiles in shared
+// memory, gathered page by page; each warp takes 16 tokens of a tile and keeps its own running max,
+// sum and output, and the four states are merged at the end. An fp8 cache lands in shared memory
+// as it is stored and is widened to the query's type before the tensor cores read it.
+//
+// Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
+// cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
+// split over several work items (the caller's plan decides) writes one partial output and LSE per
+// item; DecodeMergeKernel combines them. Sinks (per query head, in the logits' natural-log domain)
+// add exp(sink) to the denominator only, once, where a request's output is finished.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "aotinfer/async_copy.cuh"
+#include "aotinfer/launch.cuh"
+#include "aotinfer/mma.cuh"
+#include "aotinfer/vec.cuh"
+
+namespace aotinfer {
+
+// One decode step; every pointer is on the same GPU, strides are in elements.
+struct DecodeParams {
+  void* out;                     // [batch, num_qo_heads, head_dim] of T
+  int64_t out_stride_n, out_stride_h;
+  float* lse;                    // [batch, num_qo_heads], base 2; null: not written
+  float* partial_out;            // [slots, num_qo_heads, head_dim]
+  float* partial_lse;            // [slots, num_qo_heads]
+  const void* q;                 // [batch, num_qo_heads, head_dim] of T
+  int64_t q_stride_n, q_stride_h;
+  const void* k;                 // pages of KV: element (page, slot, head, d)
+  const void* v;
+  int64_t k_stride_page, k_stride_slot, k_stride_head;
+  int64_t v_stride_page, v_stride_slot, v_stride_head;
+  const int32_t* indices;        // page ids
+  const int4* work;              // [items]: (request, kv_begin, kv_end, slot); request -1: idle, slot -1: final
+  const int4* requests;          // [batch]: (page_begin, kv_len, first_partial, num_partials)
+  const float* sinks;            // [num_qo_heads] or null
+  int batch;
+  int num_qo_heads, num_kv_heads;
+  int group;                     // num_qo_heads / num_kv_heads
+  int head_blocks;               // ceil(group / 16): blocks per KV head
+  int page_size;
+  float scale_log2;              // sm_scale * log2(e)
+  float soft_cap;                // 0: off
+  int window_left;               // < 0: off
+  float v_scale;
+};
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeRows = 16;                       // query heads a block: the rows of a tile
+constexpr int kDecodeTileTokens = kDecodeWarps * 16;  // 16 tokens a warp
+constexpr int kDecodeMergeThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shapes of one instantiation: T the query's (and output's) type, KV the cache's, D the head dim,
+// kStages tiles in flight (DecodeStages: fewer where a GPU has less shared memory).
+template <typename T, typename KV, int D, int kStagesIn>
+struct DecodeShape {
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
+  static constexpr bool kWiden = !std::is_same_v<T, KV>;  // an fp8 cache
+  static constexpr int kStages = kStagesIn;
+  static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (the tiles mma reads)
+  static constexpr int kCachedRowChunks = D * int(sizeof(KV)) / 16;
+  static constexpr int kElemsPerChunk = 16 / int(sizeof(KV));
+  static constexpr int kTileBytes = kDecodeTileTokens * D * 2;                   // 16-bit K or V tile
+  static constexpr int kCachedTileBytes = kDecodeTileTokens * D * int(sizeof(KV));  // as stored
+  static constexpr int kQBytes = kDecodeRows * D * 2;
+  static constexpr int kChunksPerThread = kDecodeTileTokens * kCachedRowChunks / kDecodeThreads;
+  static constexpr int kTokenStep = kDecodeThreads / kCachedRowChunks;  // between a thread's tokens
+  // Q, the stages (K then V each), and for an fp8 cache one 16-bit tile that K, then V, is widened into.
+  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes + (kWiden ? kTileBytes : 0);
+  static constexpr size_t kSharedBytes = kQBytes + kStageBytes;
+  static_assert(kChunksPerThread * kDecodeThreads == kDecodeTileTokens * kCachedRowChunks);
+  // The merge of the warps' outputs reuses the stages: [warps][16 rows][D] floats.
+  static_assert(kStageBytes >= size_t(kDecodeWarps) * kDecodeRows * D * 4);
+};
+
+// Stages where shared memory allows (sm80, sm90, sm100: about 227 KB a block), and the fewest
+// that keep a 99 KB limit (sm86, sm89, sm120) for the head dims that need fewer.
+template <typename KV, int D>
+constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 3 : 2;
+template <typename KV, int D>
+constexpr int kDecodeStagesSmall = D <= 64 ? 4 : sizeof(KV) == 1 && D <= 128 ? 3 : D <= 128 ? 2 : 1;
+
+__device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
+__device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
+
+// Eight KV elements (half of a 16-byte fp8 chunk) as eight T, packed in four registers.
+template <typename T, typename KV>
+__device__ __forceinline__ uint4 Widen8(uint2 raw) {
+  const KV* x = reinterpret_cast<const KV*>(&raw);
+  uint4 r;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w[i] = PackPair<T>(float(x[2 * i]), float(x[2 * i + 1]));
+  return r;
+}
+
+template <typename T, typename KV, int D, int kStages>
+__global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
+  using S = DecodeShape<T, KV, D, kStages>;
+  extern __shared__ __align__(128) uint8_t shared[];
+  uint8_t* const q_tile = shared;
+  uint8_t* const stages = shared + S::kQBytes;                                  // [kStages][K, V]
+  uint8_t* const widened = stages + size_t(S::kStages) * 2 * S::kCachedTileBytes;  // fp8 only
+  __shared__ float warp_max[kDecodeWarps][kDecodeRows], warp_sum[kDecodeWarps][kDecodeRows];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int kv_head = blockIdx.y / p.head_blocks;
+  const int row0 = (blockIdx.y % p.head_blocks) * kDecodeRows;  // first query head of the group here
+  const int rows = min(kDecodeRows, p.group - row0);
+  const int qo_head0 = kv_head * p.group + row0;
+
+  WaitForPriorGrids();
+  const int4 item = p.work[blockIdx.x];
+  if (item.x < 0) return;  // an idle item of a fixed (graph-captured) grid
+  const int request = item.x;
+  const int4 info = p.requests[request];
+  const int kv_len = info.y;
+  int begin = item.y;
+  const int end = min(item.z, kv_len);
+  if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
+  const int num_tiles = end > begin ? (end - begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
+
+  // Q: 16 rows (query heads; zero past the group) of D, in the first commit group.
+  const T* q = static_cast<const T*>(p.q) + request * p.q_stride_n;
+  for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
+    const int r = c / S::kRowChunks, chunk = c % S::kRowChunks;
+    const bool valid = r < rows;
+    CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, chunk),
+                      valid ? q + (qo_head0 + r) * p.q_stride_h + chunk * 8 : q, valid);
+  }
+
+  // Each thread copies chunk column `column` of tokens first_token + i * kTokenStep of every tile,
+  // of K and of V; the pages of a tile are looked up one step before its copy is issued.
+  const int column = tid % S::kCachedRowChunks, first_token = tid / S::kCachedRowChunks;
+  const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
+  const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
+  const int32_t* pages = p.indices + info.x;
+  int page[S::kChunksPerThread], slot[S::kChunksPerThread];
+  auto look_up = [&](int tile) {
+#pragma unroll
+    for (int i = 0; i < S::kChunksPerThread; ++i) {
+      const int pos = begin + tile * kDecodeTileTokens + first_token + i * S::kTokenStep;
+      page[i] = -1;
+      if (tile < num_tiles && pos < end) {
+        const int index = pos / p.page_size;
+        slot[i] = pos - index * p.page_size;
+        page[i] = __ldg(pages + index);
+      }
+    }
+  };
+  auto cached_offset = [&](int token) -> uint32_t {  // where a thread's chunk of `token` lands
+    if constexpr (S::kWiden) return uint32_t(token * S::kCachedRowChunks + column) * 16u;
+    else return SwizzledOffset<S::kRowChunks>(token, column);
+  };
+  auto copy = [&](int tile) {
+    uint8_t* k_dst = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
+    uint8_t* v_dst = k_dst + S::kCachedTileBytes;
+#pragma unroll
+    for (int i = 0; i < S::kChunksPerThread; ++i) {
+      const int token = first_token + i * S::kTokenStep;
+      const bool valid = page[i] >= 0;
+      const int64_t pg = valid ? page[i] : 0, sl = valid ? slot[i] : 0;
+      CopyAsync16OrZero(k_dst + cached_offset(token), k + pg * p.k_stride_page + sl * p.k_stride_slot, valid);
+      CopyAsync16OrZero(v_dst + cached_offset(token), v + pg * p.v_stride_page + sl * p.v_stride_slot, valid);
+    }
+  };
+  // An fp8 K or V tile, once landed: each thread widens the chunks it copied into the 16-bit tile
+  // (every thread's chunks are in once the caller's barrier has passed; the caller syncs after).
+  auto widen = [&](const uint8_t* cached) {
+#pragma unroll
+    for (int i = 0; i < S::kChunksPerThread; ++i) {
+      const int token = first_token + i * S::kTokenStep;
+      const uint4 raw = *reinterpret_cast<const uint4*>(cached + cached_offset(token));
+      *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column)) =
+          Widen8<T, KV>(make_uint2(raw.x, raw.y));
+      *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column + 1)) =
+          Widen8<T, KV>(make_uint2(raw.z, raw.w));
+    }
+  };
+
+  look_up(0);
+#pragma unroll
+  for (int s = 0; s + 1 < S::kStages; ++s) {
+    if (s < num_tiles) copy(s);
+    CommitAsyncGroup();
+    look_up(s + 1);
+  }
+
+  // Per thread: rows g = lane / 4 and g + 8 of the warp's tiles.
+  float o[D / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  const float cap_scale = p.soft_cap > 0.f ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
+  const float cap_log2 = p.soft_cap * kLog2e;
+  const uint32_t q_base = SharedAddress(q_tile);
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    if constexpr (S::kStages == 1) {  // no tile ahead: copy, wait, compute
+      __syncthreads();  // every warp is done with the previous tile
+      copy(tile);
+      CommitAsyncGroup();
+      look_up(tile + 1);
+      WaitAsyncGroups<0>();
+      __syncthreads();
+    } else {
+      WaitAsyncGroups<S::kStages - 2>();
+      __syncthreads();  // the tile is in for every thread; every warp is done with the stage refilled next
+      if (tile + S::kStages - 1 < num_tiles) copy(tile + S::kStages - 1);
+      CommitAsyncGroup();
+      look_up(tile + S::kStages);
+    }
+    const uint8_t* k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
+    const uint8_t* v_tile = k_tile + S::kCachedTileBytes;
+    if constexpr (S::kWiden) {
+      widen(k_tile);
+      __syncthreads();
+      k_tile = widened;
+    }
+
+    // Scores of the warp's 16 tokens: two 16x8 tiles, over D / 16 steps.
+    float s[2][4] = {};
+    const uint32_t k_base = SharedAddress(k_tile);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4], b[4];
+      LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+      LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+      Mma16816<T>(s[0], a, b[0], b[1]);
+      Mma16816<T>(s[1], a, b[2], b[3]);
+    }
+
+    // Scale (or cap), mask positions past the end, and fold into each row's running softmax.
+    const int warp_pos = begin + tile * kDecodeTileTokens + warp * 16;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = warp_pos + nt * 8 + (lane % 4) * 2 + (e & 1);
+        float x = p.soft_cap > 0.f ? cap_log2 * tanhf(s[nt][e] * cap_scale) : s[nt][e] * p.scale_log2;
+        x = pos < end ? x : -INFINITY;
+        s[nt][e] = x;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float new_max = fmaxf(row_max[r], tile_max[r]);
+      alpha[r] = Exp2(row_max[r] - SafeBase(new_max));
+      row_max[r] = new_max;
+      row_sum[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = Exp2(s[nt][e] - SafeBase(row_max[e / 2]));
+        row_sum[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+
+    if constexpr (S::kWiden) {  // V into the widened tile, once every warp is done with K there
+      __syncthreads();
+      widen(v_tile);
+      __syncthreads();
+      v_tile = widened;
+    }
+    const uint32_t v_base = SharedAddress(v_tile);
+
+    // o += P V: P (16 rows x 16 tokens) straight from the score registers, V through ldmatrix.trans.
+    const uint32_t pa[4] = {PackPair<T>(s[0][0], s[0][1]), PackPair<T>(s[0][2], s[0][3]),
+                            PackPair<T>(s[1][0], s[1][1]), PackPair<T>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t b[4];
+      LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
+      Mma16816<T>(o[2 * np], pa, b[0], b[1]);
+      Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+    }
+  }
+  AllowDependentGrids();
+
+  // Merge the four warps' states: outputs through the (now free) stages, max and sum beside them.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+  WaitAsyncGroups<0>();  // copies of tiles past the end (empty groups) are done too
+  __syncthreads();
+  float* o_shared = reinterpret_cast<float*>(stages);  // [warp][row][D]
+  const int g = lane / 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + (lane % 4) * 2;
+    *reinterpret_cast<float2*>(o_shared + (warp * kDecodeRows + g) * D + col) = make_float2(o[n][0], o[n][1]);
+    *reinterpret_cast<float2*>(o_shared + (warp * kDecodeRows + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+  }
+  if (lane % 4 == 0) {
+    warp_max[warp][g] = row_max[0];
+    warp_max[warp][g + 8] = row_max[1];
+    warp_sum[warp][g] = row_sum[0];
+    warp_sum[warp][g + 8] = row_sum[1];
+  }
+  __syncthreads();
+
+  // 8 threads a row, D / 8 dims each.
+  constexpr int kDims = D / 8;
+  const int row = tid / 8, d0 = (tid % 8) * kDims;
+  if (row >= rows) return;
+  const int head = qo_head0 + row;
+  const bool final = item.w < 0;
+  float m = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, warp_max[w][row]);
+  const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+  m = fmaxf(m, sink);
+  const float base = SafeBase(m);
+  float weight[kDecodeWarps], total = Exp2(sink - base);
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    weight[w] = Exp2(warp_max[w][row] - base);
+    total += weight[w] * warp_sum[w][row];
+  }
+  const float inv = total > 0.f ? p.v_scale / total : 0.f;
+  const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
+  float acc[kDims];
+#pragma unroll
+  for (int d = 0; d < kDims; d += 4) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(o_shared + (w * kDecodeRows + row) * D + d0 + d);
+      sum.x += weight[w] * x.x;
+      sum.y += weight[w] * x.y;
+      sum.z += weight[w] * x.z;
+      sum.w += weight[w] * x.w;
+    }
+    acc[d] = sum.x * inv;
+    acc[d + 1] = sum.y * inv;
+    acc[d + 2] = sum.z * inv;
+    acc[d + 3] = sum.w * inv;
+  }
+  if (final) {
+    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d0;
+#pragma unroll
+    for (int d = 0; d < kDims; d += 8) {
+      Vec<T, 8> y;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = from_float<T>(acc[d + e]);
+      y.store(out + d);
+    }
+    if (p.lse != nullptr && tid % 8 == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = lse;
+  } else {
+    float* out = p.partial_out + (int64_t(item.w) * p.num_qo_heads + head) * D + d0;
+#pragma unroll
+    for (int d = 0; d < kDims; d += 4) *reinterpret_cast<float4*>(out + d) = make_float4(acc[d], acc[d + 1], acc[d + 2], acc[d + 3]);
+    if (tid % 8 == 0) p.partial_lse[int64_t(item.w) * p.num_qo_heads + head] = lse;
+  }
+}
+
+// Requests split over several items: out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink).
+// A warp a query head, D / 32 dims a lane.
+template <typename T, int D>
+__global__ void __launch_bounds__(kDecodeMergeThreads) DecodeMergeKernel(const DecodeParams p) {
+  constexpr int kDims = D / 32;
+  const int request = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  WaitForPriorGrids();
+  const int4 info = p.requests[request];
+  const int first = info.z, count = info.w;
+  if (count <= 1) return;  // written by its only item
+  for (int head = warp; head < p.num_qo_heads; head += kDecodeMergeThreads / 32) {
+    const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+    float m = sink;
+    for (int i = 0; i < count; ++i) m = fmaxf(m, p.partial_lse[int64_t(first + i) * p.num_qo_heads + head]);
+    const float base = SafeBase(m);
+    float total = Exp2(sink - base), acc[kDims] = {};
+    for (int i = 0; i < count; ++i) {
+      const int64_t part = int64_t(first + i) * p.num_qo_heads + head;
+      const float weight = Exp2(p.partial_lse[part] - base);
+      total += weight;
+      const float* x = p.partial_out + part * D + lane * kDims;
+#pragma unroll
+      for (int d = 0; d < kDims; d += 2) {
+        const float2 y = *reinterpret_cast<const float2*>(x + d);
+        acc[d] += weight * y.x;
+        acc[d + 1] += weight * y.y;
+      }
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + lane * kDims;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) out[d] = from_float<T>(acc[d] * inv);
+    if (p.lse != nullptr && lane == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
+  }
+}
+
+template <typename T, typename KV, int D, int kStages>
+cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl) {
+  const dim3 grid(unsigned(num_items), unsigned(p.num_kv_heads * p.head_blocks));
+  return LaunchWithSharedMemory(DecodeKernel<T, KV, D, kStages>, grid, dim3(kDecodeThreads),
+                                DecodeShape<T, KV, D, kStages>::kSharedBytes, stream, pdl, p);
+}
+
+// The decode kernel over num_items work items, then, if `merge`, the merge of split requests.
+template <typename T, typename KV, int D>
+cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaStream_t stream, bool pdl, int device) {
+  if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
+  constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>;
+  // BlocksPerSm also raises a kernel's shared-memory limit past 48 KB, once per device.
+  cudaError_t status = cudaErrorInvalidConfiguration;
+  if (BlocksPerSm<DecodeKernel<T, KV, D, kStages>>(kDecodeThreads, DecodeShape<T, KV, D, kStages>::kSharedBytes, device) > 0) {
+    status = LaunchDecode<T, KV, D, kStages>(p, num_items, stream, pdl);
+  } else if constexpr (kSmall != kStages) {
+    if (BlocksPerSm<DecodeKernel<T, KV, D, kSmall>>(kDecodeThreads, DecodeShape<T, KV, D, kSmall>::kSharedBytes, device) > 0) {
+      status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
+    }
+  }
+  if (status != cudaSuccess || !merge) return status;
+  return Launch(DecodeMergeKernel<T, D>, dim3(unsigned(p.batch)), dim3(kDecodeMergeThreads), stream, pdl, p);
+}
+
+}  // namespace aotinfer
