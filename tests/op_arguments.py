@@ -3,6 +3,7 @@
 
 import math
 
+import pytest
 import torch
 
 from aotinfer.trace import Const, Scalar, Var, registry
@@ -10,6 +11,7 @@ from aotinfer.trace import Const, Scalar, Var, registry
 PAIRS = registry()
 IDS = [f"{op.__name__}-{template.name_prefix}" for op, template in PAIRS]
 SIZES = {Var: 6, Const: 16}
+AXIS_SIZES = {"head_dim": 64}  # axes whose sizes kernels restrict (decode takes head_dim 64, 128, 256)
 SCALARS = {"float32": 1.25, "float64": 1.25, "int32": 3, "int64": 3, "bool": True}
 MAX_RANK = 4  # "any rank" is tried from 0 up to this
 
@@ -35,7 +37,7 @@ def _leading(rank, spec):
 
 
 def axis_sizes(template, rank=None):
-    sizes = {axis: SIZES[type(kind)] for axis, kind in template.axes.items()}
+    sizes = {axis: AXIS_SIZES.get(axis, SIZES[type(kind)]) for axis, kind in template.axes.items()}
     for spec in _ranked(template):
         if rank is not None and spec.dim_names:
             lead = _leading(rank, spec)
@@ -56,6 +58,18 @@ def shape_of(spec, sizes, rank=None):
     return dims[len(dims) - rank :]  # fewer dimensions: the missing leading axes are 1
 
 
+def tensor_dtype(spec, dtype):
+    """The dtype of an input: ``spec.dtype`` where the template fixes it (a float32 log-sum-exp, a
+    bool mask), else ``dtype``; skips the test when ``spec.dtypes`` (what the op takes) lacks it."""
+    fixed = getattr(spec, "dtype", None)
+    if fixed is not None:
+        return getattr(torch, fixed)
+    taken = getattr(spec, "dtypes", None)
+    if taken is not None and str(dtype).replace("torch.", "") not in taken:
+        pytest.skip(f"the op takes no {dtype} (it takes {', '.join(taken)})")
+    return dtype
+
+
 def make_arguments(template, device, dtype=torch.bfloat16, rank=None):
     """Op arguments by parameter name, and reference inputs by key, from the template."""
     sizes = axis_sizes(template, rank)
@@ -64,7 +78,7 @@ def make_arguments(template, device, dtype=torch.bfloat16, rank=None):
         if isinstance(spec, Scalar):
             value = SCALARS[spec.dtype]
         else:
-            value = torch.randn(shape_of(spec, sizes, rank), device=device).to(dtype)
+            value = torch.randn(shape_of(spec, sizes, rank), device=device).to(tensor_dtype(spec, dtype))
         by_param[spec.param or key] = value
         by_key[key] = value
     return by_param, by_key

@@ -10,12 +10,15 @@ from . import _kernels as _kernels
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
+from .cascade import merge_state, merge_state_in_place, merge_states
+from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .scale import scale
 from .utils import BackendSupportedError
 
 __all__ = [
     "BackendSupportedError",
+    "BatchDecodeWithPagedKVCacheWrapper",
     "NoCompatibleBuild",
     "__version__",
     "fused_add_rmsnorm",
@@ -24,9 +27,13 @@ __all__ = [
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
     "layernorm",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
     "rmsnorm",
     "scale",
     "silu_and_mul",
+    "single_decode_with_kv_cache",
 ]
 
 _kernels.on_aotinfer_imported()

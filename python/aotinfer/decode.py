@@ -1,0 +1,1120 @@
+"""Decode attention over a paged KV cache, with FlashInfer's API (module ``flashinfer.decode``):
+``BatchDecodeWithPagedKVCacheWrapper`` (``plan`` once per decode step, ``run`` once per layer) and
+``single_decode_with_kv_cache``.
+
+One query token per request attends the request's keys and values, read from pages of a KV
+cache: request ``i`` owns pages ``indices[indptr[i]:indptr[i + 1]]`` and holds
+``page_size * (pages - 1) + last_page_len[i]`` tokens. Logits are ``sm_scale * q.k`` (optionally
+soft-capped, ``cap * tanh(x / cap)``, and limited to the last ``window_left + 1`` positions);
+the softmax runs in float32, and the log-sum-exp returned is base 2 (``log2(sum(exp(logit)))``,
+FlashInfer's convention, which aotinfer.cascade merges). A request with no tokens gives zeros and
+``-inf``.
+
+The design choice: ``plan`` makes every host decision and ``run`` none. ``plan`` reads the small
+index arrays on the host, splits long sequences into chunks when the batch alone would leave the
+GPU idle, and writes the result into the workspace as two int32 tables the kernel reads:
+
+    work      [items, 4]  (request, kv_begin, kv_end, slot): one CTA column per item, attending
+                          positions [kv_begin, kv_end) of its request; slot -1 writes the output
+                          directly, slot >= 0 a partial result that a merge kernel combines;
+                          request -1 is an idle item (a CUDA graph's fixed grid, see below)
+    requests  [batch, 4]  (page_begin, kv_len, first_partial, num_partials) per request
+
+``run`` only launches: the decode kernel, then (when something was split) the merge kernel, with
+the planned tables, so every layer reuses one plan and a CUDA graph can capture ``run``.
+
+FlashInfer behaviours followed, and the decisions they settle:
+
+- ``plan`` copies ``indptr`` and ``last_page_len`` to the host (a synchronization when they are on
+  the GPU, as in FlashInfer) and leaves ``indices`` on the GPU: copied into the caller's buffer
+  under ``use_cuda_graph``, moved to the workspace's device otherwise.
+- ``fixed_split_size`` is in pages, as FlashInfer's FA2 scheduler counts it; chunks start at
+  multiples of ``fixed_split_size * page_size`` tokens from position 0, so a request's output does
+  not depend on the rest of the batch (FlashInfer allows it with tensor cores only; every decode
+  here takes it). ``disable_split_kv=True`` gives each request one item.
+- Sinks (``run(sinks=...)``, float32 per query head) are logits in the natural-log domain, not
+  scaled by ``sm_scale``, added to the softmax denominator once per request; the log-sum-exp
+  includes them, as FlashInfer's FA2 ``AttentionSink`` variant writes it (an empty request with
+  sinks gives ``lse = sink * log2(e)``).
+- The output dtype is q's: ``o_data_type`` may be left out or equal to ``q_data_type``.
+- ``q_scale * k_scale`` multiply ``sm_scale``; ``v_scale`` multiplies the output (in the kernel).
+- ``run`` checks q's and the cache's dtypes against ``plan`` (ValueError, as FlashInfer). Its
+  ``window_left`` may narrow the planned window but not widen it: ``plan`` only splits the planned
+  window's positions (FlashInfer's ``run`` requires the planned value). ``forward`` sets the
+  options it takes on the wrapper for later calls too, as FlashInfer's does.
+- ``plan`` takes FlashInfer's optional arguments by keyword or in its legacy positional order;
+  ``block_tables`` is accepted and unused (as by FlashInfer's FA2 and CUDA-core decode);
+  ``seq_lens`` replaces the lengths computed from ``last_page_len``.
+- ``use_tensor_cores`` and ``backend`` (any of FlashInfer's names) pick nothing: one kernel serves
+  every group size.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._kernels import kernel
+from .api_logging import aotinfer_api
+from .trace.templates.decode import single_decode_with_kv_cache_trace
+from .utils import backend_requirement, check_enable_pdl, check_real, pdl_flag
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, List, Optional, Tuple, Union
+
+    import torch
+
+_batch_decode = kernel("decode", "batch_decode")
+
+HEAD_DIMS = (64, 128, 256)
+_KV_LAYOUTS = {"NHD": 0, "HND": 1}
+_POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")  # FlashInfer's; only NONE is implemented
+_BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl")  # FlashInfer's names, all one kernel here
+_Q_DTYPES = ("float16", "bfloat16")
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+# The split heuristic. A CTA serves up to 16 query heads of one KV head, so the grid is
+# items x (num_kv_heads * ceil(group / 16)); plan aims at 2 CTAs an SM. Chunks are multiples of
+# 64 tokens (and of the page size where that stays under 4096 tokens, so that chunks end on page
+# boundaries), at least 256 tokens: shorter ones cost more in merging than they win.
+_HEADS_PER_CTA = 16
+_CTAS_PER_SM = 2
+_CHUNK_UNIT = 64
+_MAX_CHUNK_UNIT = 4096
+_MIN_CHUNK = 256
+# single_decode_with_kv_cache plans without asking the GPU (it runs under tracers and CUDA graph
+# capture, and its output then does not depend on the GPU model): as for this many SMs (H100/H200).
+_SINGLE_DECODE_SMS = 132
+_CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
+_INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's size: 512Ki rows of the int32 tables
+_ALIGN = 16
+
+
+# ---- argument checks (what the binding cannot name) --------------------------------------------
+
+
+def _check_kv_layout(kv_layout: Any) -> None:
+    if kv_layout not in _KV_LAYOUTS:
+        raise ValueError(f"Expected kv_layout to be 'NHD' or 'HND', got {kv_layout!r}")
+
+
+def _check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
+    if pos_encoding_mode == "NONE":
+        return
+    if pos_encoding_mode in _POS_ENCODING_MODES:
+        raise NotImplementedError(
+            f"pos_encoding_mode={pos_encoding_mode!r} is not implemented: apply the position encoding to q and k "
+            "before attention and pass pos_encoding_mode='NONE'"
+        )
+    raise ValueError(f"Expected pos_encoding_mode to be one of {', '.join(map(repr, _POS_ENCODING_MODES))}, got {pos_encoding_mode!r}")
+
+
+def _check_int(value: Any, name: str, minimum: int) -> None:
+    if type(value) is not int and (isinstance(value, bool) or not hasattr(value, "__index__")):
+        raise TypeError(f"Expected {name} to be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"Expected {name} to be at least {minimum}, got {value}")
+
+
+def _check_window_left(window_left: Any) -> None:
+    _check_int(window_left, "window_left", -1)
+
+
+def _check_soft_cap(logits_soft_cap: Any) -> None:
+    if logits_soft_cap is not None:
+        check_real(logits_soft_cap, "logits_soft_cap")
+        if not 0.0 <= logits_soft_cap < float("inf"):
+            raise ValueError(f"Expected logits_soft_cap to be None, 0 (off) or positive, got {logits_soft_cap}")
+
+
+def _check_optional_reals(**values: Any) -> None:
+    for name, value in values.items():
+        if value is not None:
+            check_real(value, name)
+
+
+def _check_head_dim(head_dim: Any) -> None:
+    _check_int(head_dim, "head_dim", 1)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported: supported head dims are {', '.join(map(str, HEAD_DIMS))}")
+
+
+def _check_heads(num_qo_heads: Any, num_kv_heads: Any) -> None:
+    _check_int(num_qo_heads, "num_qo_heads", 1)
+    _check_int(num_kv_heads, "num_kv_heads", 1)
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"Expected num_qo_heads ({num_qo_heads}) to be a multiple of num_kv_heads ({num_kv_heads})")
+
+
+def _check_int32(tensor: Any, name: str) -> None:
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.int32:
+        raise TypeError(f"Expected {name} to have dtype int32, got {str(tensor.dtype).replace('torch.', '')}")
+    if tensor.dim() != 1:
+        raise ValueError(f"Expected {name} to be 1-D, got shape {list(tensor.shape)}")
+
+
+def _expect_tensor(value: Any, name: str) -> None:
+    """TypeError naming ``name`` unless ``value`` is a tensor: for arguments the op reads before
+    the binding sees them (the binding names the others itself)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(value).__name__}")
+
+
+def _dtype(value: Any, name: str) -> "torch.dtype":
+    """A torch dtype from a dtype or its name, as FlashInfer's canonicalize_torch_dtype."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return getattr(torch, value)
+    raise TypeError(f"Expected {name} to be a torch.dtype or its name, got {value!r}")
+
+
+def _dtype_name(dtype: "torch.dtype") -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ---- the work partition (host only) ------------------------------------------------------------
+
+
+def heads_ctas(num_qo_heads: int, num_kv_heads: int) -> int:
+    """CTAs per work item: each KV head's query heads, 16 to a CTA."""
+    group = max(num_qo_heads // max(num_kv_heads, 1), 1)
+    return max(num_kv_heads, 1) * -(-group // _HEADS_PER_CTA)
+
+
+def target_items(num_sms: int, num_qo_heads: int, num_kv_heads: int) -> int:
+    """The number of work items that fills the GPU (2 CTAs an SM)."""
+    return max(1, -(-_CTAS_PER_SM * num_sms // heads_ctas(num_qo_heads, num_kv_heads)))
+
+
+def chunk_unit(page_size: int) -> int:
+    """Chunk sizes are multiples of this: 64 tokens and whole pages where that stays small."""
+    unit = math.lcm(_CHUNK_UNIT, page_size)
+    return unit if unit <= _MAX_CHUNK_UNIT else _CHUNK_UNIT
+
+
+def num_chunks(lo: int, hi: int, chunk: int) -> int:
+    """Chunks of ``chunk`` tokens, aligned to multiples of ``chunk`` from position 0, that cover
+    positions [lo, hi); one (empty) item for an empty range, one item for chunk 0 (no split)."""
+    return (hi - 1) // chunk - lo // chunk + 1 if chunk > 0 and hi > lo else 1
+
+
+def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count: Callable[[int], int]) -> int:
+    """The smallest chunk size (a multiple of chunk_unit(page_size), at least 256 tokens) whose
+    partition has at most ``max_items`` items, ``count(chunk)`` being its number of items; 0 (no
+    split) when no request attends more than 256 positions (``longest``: the most any attends).
+    ``end``: the last position any request attends, plus one. Assumes one item a request fits."""
+    unit = chunk_unit(page_size)
+    if longest <= _MIN_CHUNK:
+        return 0
+    # Binary search for the smallest k (chunk = k * unit) that fits. k_hi fits (a chunk as long
+    # as every sequence: one a request), so the answer always fits, even where the count is not
+    # monotonic in k (chunks are aligned to their size).
+    k_lo, k_hi = -(-_MIN_CHUNK // unit), max(-(-end // unit), 1)
+    while k_lo < k_hi:
+        mid = (k_lo + k_hi) // 2
+        if count(mid * unit) <= max_items:
+            k_hi = mid
+        else:
+            k_lo = mid + 1
+    return k_hi * unit
+
+
+class WorkPartition:
+    """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
+
+    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
+
+    def __init__(self, work, requests, num_items, num_slots, chunk):
+        self.work = work  # [items or capacity, 4] (request, kv_begin, kv_end, slot)
+        self.requests = requests  # [batch, 4] (page_begin, kv_len, first_partial, num_partials)
+        self.num_items = num_items  # items that attend (the rest, under a capacity, are idle)
+        self.num_slots = num_slots  # partial results written
+        self.chunk = chunk  # tokens per chunk; 0: nothing split
+
+
+def partition_work(
+    kv_len: "torch.Tensor",
+    page_begin: "torch.Tensor",
+    *,
+    page_size: int,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    num_sms: int,
+    window_left: int = -1,
+    disable_split_kv: bool = False,
+    fixed_split_size: Optional[int] = None,
+    capacity: Optional[int] = None,
+) -> WorkPartition:
+    """Split each request's attended positions into work items (see the module doc).
+
+    ``kv_len`` and ``page_begin`` are int64 CPU tensors ``[batch]``. A request attends positions
+    ``[lo, kv_len)``, ``lo = max(0, kv_len - 1 - window_left)`` with a window, else 0. Chunks start at
+    multiples of the chunk size from position 0, so a request's items depend on the request and
+    the chunk size alone. The chunk size: ``disable_split_kv``: none (one item a request);
+    ``fixed_split_size``: that many pages; otherwise none when the batch fills the GPU
+    (``target_items``), else the smallest that keeps the items within it. Items are ordered
+    longest first (the tail of a ragged batch starts early). ``capacity`` (CUDA graphs): the work
+    table has exactly this many rows, idle ones at the end; ValueError when the items do not fit.
+    """
+    import torch
+
+    batch = kv_len.numel()
+    lo = (kv_len - 1 - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(kv_len)
+    fill = target_items(num_sms, num_qo_heads, num_kv_heads)
+    if disable_split_kv or (fixed_split_size is None and batch >= fill):
+        chunk = 0
+    elif fixed_split_size is not None:
+        chunk = fixed_split_size * page_size
+    else:
+        lo_list, hi_list = lo.tolist(), kv_len.tolist()
+        longest = max(h - l for l, h in zip(lo_list, hi_list)) if batch else 0
+        end = max(hi_list) if batch else 0
+
+        def count(c):
+            return sum(num_chunks(l, h, c) for l, h in zip(lo_list, hi_list))
+
+        chunk = smallest_chunk(longest, end, fill, page_size, count)
+
+    if chunk == 0:
+        # One item a request (the usual large batch): tensor ops.
+        num_items, num_slots = batch, 0
+        none = torch.full_like(kv_len, -1)
+        work = torch.stack([torch.arange(batch), lo, kv_len, none], 1)
+        work = work[torch.argsort(kv_len - lo, descending=True, stable=True)]
+        requests = torch.stack([page_begin, kv_len, none, torch.zeros_like(kv_len)], 1)
+    else:
+        # Chunks (a small batch, or a fixed split): rows in Python, one tensor each at the end.
+        rows, request_rows, num_slots = [], [], 0
+        for b, (l, h, begin, length) in enumerate(zip(lo.tolist(), kv_len.tolist(), page_begin.tolist(), kv_len.tolist())):
+            first, n = l // chunk, num_chunks(l, h, chunk)
+            if n == 1:
+                rows.append((b, l, h, -1))
+                request_rows.append((begin, length, -1, 0))
+                continue
+            for i in range(n):
+                rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i))
+            request_rows.append((begin, length, num_slots, n))
+            num_slots += n
+        rows.sort(key=lambda row: row[1] - row[2])  # longest first; sort is stable
+        num_items = len(rows)
+        work = torch.tensor(rows, dtype=torch.int64).view(-1, 4)
+        requests = torch.tensor(request_rows, dtype=torch.int64).view(-1, 4)
+    if capacity is not None:
+        if num_items > capacity:
+            raise ValueError(
+                f"this plan needs {num_items} work items, more than the {capacity} a CUDA graph's fixed grid holds "
+                f"for batch size {batch}: use a larger fixed_split_size (or none) or disable_split_kv=True"
+            )
+        idle = torch.tensor([[-1, 0, 0, -1]], dtype=work.dtype).expand(capacity - num_items, 4)
+        work = torch.cat([work, idle])
+    return WorkPartition(work.to(torch.int32), requests.to(torch.int32), num_items, num_slots, chunk)
+
+
+def _num_sms(device: "torch.device") -> int:
+    if device.type != "cuda":
+        return _CPU_SMS
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _SMS.get(index)
+    if count is None:
+        count = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
+
+
+_SMS: dict = {}
+
+
+# ---- the KV cache ------------------------------------------------------------------------------
+
+
+def _expand_4d(cache: Any, kv_layout: str, name: str) -> "torch.Tensor":
+    """One of K or V as ``[pages, page_size, heads, dim]`` (NHD) or ``[pages, heads, page_size,
+    dim]`` (HND); a 3-D tensor is pages of one token (page_size 1), as FlashInfer reads it."""
+    _expect_tensor(cache, name)
+    if cache.dim() == 3:
+        return cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
+    if cache.dim() != 4:
+        raise ValueError(f"Expected {name} to have 3 or 4 dimensions, got shape {list(cache.shape)}")
+    return cache
+
+
+def unpack_kv_cache(paged_kv_cache: Any, kv_layout: str) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """(k_cache, v_cache) 4-D views of a ``(k, v)`` tuple of 3-D or 4-D tensors, or of one 5-D
+    tensor ``[pages, 2, ...]`` (4-D: page_size 1) holding K at ``[:, 0]`` and V at ``[:, 1]``."""
+    import torch
+
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"Expected paged_kv_cache to be a (k_cache, v_cache) pair, got {len(paged_kv_cache)} tensors")
+        return (
+            _expand_4d(paged_kv_cache[0], kv_layout, "paged_kv_cache[0] (k_cache)"),
+            _expand_4d(paged_kv_cache[1], kv_layout, "paged_kv_cache[1] (v_cache)"),
+        )
+    if not isinstance(paged_kv_cache, torch.Tensor):
+        raise TypeError(f"Expected paged_kv_cache to be a torch.Tensor or a (k_cache, v_cache) tuple, got {type(paged_kv_cache).__name__}")
+    cache = paged_kv_cache
+    if cache.dim() == 4:
+        cache = cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
+    if cache.dim() != 5 or cache.shape[1] != 2:
+        page = "page_size, num_kv_heads, head_dim" if kv_layout == "NHD" else "num_kv_heads, page_size, head_dim"
+        raise ValueError(
+            f"Expected paged_kv_cache to have shape [pages, 2, {page}] ({kv_layout}), or [pages, 2, num_kv_heads, "
+            f"head_dim] for page_size 1, got {list(paged_kv_cache.shape)}"
+        )
+    return cache.select(1, 0), cache.select(1, 1)
+
+
+# ---- the wrapper -------------------------------------------------------------------------------
+
+
+class _Plan:
+    """What plan decided, for run: the tables on the device and the shapes they were made for."""
+
+    __slots__ = (
+        "batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
+        "window_left", "work", "requests", "indices", "partial_out", "partial_lse", "merge", "empty", "partition",
+    )  # fmt: skip
+
+
+def _check_run(
+    self,
+    q,
+    paged_kv_cache,
+    *,
+    q_scale=None,
+    k_scale=None,
+    v_scale=None,
+    out=None,
+    lse=None,
+    return_lse=False,
+    enable_pdl=None,
+    window_left=None,
+    sinks=None,
+) -> bool:
+    _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    check_enable_pdl(enable_pdl)
+    plan = self._plan
+    if plan is None:
+        return True  # run says it
+    _expect_tensor(q, "q")
+    expected = (plan.batch_size, plan.num_qo_heads, plan.head_dim)
+    if tuple(q.shape) != expected:
+        raise ValueError(f"Expected q to have the planned shape [batch_size, num_qo_heads, head_dim] = {list(expected)}, got {list(q.shape)}")
+    if q.dtype != plan.q_dtype:
+        raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {plan.q_dtype} specified in plan")
+    window = self._window_left if window_left is None else window_left
+    _check_window_left(window)
+    if plan.window_left >= 0 and not 0 <= window <= plan.window_left:
+        raise ValueError(
+            f"window_left={window} attends positions that plan (window_left={plan.window_left}) did not assign to any "
+            "CTA: plan with the widest window the runs use"
+        )
+    return True
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    r"""Decode attention for a batch of requests over a paged KV cache (FlashInfer's wrapper).
+
+    ``plan`` once per decode step, with the page table; then ``run`` once per layer with that
+    layer's queries and cache. See the module doc for the page table, the math and how the work
+    is split.
+
+    >>> workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    >>> wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    >>> wrapper.plan(kv_indptr, kv_indices, kv_last_page_len, 32, 8, 128, 16, q_data_type=torch.bfloat16)
+    >>> out = wrapper.run(q, kv_cache)  # q: [batch, 32, 128]
+    """
+
+    @aotinfer_api
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: Optional[torch.Tensor] = None,
+        paged_kv_indices_buffer: Optional[torch.Tensor] = None,
+        paged_kv_last_page_len_buffer: Optional[torch.Tensor] = None,
+        backend: str = "auto",
+    ) -> None:
+        r"""
+        Parameters
+        ----------
+        float_workspace_buffer : torch.Tensor
+            Holds the partial results of split sequences: a contiguous, 16-byte aligned buffer of
+            any dtype on the GPU that runs (128 MB is plenty; ``plan`` says when it is too small).
+        kv_layout : str
+            ``"NHD"`` (``[pages, page_size, heads, dim]``) or ``"HND"`` (``[pages, heads, page_size, dim]``).
+        use_cuda_graph : bool
+            ``run`` reads the page table from the three buffers below, which ``plan`` fills, and
+            launches a fixed grid: a captured ``run`` replays correctly after ``plan`` with a new
+            page table of the same batch size.
+        use_tensor_cores : bool
+            Accepted for FlashInfer's API; one kernel serves every group size.
+        paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer : torch.Tensor
+            With ``use_cuda_graph``: int32 GPU buffers of ``batch_size + 1``, the most pages any
+            plan uses, and ``batch_size`` elements. The batch size is fixed by them.
+        backend : str
+            FlashInfer's ``"auto"``, ``"fa2"``, ``"fa3"``, ``"trtllm-gen"`` or ``"cute-dsl"``; all
+            run aotinfer's kernel.
+        """
+        import torch
+
+        _check_kv_layout(kv_layout)
+        if backend not in _BACKENDS:
+            raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
+        self._kv_layout = kv_layout
+        self._kv_layout_code = _KV_LAYOUTS[kv_layout]
+        self._backend = backend
+        self._use_tensor_cores = bool(use_tensor_cores)
+        self._use_cuda_graph = bool(use_cuda_graph)
+        _check_workspace(float_workspace_buffer, "float_workspace_buffer")
+        self.device = float_workspace_buffer.device
+        int_workspace = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self._set_workspaces(float_workspace_buffer, int_workspace)
+
+        if use_cuda_graph:
+            buffers = {
+                "paged_kv_indptr_buffer": paged_kv_indptr_buffer,
+                "paged_kv_indices_buffer": paged_kv_indices_buffer,
+                "paged_kv_last_page_len_buffer": paged_kv_last_page_len_buffer,
+            }
+            for name, buffer in buffers.items():
+                if not isinstance(buffer, torch.Tensor):
+                    raise ValueError(f"{name} must be a torch.Tensor when use_cuda_graph=True, got {type(buffer).__name__}")
+                _check_int32(buffer, name)
+                if buffer.device != self.device:
+                    raise ValueError(f"Expected {name} on the workspace's device {self.device}, got {buffer.device}")
+            self._fixed_batch_size = paged_kv_last_page_len_buffer.numel()
+            if paged_kv_indptr_buffer.numel() != self._fixed_batch_size + 1:
+                raise ValueError(
+                    f"Expected paged_kv_indptr_buffer to have batch_size + 1 = {self._fixed_batch_size + 1} elements "
+                    f"(batch_size from paged_kv_last_page_len_buffer), got {paged_kv_indptr_buffer.numel()}"
+                )
+        else:
+            self._fixed_batch_size = 0
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+
+        # The attention options run uses: set by plan, overridden by forward (as FlashInfer's).
+        self._pos_encoding_mode = "NONE"
+        self._window_left = -1
+        self._logits_soft_cap: Optional[float] = None
+        self._sm_scale: Optional[float] = None
+        self._rope_scale: Optional[float] = None
+        self._rope_theta: Optional[float] = None
+        self._plan: Optional[_Plan] = None
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def _set_workspaces(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
+        import torch
+
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = int_workspace_buffer
+        self._float_bytes = float_workspace_buffer.view(-1).view(torch.uint8)
+        self._int_bytes = int_workspace_buffer.view(-1).view(torch.uint8)
+        # The host side of the int32 tables: pinned (the copy to the GPU does not wait for it),
+        # in two halves used in turn, so a plan never writes the half whose copy may still be in
+        # flight from the plan before.
+        pinned = self.device.type == "cuda"
+        self._pin_memory_int_workspace_buffer = torch.empty(self._int_bytes.numel(), dtype=torch.uint8, pin_memory=pinned)
+        self._staging_events: List[Optional[Any]] = [None, None]
+        self._staging_half = 0
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
+        r"""Use new workspace buffers from the next ``plan`` on (FlashInfer's API): the float one
+        for partial results, the int one (bytes on the same GPU) for the work tables."""
+        _check_workspace(float_workspace_buffer, "float_workspace_buffer")
+        _check_workspace(int_workspace_buffer, "int_workspace_buffer")
+        if int_workspace_buffer.device != float_workspace_buffer.device:
+            raise ValueError(
+                f"Expected int_workspace_buffer on float_workspace_buffer's device {float_workspace_buffer.device}, "
+                f"got {int_workspace_buffer.device}"
+            )
+        self.device = float_workspace_buffer.device
+        self._set_workspaces(float_workspace_buffer, int_workspace_buffer)
+
+    @aotinfer_api
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        q_data_type: Optional[Union[str, torch.dtype]] = "float16",
+        kv_data_type: Optional[Union[str, torch.dtype]] = None,
+        o_data_type: Optional[Union[str, torch.dtype]] = None,
+        data_type: Optional[Union[str, torch.dtype]] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        non_blocking: bool = True,
+        block_tables: Optional[torch.Tensor] = None,
+        seq_lens: Optional[torch.Tensor] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None:
+        r"""Plan the decode of one step: read the page table, split the work, write the tables.
+
+        Parameters
+        ----------
+        indptr : torch.Tensor
+            int32 ``[batch_size + 1]``: request ``i`` owns ``indices[indptr[i]:indptr[i + 1]]``.
+        indices : torch.Tensor
+            int32 page ids, at least ``indptr[-1]`` of them (on the GPU; copied there otherwise).
+        last_page_len : torch.Tensor
+            int32 ``[batch_size]``: tokens in each request's last page, ``0..page_size``.
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads; ``num_qo_heads`` a multiple of ``num_kv_heads``.
+        head_dim : int
+            64, 128 or 256.
+        page_size : int
+            Tokens a page.
+        pos_encoding_mode : str
+            ``"NONE"`` (``"ROPE_LLAMA"`` and ``"ALIBI"`` raise NotImplementedError).
+        window_left : int
+            Attend the last ``window_left + 1`` positions only; -1: all. ``run`` may narrow it.
+        logits_soft_cap : Optional[float]
+            ``cap * tanh(logit / cap)`` on the scaled logits; None or 0: off.
+        q_data_type : str or torch.dtype
+            float16 (FlashInfer's default) or bfloat16; ``run`` checks q against it.
+        kv_data_type : str or torch.dtype
+            The cache's dtype: q's, float8_e4m3fn or float8_e5m2; None: ``q_data_type``.
+        o_data_type : str or torch.dtype
+            None or ``q_data_type``: the output has q's dtype.
+        data_type : str or torch.dtype
+            Deprecated: fills ``q_data_type`` and ``kv_data_type`` where they are None.
+        sm_scale : Optional[float]
+            Logit scale; None: ``1 / sqrt(head_dim)``.
+        rope_scale, rope_theta : Optional[float]
+            Unused (no position encoding).
+        non_blocking : bool
+            Copy the tables to the GPU without waiting for the copy.
+        block_tables : Optional[torch.Tensor]
+            Unused (FlashInfer's trtllm-gen backend reads it).
+        seq_lens : Optional[torch.Tensor]
+            Sequence lengths ``[batch_size]`` to use instead of those of ``last_page_len``.
+        fixed_split_size : Optional[int]
+            Split every sequence into chunks of this many pages (batch-invariant output).
+        disable_split_kv : bool
+            One CTA column per request: deterministic, batch-invariant output.
+        """
+        import torch
+
+        # ---- options
+        _check_pos_encoding_mode(pos_encoding_mode)
+        _check_heads(num_qo_heads, num_kv_heads)
+        _check_head_dim(head_dim)
+        _check_int(page_size, "page_size", 1)
+        _check_window_left(window_left)
+        _check_soft_cap(logits_soft_cap)
+        _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        if fixed_split_size is not None:
+            _check_int(fixed_split_size, "fixed_split_size", 1)
+        if data_type is not None:
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
+        q_dtype = _dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
+        kv_dtype = q_dtype if kv_data_type is None else _dtype(kv_data_type, "kv_data_type")
+        if _dtype_name(q_dtype) not in _Q_DTYPES:
+            raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {_dtype_name(q_dtype)}")
+        if kv_dtype != q_dtype and _dtype_name(kv_dtype) not in _FP8_DTYPES:
+            raise ValueError(
+                f"Expected kv_data_type to be q_data_type ({_dtype_name(q_dtype)}), float8_e4m3fn or float8_e5m2, "
+                f"got {_dtype_name(kv_dtype)}"
+            )
+        if o_data_type is not None and _dtype(o_data_type, "o_data_type") != q_dtype:
+            raise NotImplementedError(
+                f"o_data_type={_dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has "
+                f"q's dtype ({_dtype_name(q_dtype)})"
+            )
+
+        # ---- the page table, on the host
+        _check_int32(indptr, "indptr")
+        _check_int32(indices, "indices")
+        _check_int32(last_page_len, "last_page_len")
+        batch = last_page_len.numel()
+        if indptr.numel() != batch + 1:
+            raise ValueError(f"Expected indptr to have batch_size + 1 = {batch + 1} elements, got {indptr.numel()}")
+        if self._use_cuda_graph:
+            if batch != self._fixed_batch_size:
+                raise ValueError(
+                    f"The batch size is fixed under use_cuda_graph: got {batch}, the buffers given to the wrapper hold "
+                    f"{self._fixed_batch_size}"
+                )
+            if indices.numel() > self._paged_kv_indices_buf.numel():
+                raise ValueError(
+                    f"Expected at most {self._paged_kv_indices_buf.numel()} indices (paged_kv_indices_buffer's size), "
+                    f"got {indices.numel()}"
+                )
+        indptr_host = indptr.to("cpu", torch.int64)
+        last_host = last_page_len.to("cpu", torch.int64)
+        pages = indptr_host[1:] - indptr_host[:-1]
+        if batch and (bool((pages < 0).any()) or int(indptr_host[0]) < 0 or int(indptr_host[-1]) > indices.numel()):
+            raise ValueError(
+                f"Expected indptr to be non-decreasing from 0 or more, up to len(indices) = {indices.numel()}, "
+                f"got {indptr_host.tolist()}"
+            )
+        if seq_lens is None:
+            if bool(((last_host < 0) | (last_host > page_size) | ((pages == 0) & (last_host != 0))).any()):
+                raise ValueError(
+                    f"Expected last_page_len in 0..page_size ({page_size}), and 0 for requests without pages, got "
+                    f"{last_host.tolist()}"
+                )
+            kv_len = (pages - 1).clamp(min=0) * page_size + last_host
+        else:
+            _expect_tensor(seq_lens, "seq_lens")
+            kv_len = seq_lens.to("cpu", torch.int64).reshape(-1)
+            if kv_len.numel() != batch or bool(((kv_len < 0) | (kv_len > pages * page_size)).any()):
+                raise ValueError(
+                    f"Expected seq_lens to hold {batch} lengths, each at most its pages times page_size, got "
+                    f"{kv_len.tolist()}"
+                )
+
+        # ---- the work partition
+        fill = target_items(_num_sms(self.device), num_qo_heads, num_kv_heads)
+        capacity = max(batch, fill) if self._use_cuda_graph else None
+        partition = partition_work(
+            kv_len,
+            indptr_host[:-1],
+            page_size=page_size,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            num_sms=_num_sms(self.device),
+            window_left=window_left,
+            disable_split_kv=disable_split_kv,
+            fixed_split_size=fixed_split_size,
+            capacity=capacity,
+        )
+
+        # ---- the partial results, the tables and the page indices on the device (what can fail
+        # first: a plan that raises leaves the wrapper as it was)
+        plan = _Plan()
+        # Partial results: under CUDA graphs as many slots as items can ever be, so that the views
+        # run captured stay the same.
+        slots = capacity if self._use_cuda_graph else partition.num_slots
+        plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
+        plan.work, plan.requests = self._write_tables(partition, non_blocking)
+        if self._use_cuda_graph:
+            self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
+            self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
+            if indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                self._paged_kv_indices_buf[: indices.numel()].copy_(indices, non_blocking=non_blocking)
+            plan.indices = self._paged_kv_indices_buf
+        else:
+            plan.indices = indices.to(self.device, non_blocking=non_blocking)
+            self._paged_kv_indptr_buf = indptr
+            self._paged_kv_indices_buf = plan.indices
+            self._paged_kv_last_page_len_buf = last_page_len
+        plan.merge = self._use_cuda_graph or partition.num_slots > 0
+        plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
+        plan.partition = partition
+        plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
+        plan.head_dim, plan.page_size, plan.q_dtype, plan.kv_dtype = head_dim, page_size, q_dtype, kv_dtype
+        plan.window_left = window_left
+
+        self._plan = plan
+        self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
+        self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q_dtype, kv_dtype, q_dtype
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+
+    begin_forward = plan
+
+    def _write_tables(self, partition: WorkPartition, non_blocking: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Copy the requests and work tables into the int workspace (one copy from the pinned
+        staging half not in flight); returns their views there."""
+        import torch
+
+        requests, work = partition.requests, partition.work
+        rows = requests.shape[0] + work.shape[0]
+        half_bytes = (self._pin_memory_int_workspace_buffer.numel() // 2) // _ALIGN * _ALIGN
+        if rows * 16 > min(half_bytes, self._int_bytes.numel()):
+            raise ValueError(
+                f"The int workspace holds {min(half_bytes, self._int_bytes.numel()) // 16} table rows, this plan needs "
+                f"{rows}: give reset_workspace_buffer a larger int_workspace_buffer"
+            )
+        half = self._staging_half
+        self._staging_half ^= 1
+        event = self._staging_events[half]
+        if event is not None:
+            event.synchronize()  # the copy of two plans ago, long done in practice
+        staging = self._pin_memory_int_workspace_buffer[half * half_bytes : half * half_bytes + rows * 16].view(torch.int32)
+        staging = staging.view(rows, 4)
+        staging[: requests.shape[0]].copy_(requests)
+        staging[requests.shape[0] :].copy_(work)
+        tables = self._int_bytes[: rows * 16].view(torch.int32).view(rows, 4)
+        tables.copy_(staging, non_blocking=non_blocking)
+        if self.device.type == "cuda" and non_blocking:
+            if event is None:
+                event = self._staging_events[half] = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        return tables[requests.shape[0] :], tables[: requests.shape[0]]
+
+    def _partial_views(self, slots: int, num_heads: int, head_dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``[slots, heads, head_dim]`` and ``[slots, heads]`` views of the float workspace."""
+        import torch
+
+        out_bytes = slots * num_heads * head_dim * 4
+        lse_begin = -(-out_bytes // _ALIGN) * _ALIGN
+        need = lse_begin + slots * num_heads * 4
+        if need > self._float_bytes.numel():
+            raise ValueError(
+                f"float_workspace_buffer holds {self._float_bytes.numel()} bytes, this plan needs {need} for the partial "
+                f"results of {slots} split chunks: give the wrapper a larger one"
+            )
+        partial_out = self._float_bytes[:out_bytes].view(torch.float32).view(slots, num_heads, head_dim)
+        partial_lse = self._float_bytes[lse_begin:need].view(torch.float32).view(slots, num_heads)
+        return partial_out, partial_lse
+
+    @aotinfer_api
+    @backend_requirement(backend_checks={}, common_check=_check_run)
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        *,
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Optional[torch.Tensor] = None,
+        lse: Optional[torch.Tensor] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+        window_left: Optional[int] = None,
+        sinks: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        r"""Decode attention of one layer with the planned page table. Launches only.
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[batch_size, num_qo_heads, head_dim]``, the planned dtype; last dimension contiguous.
+        paged_kv_cache : torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+            ``(k_cache, v_cache)``, each ``[pages, page_size, num_kv_heads, head_dim]`` (NHD) or
+            ``[pages, num_kv_heads, page_size, head_dim]`` (HND), or 3-D for page_size 1; or one
+            tensor ``[pages, 2, ...]``. Views into a larger pool are fine (last dimension contiguous).
+        q_scale, k_scale : Optional[float]
+            Multiply ``sm_scale`` (fp8 calibration scales).
+        v_scale : Optional[float]
+            Multiplies the output.
+        out : Optional[torch.Tensor]
+            Output of q's shape and dtype; allocated when None.
+        lse : Optional[torch.Tensor]
+            float32 ``[batch_size, num_qo_heads]``, written when given; allocated when None and
+            ``return_lse``.
+        return_lse : bool
+            Also return the log-sum-exp (base 2).
+        enable_pdl : Optional[bool]
+            Programmatic dependent launch: None where the GPU supports it.
+        window_left : Optional[int]
+            None: the planned (or ``forward``'s) window; else a window no wider than the planned one.
+        sinks : Optional[torch.Tensor]
+            float32 ``[num_qo_heads]``: a logit per head added to the softmax denominator.
+
+        Returns
+        -------
+        torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+            ``out``, or ``(out, lse)`` with ``return_lse``.
+        """
+        import torch
+
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("BatchDecodeWithPagedKVCacheWrapper.run: call plan() first")
+        k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
+        if k_cache.dtype != plan.kv_dtype:
+            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")
+        # The kernel finds a request's pages from its length and the page size: a page size other
+        # than the planned one would read past the request's page ids.
+        page_size = k_cache.shape[1 if self._kv_layout_code == 0 else 2]
+        if page_size != plan.page_size:
+            raise ValueError(f"Expected paged_kv_cache with the planned page_size {plan.page_size}, got {page_size}")
+        sm_scale = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(plan.head_dim)
+        if q_scale is not None:
+            sm_scale *= q_scale
+        if k_scale is not None:
+            sm_scale *= k_scale
+        # Outputs on the plan's device: a q on another one is the tensor the binding names.
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=self.device)
+        if lse is None and return_lse:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=self.device)
+        _batch_decode.fn(
+            out,
+            plan.empty if lse is None else lse,
+            plan.partial_out,
+            plan.partial_lse,
+            q,
+            k_cache,
+            v_cache,
+            plan.indices,
+            plan.work,
+            plan.requests,
+            plan.empty if sinks is None else sinks,
+            self._kv_layout_code,
+            sm_scale,
+            self._logits_soft_cap or 0.0,
+            self._window_left if window_left is None else window_left,
+            1.0 if v_scale is None else v_scale,
+            plan.merge,
+            pdl_flag(enable_pdl),
+        )
+        return (out, lse) if return_lse else out
+
+    def run_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
+        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        pos_encoding_mode: str = "NONE",
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> torch.Tensor:
+        r"""Deprecated form of ``run`` (FlashInfer's): the attention options given here replace the
+        planned ones, for this call and the ones after it."""
+        self._set_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+
+    def forward_return_lse(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        pos_encoding_mode: str = "NONE",
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        r"""Deprecated form of ``run_return_lse``, as ``forward``."""
+        self._set_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+
+    def _set_options(self, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta) -> None:
+        _check_pos_encoding_mode(pos_encoding_mode)
+        _check_window_left(window_left)
+        _check_soft_cap(logits_soft_cap)
+        _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+
+    def end_forward(self) -> None:
+        r"""Deprecated and does nothing (FlashInfer's)."""
+
+
+def _check_workspace(buffer: Any, name: str) -> None:
+    _expect_tensor(buffer, name)
+    if not buffer.is_contiguous():
+        raise ValueError(f"Expected {name} to be contiguous")
+    if buffer.numel() and buffer.data_ptr() % _ALIGN:
+        raise ValueError(f"{name} must be {_ALIGN}-byte aligned, got data_ptr % {_ALIGN} = {buffer.data_ptr() % _ALIGN}")
+
+
+# ---- single request ----------------------------------------------------------------------------
+
+
+def _check_single_decode(
+    q,
+    k,
+    v,
+    kv_layout="NHD",
+    pos_encoding_mode="NONE",
+    use_tensor_cores=False,
+    q_scale=None,
+    k_scale=None,
+    v_scale=None,
+    window_left=-1,
+    logits_soft_cap=None,
+    sm_scale=None,
+    rope_scale=None,
+    rope_theta=None,
+    return_lse=False,
+) -> bool:
+    _check_kv_layout(kv_layout)
+    _check_pos_encoding_mode(pos_encoding_mode)
+    _check_window_left(window_left)
+    _check_soft_cap(logits_soft_cap)
+    _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+    return True
+
+
+def _single_request_tables(kv_len: int, lo: int, chunk: int, device: "torch.device") -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """The work and requests tables of one request whose positions [lo, kv_len) are split into
+    chunks of ``chunk`` tokens (0: one item), and its number of partial slots. Built on the device
+    by a few small launches (no copy from the host), so that CUDA graph capture and tracers take
+    them; with tensor methods only (Python indexing of fake CUDA tensors needs a CUDA build)."""
+    import torch
+
+    if chunk <= 0:
+        chunk = max(kv_len, 1)  # one chunk: edges [lo, kv_len]
+    first, items = lo // chunk, num_chunks(lo, kv_len, chunk)
+    split = items > 1
+    # Item i covers [edges[i], edges[i + 1]): the chunk boundaries, clamped to [lo, kv_len].
+    edges = torch.arange(first * chunk, (first + items + 1) * chunk, chunk, dtype=torch.int32, device=device)
+    edges = edges.clamp_(lo, kv_len)
+    if split:
+        slots = torch.arange(items, dtype=torch.int32, device=device)
+    else:
+        slots = torch.full((1,), -1, dtype=torch.int32, device=device)
+    work = torch.stack((torch.zeros_like(slots), edges.narrow(0, 0, items), edges.narrow(0, 1, items), slots), dim=1)
+    requests = torch.zeros((1, 4), dtype=torch.int32, device=device)  # page_begin 0
+    requests.narrow(1, 1, 1).fill_(kv_len)
+    requests.narrow(1, 2, 1).fill_(0 if split else -1)  # first_partial
+    requests.narrow(1, 3, 1).fill_(items if split else 0)  # num_partials
+    return work, requests, (items if split else 0)
+
+
+@aotinfer_api(trace=single_decode_with_kv_cache_trace)
+@backend_requirement(backend_checks={}, common_check=_check_single_decode)
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: Optional[float] = None,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    r"""Decode attention of one request over contiguous K and V (FlashInfer's API).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[num_qo_heads, head_dim]``, float16 or bfloat16; head_dim 64, 128 or 256.
+    k, v : torch.Tensor
+        ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND):
+        q's dtype, float8_e4m3fn or float8_e5m2. Strided views are fine (last dimension contiguous).
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    pos_encoding_mode : str
+        ``"NONE"`` (others raise NotImplementedError).
+    use_tensor_cores : bool
+        Accepted for FlashInfer's API; one kernel serves every group size.
+    q_scale, k_scale : Optional[float]
+        Multiply ``sm_scale``.
+    v_scale : Optional[float]
+        Multiplies the output.
+    window_left : int
+        Attend the last ``window_left + 1`` positions; -1: all.
+    logits_soft_cap : Optional[float]
+        ``cap * tanh(logit / cap)``; None or 0: off.
+    sm_scale : Optional[float]
+        Logit scale; None: ``1 / sqrt(head_dim)``.
+    rope_scale, rope_theta : Optional[float]
+        Unused.
+    return_lse : bool
+        Also return the log-sum-exp (base 2), float32 ``[num_qo_heads]``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        The output ``[num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)``.
+    """
+    import torch
+
+    for value, name in ((q, "q"), (k, "k"), (v, "v")):
+        _expect_tensor(value, name)
+    if q.dim() != 2:
+        raise ValueError(f"Expected q to have shape [num_qo_heads, head_dim], got {list(q.shape)}")
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(
+            f"Expected k and v to have one shape, [kv_len, num_kv_heads, head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] "
+            f"(HND), got {list(k.shape)} and {list(v.shape)}"
+        )
+    num_qo_heads, head_dim = q.shape
+    # As pages of one token: [kv_len, 1, heads, dim] (NHD) or [kv_len, heads, 1, dim] (HND), views.
+    if kv_layout == "NHD":
+        kv_len, num_kv_heads = k.shape[0], k.shape[1]
+        k_cache, v_cache = k.unsqueeze(1), v.unsqueeze(1)
+    else:
+        num_kv_heads, kv_len = k.shape[0], k.shape[1]
+        k_cache, v_cache = k.transpose(0, 1).unsqueeze(2), v.transpose(0, 1).unsqueeze(2)
+    device = k.device  # everything the op makes goes beside K and V: a q elsewhere is what the binding names
+    lo = max(kv_len - 1 - window_left, 0) if window_left >= 0 else 0
+    fill = target_items(_SINGLE_DECODE_SMS, num_qo_heads, num_kv_heads)
+    chunk = smallest_chunk(kv_len - lo, kv_len, fill, 1, lambda c: num_chunks(lo, kv_len, c)) if fill > 1 else 0
+    work, requests, slots = _single_request_tables(kv_len, lo, chunk, device)
+    indices = torch.arange(kv_len, dtype=torch.int32, device=device)
+
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    if q_scale is not None:
+        sm_scale *= q_scale
+    if k_scale is not None:
+        sm_scale *= k_scale
+    out = torch.empty((1, num_qo_heads, head_dim), dtype=q.dtype, device=device)
+    lse = torch.empty((1, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
+    _batch_decode.fn(
+        out,
+        lse,
+        torch.empty((slots, num_qo_heads, head_dim), dtype=torch.float32, device=device),
+        torch.empty((slots, num_qo_heads), dtype=torch.float32, device=device),
+        q.unsqueeze(0),
+        k_cache,
+        v_cache,
+        indices,
+        work,
+        requests,
+        torch.empty(0, dtype=torch.float32, device=device),
+        _KV_LAYOUTS[kv_layout],
+        sm_scale,
+        logits_soft_cap or 0.0,
+        window_left,
+        1.0 if v_scale is None else v_scale,
+        slots > 0,
+        -1,
+    )
+    return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
