@@ -10,7 +10,7 @@ namespace {
 template <typename Act>
 void ActAndMul(TensorView out, TensorView input, int64_t enable_pdl, const char* op) {
   if (input.ndim() == 0 || input.size(-1) % 2 != 0) {
-    TVM_FFI_THROW(ValueError) << "Expected the last dimension of input to be even (gate and up halves), got shape "
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of input to be even (gate and up halves), got shape "
                               << aotinfer::ShapeString(input.shape());
   }
   int64_t rows = 0, out_rows = 0;
@@ -20,7 +20,7 @@ void ActAndMul(TensorView out, TensorView input, int64_t enable_pdl, const char*
   bool shape_ok = out.ndim() == input.ndim() && out.size(-1) * 2 == input.size(-1);
   for (int i = 0; shape_ok && i + 1 < input.ndim(); ++i) shape_ok = out.size(i) == input.size(i);
   if (!shape_ok) {
-    TVM_FFI_THROW(ValueError) << "Expected out to have shape " << aotinfer::ShapeString(input.shape())
+    AOTINFER_THROW(ValueError) << "Expected out to have shape " << aotinfer::ShapeString(input.shape())
                               << " with the last dimension halved, got " << aotinfer::ShapeString(out.shape());
   }
   CHECK_SAME_DTYPE(out, input);

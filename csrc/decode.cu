@@ -15,19 +15,19 @@ bool SupportedHeadDim(int64_t d) { return d == 64 || d == 128 || d == 256; }
 void CheckDtypeFp16(const TensorView& x, const char* name) {
   const uint32_t key = DtypeKey(x.dtype());
   if (key != DtypeKey(kDLFloat, 16) && key != DtypeKey(kDLBfloat, 16)) {
-    TVM_FFI_THROW(TypeError) << "Expected " << name << " to have dtype float16 or bfloat16, got " << x.dtype();
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype float16 or bfloat16, got " << x.dtype();
   }
 }
 
 void CheckDtype(const TensorView& x, DLDataType dtype, const char* name, const char* what) {
-  if (x.dtype() != dtype) TVM_FFI_THROW(TypeError) << "Expected " << name << " to be " << what << ", got " << x.dtype();
+  if (x.dtype() != dtype) AOTINFER_THROW(TypeError) << "Expected " << name << " to be " << what << ", got " << x.dtype();
 }
 
 // A table of int32 rows [n, width] (width 0: 1-D), contiguous.
 void CheckIndexTable(const TensorView& x, int64_t width, const char* name) {
   CheckDtype(x, DLDataType{kDLInt, 32, 1}, name, "int32");
   if (x.ndim() != (width ? 2 : 1) || (width && x.size(1) != width)) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have shape [n" << (width ? ", " + std::to_string(width) : "")
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [n" << (width ? ", " + std::to_string(width) : "")
                               << "], got " << aotinfer::ShapeString(x.shape());
   }
   aotinfer::CheckContiguous(x, name);
@@ -38,14 +38,14 @@ void CheckRows16(const TensorView& x, int64_t elements_per_16_bytes, const char*
   bool aligned = reinterpret_cast<uintptr_t>(aotinfer::data_ptr<char>(x)) % 16 == 0;
   for (int i = 0; i < outer_dims; ++i) aligned = aligned && (x.size(i) <= 1 || x.stride(i) % elements_per_16_bytes == 0);
   if (!aligned) {
-    TVM_FFI_THROW(ValueError) << "Expected the rows of " << name << " to start on 16-byte boundaries, got strides "
+    AOTINFER_THROW(ValueError) << "Expected the rows of " << name << " to start on 16-byte boundaries, got strides "
                               << aotinfer::ShapeString(x.strides());
   }
 }
 
 void CheckLastDimContiguous(const TensorView& x, const char* name) {
   if (x.size(-1) > 1 && x.stride(-1) != 1) {
-    TVM_FFI_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got strides "
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got strides "
                               << aotinfer::ShapeString(x.strides());
   }
 }
@@ -60,7 +60,7 @@ bool CheckOptionalFloat(const TensorView& x, std::initializer_list<int64_t> shap
   if (!same) {
     std::string expected = "[";
     for (int64_t s : shape) expected += (expected.size() > 1 ? ", " : "") + std::to_string(s);
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have shape " << expected << "] or no elements, got "
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape " << expected << "] or no elements, got "
                               << aotinfer::ShapeString(x.shape());
   }
   aotinfer::CheckContiguous(x, name);
@@ -91,12 +91,12 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   CheckLastDimContiguous(q, "q");
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   if (!SupportedHeadDim(head_dim)) {
-    TVM_FFI_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << head_dim << " (q of shape "
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << head_dim << " (q of shape "
                               << aotinfer::ShapeString(q.shape()) << ")";
   }
   CheckRows16(q, 8, "q", 2);
   if (kv_layout != 0 && kv_layout != 1) {
-    TVM_FFI_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
+    AOTINFER_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
   }
   aotinfer::CheckDim(4, k_cache, "k_cache");
   aotinfer::CheckSameShape(v_cache, k_cache, "v_cache", "k_cache");
@@ -104,17 +104,17 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const uint32_t kv_key = DtypeKey(k_cache.dtype());
   const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
   if (!fp8 && k_cache.dtype() != q.dtype()) {
-    TVM_FFI_THROW(TypeError) << "Expected k_cache to have q's dtype " << q.dtype()
+    AOTINFER_THROW(TypeError) << "Expected k_cache to have q's dtype " << q.dtype()
                              << ", float8_e4m3fn or float8_e5m2, got " << k_cache.dtype();
   }
   const int head_axis = kv_layout == 0 ? 2 : 1, slot_axis = kv_layout == 0 ? 1 : 2;
   const int64_t num_kv_heads = k_cache.size(head_axis), page_size = k_cache.size(slot_axis);
   if (k_cache.size(3) != head_dim) {
-    TVM_FFI_THROW(ValueError) << "Expected the last dimension of k_cache to be head_dim " << head_dim << ", got shape "
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of k_cache to be head_dim " << head_dim << ", got shape "
                               << aotinfer::ShapeString(k_cache.shape());
   }
   if (num_kv_heads == 0 || num_qo_heads % num_kv_heads != 0) {
-    TVM_FFI_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
+    AOTINFER_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
                               << num_kv_heads << ")";
   }
   CheckLastDimContiguous(k_cache, "k_cache");
@@ -125,12 +125,12 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   CheckIndexTable(work, 4, "work");
   CheckIndexTable(requests, 4, "requests");
   if (requests.size(0) != batch) {
-    TVM_FFI_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
+    AOTINFER_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
                               << aotinfer::ShapeString(requests.shape());
   }
   const bool has_sinks = CheckOptionalFloat(sinks, {num_qo_heads}, "sinks");
   if (!(sm_scale > 0.0) || !(logits_soft_cap >= 0.0) || window_left < -1) {
-    TVM_FFI_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
+    AOTINFER_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
                               << ", " << logits_soft_cap << " and " << window_left;
   }
   aotinfer::CheckEnablePdl(enable_pdl);
@@ -142,7 +142,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const int64_t slots = partial_lse.numel() ? partial_lse.size(0) : 0;
   const bool has_partials = CheckOptionalFloat(partial_lse, {slots, num_qo_heads}, "partial_lse");
   if (has_partials != CheckOptionalFloat(partial_out, {slots, num_qo_heads, head_dim}, "partial_out")) {
-    TVM_FFI_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
+    AOTINFER_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
   }
   const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &out};
   const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "out"};
@@ -157,7 +157,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
     aotinfer::CheckSameDevice(partial_lse, q, "partial_lse", "q");
   }
   if (work.size(0) > 0x7fffffff || num_qo_heads / num_kv_heads > 0xffff * aotinfer::kDecodeRows) {
-    TVM_FFI_THROW(ValueError) << "Expected fewer work items (" << work.size(0) << ") and query heads";
+    AOTINFER_THROW(ValueError) << "Expected fewer work items (" << work.size(0) << ") and query heads";
   }
 
   aotinfer::DecodeParams p{};

@@ -15,7 +15,7 @@ namespace {
 // kernels take.
 RowLayout CheckRows(const TensorView& x, const char* name, int64_t* num_rows) {
   if (x.ndim() != 2 && x.ndim() != 3) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have 2 or 3 dimensions, got " << x.ndim() << " (shape "
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have 2 or 3 dimensions, got " << x.ndim() << " (shape "
                               << aotinfer::ShapeString(x.shape()) << ")";
   }
   const RowLayout rows = aotinfer::RowsOf<RowLayout>(x, name, num_rows);
@@ -26,7 +26,7 @@ RowLayout CheckRows(const TensorView& x, const char* name, int64_t* num_rows) {
 // A weight of input: [hidden], contiguous.
 void CheckWeight(const TensorView& w, const char* name, const TensorView& input) {
   if (w.ndim() != 1 || w.size(0) != input.size(-1)) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have shape [" << input.size(-1)
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [" << input.size(-1)
                               << "] (the last dimension of input), got " << aotinfer::ShapeString(w.shape());
   }
   aotinfer::CheckContiguous(w, name);
@@ -42,7 +42,7 @@ RowLayout CheckLikeInput(const TensorView& x, const char* name, const TensorView
 
 void CheckScalars(double eps, int64_t enable_pdl) {
   if (!(eps >= 0 && eps < INFINITY)) {
-    TVM_FFI_THROW(ValueError) << "Expected eps to be finite and non-negative, got " << eps;
+    AOTINFER_THROW(ValueError) << "Expected eps to be finite and non-negative, got " << eps;
   }
   aotinfer::CheckEnablePdl(enable_pdl);
 }
@@ -107,7 +107,7 @@ void layernorm(TensorView out, TensorView input, TensorView gemma, TensorView be
   CheckWeight(beta, "beta", input);
   const DLDataType f32{kDLFloat, 32, 1};
   if (gemma.dtype() != input.dtype() && gemma.dtype() != f32) {
-    TVM_FFI_THROW(TypeError) << "Expected gemma and beta to be float32 or input's dtype " << input.dtype()
+    AOTINFER_THROW(TypeError) << "Expected gemma and beta to be float32 or input's dtype " << input.dtype()
                              << ", got " << gemma.dtype();
   }
   CHECK_SAME_DTYPE(beta, gemma);

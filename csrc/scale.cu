@@ -16,7 +16,7 @@ void scale(TensorView out, TensorView input, double factor, int64_t enable_pdl) 
   const int64_t bytes = n * input.dtype().bits / 8;
   // In place is fine (each element is read before it is written); a partial overlap is not.
   if (dst != in && dst < in + bytes && in < dst + bytes) {
-    TVM_FFI_THROW(ValueError) << "Expected out to be input itself or not to overlap it";
+    AOTINFER_THROW(ValueError) << "Expected out to be input itself or not to overlap it";
   }
   aotinfer::CheckOnOneGpu({{input, "input"}, {out, "out"}});
   if (n == 0) return;

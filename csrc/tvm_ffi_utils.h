@@ -10,6 +10,11 @@
 // contiguous, overlapping tensors, a bad value, a tensor off the GPU or on another device. The
 // stream is never a Python argument: tvm-ffi sets it, per call, to torch's current stream on the
 // tensors' device.
+//
+// Errors are thrown with AOTINFER_THROW, never TVM_FFI_THROW: the latter collects a native
+// backtrace under a process-wide lock of libtvm_ffi, and a process that forks while another
+// thread holds it leaves its child hanging at its first error. A message that names the argument
+// needs no backtrace.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,6 +37,22 @@
 using tvm::ffi::TensorView;
 
 namespace aotinfer {
+
+namespace detail {
+// `AOTINFER_THROW(ValueError) << "..."`: the error is thrown when the statement ends.
+class ErrorStream {
+ public:
+  explicit ErrorStream(const char* kind) : kind_(kind) {}
+  std::ostringstream& stream() { return message_; }
+  [[noreturn]] ~ErrorStream() noexcept(false) { throw tvm::ffi::Error(kind_, message_.str(), std::string()); }
+
+ private:
+  const char* kind_;
+  std::ostringstream message_;
+};
+}  // namespace detail
+
+#define AOTINFER_THROW(ErrorKind) ::aotinfer::detail::ErrorStream(#ErrorKind).stream()
 
 inline std::string DeviceString(DLDevice device) {
   switch (device.device_type) {
@@ -89,9 +110,9 @@ inline std::string ArgumentName(std::string expression) {
 template <typename Layout>
 Layout RowsOf(const TensorView& tensor, const char* name, int64_t* num_rows) {
   const int ndim = tensor.ndim();
-  if (ndim == 0) TVM_FFI_THROW(ValueError) << "Expected " << name << " to have at least one dimension";
+  if (ndim == 0) AOTINFER_THROW(ValueError) << "Expected " << name << " to have at least one dimension";
   if (tensor.size(-1) > 1 && tensor.stride(-1) != 1) {
-    TVM_FFI_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got stride "
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got stride "
                               << tensor.stride(-1);
   }
   Layout rows;
@@ -113,7 +134,7 @@ Layout RowsOf(const TensorView& tensor, const char* name, int64_t* num_rows) {
     }
   } else {
     if (!tensor.IsContiguous()) {
-      TVM_FFI_THROW(ValueError) << "Expected " << name << " with " << ndim << " dimensions to be contiguous, got strides "
+      AOTINFER_THROW(ValueError) << "Expected " << name << " with " << ndim << " dimensions to be contiguous, got strides "
                                 << ShapeString(tensor.strides());
     }
     *num_rows = 1;
@@ -136,42 +157,42 @@ namespace aotinfer {
 
 inline void CheckCuda(const TensorView& x, const char* name) {
   if (x.device().device_type != kDLCUDA) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to be a CUDA tensor, got a tensor on "
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to be a CUDA tensor, got a tensor on "
                               << DeviceString(x.device());
   }
 }
 
 inline void CheckContiguous(const TensorView& x, const char* name) {
   if (!x.IsContiguous()) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to be contiguous, got shape " << ShapeString(x.shape())
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to be contiguous, got shape " << ShapeString(x.shape())
                               << " with strides " << ShapeString(x.strides());
   }
 }
 
 inline void CheckDim(int64_t ndim, const TensorView& x, const char* name) {
   if (x.ndim() != ndim) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name << " to have " << ndim << " dimensions, got " << x.ndim()
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have " << ndim << " dimensions, got " << x.ndim()
                               << " (shape " << ShapeString(x.shape()) << ")";
   }
 }
 
 inline void CheckSameShape(const TensorView& a, const TensorView& b, const char* name_a, const char* name_b) {
   if (!SameShape(a.shape(), b.shape())) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name_a << " and " << name_b << " to have the same shape, got "
+    AOTINFER_THROW(ValueError) << "Expected " << name_a << " and " << name_b << " to have the same shape, got "
                               << ShapeString(a.shape()) << " and " << ShapeString(b.shape());
   }
 }
 
 inline void CheckSameDevice(const TensorView& a, const TensorView& b, const char* name_a, const char* name_b) {
   if (a.device().device_type != b.device().device_type || a.device().device_id != b.device().device_id) {
-    TVM_FFI_THROW(ValueError) << "Expected " << name_a << " and " << name_b << " on the same device, got "
+    AOTINFER_THROW(ValueError) << "Expected " << name_a << " and " << name_b << " on the same device, got "
                               << DeviceString(a.device()) << " and " << DeviceString(b.device());
   }
 }
 
 inline void CheckSameDtype(const TensorView& a, const TensorView& b, const char* name_a, const char* name_b) {
   if (a.dtype() != b.dtype()) {
-    TVM_FFI_THROW(TypeError) << "Expected " << name_a << " and " << name_b << " to have the same dtype, got "
+    AOTINFER_THROW(TypeError) << "Expected " << name_a << " and " << name_b << " to have the same dtype, got "
                              << a.dtype() << " and " << b.dtype();
   }
 }
@@ -185,7 +206,7 @@ inline void CheckDtypeFp32Fp16(const TensorView& x, const char* name) {
     case DtypeKey(kDLBfloat, 16):
       return;
     default:
-      TVM_FFI_THROW(TypeError) << "Expected " << name << " to have dtype float32, float16 or bfloat16, got "
+      AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype float32, float16 or bfloat16, got "
                                << x.dtype();
   }
 }
@@ -193,7 +214,7 @@ inline void CheckDtypeFp32Fp16(const TensorView& x, const char* name) {
 // enable_pdl: -1 (where the device supports it), 0 (off) or 1 (on).
 inline void CheckEnablePdl(int64_t enable_pdl) {
   if (enable_pdl < -1 || enable_pdl > 1) {
-    TVM_FFI_THROW(ValueError) << "Expected enable_pdl to be -1 (where supported), 0 or 1, got " << enable_pdl;
+    AOTINFER_THROW(ValueError) << "Expected enable_pdl to be -1 (where supported), 0 or 1, got " << enable_pdl;
   }
 }
 
@@ -220,7 +241,7 @@ inline void CheckOnOneGpu(std::initializer_list<std::pair<const TensorView&, con
   do {                                                                               \
     cudaError_t aotinfer_status_ = (status);                                         \
     if (aotinfer_status_ != cudaSuccess) {                                           \
-      TVM_FFI_THROW(RuntimeError) << op << ": CUDA error "                           \
+      AOTINFER_THROW(RuntimeError) << op << ": CUDA error "                           \
                                   << cudaGetErrorName(aotinfer_status_) << ": "      \
                                   << cudaGetErrorString(aotinfer_status_);           \
     }                                                                                \
@@ -240,7 +261,7 @@ inline void CheckOnOneGpu(std::initializer_list<std::pair<const TensorView&, con
     switch (::aotinfer::DtypeKey(dlpack_dtype)) {                                             \
       CASES                                                                                   \
       default:                                                                                \
-        TVM_FFI_THROW(TypeError) << "Expected " << ::aotinfer::ArgumentName(#dlpack_dtype)     \
+        AOTINFER_THROW(TypeError) << "Expected " << ::aotinfer::ArgumentName(#dlpack_dtype)     \
                                  << " to have dtype " accepted ", got " << (dlpack_dtype);    \
     }                                                                                         \
     return false;                                                                             \

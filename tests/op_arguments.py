@@ -61,10 +61,10 @@ def shape_of(spec, sizes, rank=None):
 def tensor_dtype(spec, dtype):
     """The dtype of an input: ``spec.dtype`` where the template fixes it (a float32 log-sum-exp, a
     bool mask), else ``dtype``; skips the test when ``spec.dtypes`` (what the op takes) lacks it."""
-    fixed = getattr(spec, "dtype", None)
+    fixed = spec.dtype
     if fixed is not None:
         return getattr(torch, fixed)
-    taken = getattr(spec, "dtypes", None)
+    taken = spec.dtypes
     if taken is not None and str(dtype).replace("torch.", "") not in taken:
         pytest.skip(f"the op takes no {dtype} (it takes {', '.join(taken)})")
     return dtype

@@ -120,7 +120,7 @@ def _statistics(t: Any) -> str:
 
 def _log_functions(spec: _op.OpSpec, level: int) -> Tuple[Callable, Callable]:
     """(log_call(values), log_result(result)) for the op's wrapper at ``level``."""
-    name = f"aotinfer.{spec.fn.__name__}"
+    name = f"aotinfer.{spec.fn.__qualname__.rpartition('<locals>.')[2]}"  # a method: Class.method
     names = spec.names
 
     def log_call(values: tuple) -> None:

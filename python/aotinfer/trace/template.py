@@ -17,7 +17,9 @@ the shapes and dtypes off those arguments and returns the definition:
   ``ranks``: the ranks the op takes for it when they differ from ``len(dim_names)``, a tuple or
   ``"any"``; a tensor of another rank is read as if its leading dimensions were flattened into
   the first axis (or, with fewer dimensions, as if they were 1): rmsnorm's ``[tokens, heads,
-  hidden]`` is ``batch_size = tokens * heads`` rows of ``hidden_size``.
+  hidden]`` is ``batch_size = tokens * heads`` rows of ``hidden_size``. ``dtype``: the one dtype
+  the op takes for it whatever the others' (a float32 log-sum-exp, a bool mask); ``dtypes``: the
+  dtypes it takes, when not all of float16, bfloat16 and float32.
 - ``Scalar(dtype)``: a scalar parameter.
 The reference is a plain torch function taking the inputs by key and returning the outputs in
 order; its source is written into the definition.
@@ -63,8 +65,12 @@ class Tensor:
         optional: bool = False,
         description: Optional[str] = None,
         ranks: Any = None,
+        dtype: Optional[str] = None,
+        dtypes: Optional[Sequence[str]] = None,
     ) -> None:
         self.dim_names = list(dim_names)
+        self.dtype = dtype
+        self.dtypes = tuple(dtypes) if dtypes is not None else None
         self.param = param
         self.dtype_from = dtype_from
         self.optional = optional

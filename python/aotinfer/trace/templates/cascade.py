@@ -1,6 +1,5 @@
 """Trace templates of aotinfer.cascade's merges of attention states (torch is imported when a
-reference runs). Log-sum-exp values are base 2 and float32; a tensor spec with ``dtype`` set
-(``_float32``, ``_bool``) always has that dtype, whatever the values' dtype."""
+reference runs). Log-sum-exp values are base 2 and float32."""
 
 import math
 
@@ -9,15 +8,6 @@ from ..template import Const, Tensor, TraceTemplate, Var
 _V = ["seq_len", "num_heads", "head_dim"]
 _S = ["seq_len", "num_heads"]
 _AXES = {"seq_len": Var(), "num_heads": Const(abbrev="h"), "head_dim": Const(abbrev="d")}
-
-
-def _fixed(dtype, spec):
-    spec.dtype = dtype
-    return spec
-
-
-def _float32(spec):
-    return _fixed("float32", spec)
 
 
 def _merge(v_a, s_a, v_b, s_b):
@@ -68,9 +58,9 @@ merge_state_trace = TraceTemplate(
     axes=dict(_AXES),
     inputs={
         "v_a": Tensor(_V, description="Attention output of KV segment A."),
-        "s_a": _float32(Tensor(_S, description="Log-sum-exp (base 2) of segment A.")),
+        "s_a": Tensor(_S, description="Log-sum-exp (base 2) of segment A.", dtype="float32"),
         "v_b": Tensor(_V, description="Attention output of KV segment B."),
-        "s_b": _float32(Tensor(_S, description="Log-sum-exp (base 2) of segment B.")),
+        "s_b": Tensor(_S, description="Log-sum-exp (base 2) of segment B.", dtype="float32"),
     },
     outputs={
         "v_merged": Tensor(_V, dtype_from="v_a"),
@@ -87,10 +77,10 @@ merge_state_in_place_trace = TraceTemplate(
     axes=dict(_AXES),
     inputs={
         "v": Tensor(_V),
-        "s": _float32(Tensor(_S)),
+        "s": Tensor(_S, dtype="float32"),
         "v_other": Tensor(_V),
-        "s_other": _float32(Tensor(_S)),
-        "mask": _fixed("bool", Tensor(["seq_len"], optional=True, description="Rows to merge.")),
+        "s_other": Tensor(_S, dtype="float32"),
+        "mask": Tensor(["seq_len"], optional=True, dtype="bool", description="Rows to merge."),
     },
     outputs={
         "v": Tensor(_V, param="v", dtype_from="v", description="Written into v (in place)."),
@@ -112,7 +102,7 @@ merge_states_trace = TraceTemplate(
     },
     inputs={
         "v": Tensor(["seq_len", "num_states", "num_heads", "head_dim"]),
-        "s": _float32(Tensor(["seq_len", "num_states", "num_heads"])),
+        "s": Tensor(["seq_len", "num_states", "num_heads"], dtype="float32"),
     },
     outputs={
         "v_merged": Tensor(_V, dtype_from="v"),

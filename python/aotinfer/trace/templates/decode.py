@@ -1,19 +1,13 @@
 """Trace template of aotinfer.decode's single-request decode (torch is imported when the reference
 runs). The paged wrapper has none: its page table comes from ``plan``, not from ``run``'s arguments.
 
-``q``, ``k`` and ``v`` take float16 or bfloat16 (``dtypes`` on their specs): the kernels have no
-float32 path."""
+``q``, ``k`` and ``v`` take float16 or bfloat16: the kernels have no float32 path."""
 
 import math
 
 from ..template import Const, Tensor, TraceTemplate, Var
 
 _HALF = ("float16", "bfloat16")
-
-
-def _half(spec):
-    spec.dtypes = _HALF
-    return spec
 
 
 def _single_decode_reference(q, k, v):
@@ -41,9 +35,9 @@ single_decode_with_kv_cache_trace = TraceTemplate(
         "kv_len": Var(),
     },
     inputs={
-        "q": _half(Tensor(["num_qo_heads", "head_dim"])),
-        "k": _half(Tensor(["kv_len", "num_kv_heads", "head_dim"], description="Keys (NHD, the default kv_layout).")),
-        "v": _half(Tensor(["kv_len", "num_kv_heads", "head_dim"], description="Values (NHD, the default kv_layout).")),
+        "q": Tensor(["num_qo_heads", "head_dim"], dtypes=_HALF),
+        "k": Tensor(["kv_len", "num_kv_heads", "head_dim"], description="Keys (NHD, the default kv_layout).", dtypes=_HALF),
+        "v": Tensor(["kv_len", "num_kv_heads", "head_dim"], description="Values (NHD, the default kv_layout).", dtypes=_HALF),
     },
     outputs={"output": Tensor(["num_qo_heads", "head_dim"], dtype_from="q")},
     tags=["status:verified", "stage:decode"],
