@@ -1,6 +1,6 @@
 """Checks a release wheel before it ships; prints a report and exits 1 on any problem.
 
-    python ci/check_wheel.py WHEEL [--arch-list "7.5 8.0 ... 12.0+PTX"] [--max-mb 100]
+    python ci/check_wheel.py WHEEL [--arch-list "7.5 8.0 ... 12.0+PTX" | --arch-list release] [--max-mb 100]
 
 - the file is tagged py3-none-manylinux_2_28_<arch>;
 - auditwheel accepts its symbol versions for manylinux_2_28 and finds no external library but
@@ -13,7 +13,8 @@
   included), and PTX exactly where the list says +PTX (read from the fatbin's entry headers);
 - the wheel is at most --max-mb megabytes. A table prints the bytes of every module at every arch,
   so growth shows in CI logs.
-The arch list checked is --arch-list, else the one the manifest records.
+The arch list checked is --arch-list ("release": the release list of the wheel's CUDA major and
+platform, python/aotinfer/_arch.py), else the one the manifest records.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
             z.extractall(tmp)
         ops = Path(tmp) / "aotinfer" / "_ops"
         manifest = json.loads((ops / "manifest.json").read_text())
+        if arch_list == "release":
+            platform = match.group("arch") if match else "x86_64"
+            arch_list = modules._arch.release_arch_list(int(manifest["cuda_version"].split(".")[0]), platform)
         archs = modules._arch.parse_arch_list(arch_list or manifest["arch_list"])
         if modules._arch.parse_arch_list(manifest["arch_list"]) != archs:
             problems.append(f"manifest: arch list {manifest['arch_list']!r}, expected {' '.join(map(str, archs))!r}")

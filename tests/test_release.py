@@ -139,3 +139,14 @@ def test_provider_wheel_is_picked_up(shards, tmp_path):
     # The provider ships its own copy of the CUDA runtime library; one of the two is loaded.
     assert len(found["runtimes"]) == 1 and found["runtimes"][0].endswith("libaotinfer_cudart.so")
     assert found["verify"] == []
+
+
+def test_release_matrix_follows_the_release_lists():
+    out = run(sys.executable, str(ROOT / "ci/release_matrix.py"))
+    matrices = {line.split("=", 1)[0]: json.loads(line.split("=", 1)[1]) for line in out.splitlines()}
+    shards = {(s["cuda"], s["platform"]["arch"], s["sm"]) for s in matrices["shards"]["include"]}
+    wheels = {(w["cuda"], w["platform"]["arch"]) for w in matrices["wheels"]["include"]}
+    assert wheels == {(c, p) for c in ("12.9", "13.0") for p in ("x86_64", "aarch64")}
+    assert ("13.0", "aarch64", "11.0f") in shards and ("13.0", "x86_64", "11.0f") not in shards
+    assert ("12.9", "x86_64", "7.0") in shards and ("13.0", "x86_64", "7.0") not in shards
+    assert ("13.0", "x86_64", "10.0f") in shards and not [s for s in shards if s[2] == "10.0a"]
