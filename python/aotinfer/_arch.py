@@ -41,7 +41,8 @@ RELEASE_CUDA = {12: "12.9", 13: "13.0"}
 #: Archs whose GPUs exist only in aarch64 systems; x86_64 release wheels leave them out.
 AARCH64_ONLY = frozenset({"11.0f"})
 
-#: Compute capabilities the nvcc of each CUDA major builds SASS for (12: as of 12.9, 13: 13.0).
+#: Compute capabilities the nvcc of each CUDA major builds SASS for (12: 12.9, the oldest toolkit
+#: CMakeLists.txt accepts; 13: 13.0).
 TOOLKIT_ARCHS = {
     12: ((5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7),
          (8, 9), (9, 0), (10, 0), (10, 1), (10, 3), (12, 0), (12, 1)),
