@@ -4,6 +4,11 @@ Nothing happens at import: no CUDA call, no file read, no .so load, so servers m
 ``import aotinfer``. The first call of an op on a device reads the manifest (once per process),
 picks the build for that device's compute capability (``_arch.choose_arch``), loads it through
 tvm-ffi and caches it under (module, device index); later calls are one dict lookup.
+
+A damaged install fails with BrokenInstall (a NotBuiltError), naming the file and the pip command
+that reinstalls aotinfer from where it came; a broken provider package is skipped with a warning.
+Loading checks only that the file is there with the size the manifest records; ``verify()``
+(``python -m aotinfer verify``) hashes everything.
 """
 
 from __future__ import annotations
