@@ -338,3 +338,25 @@ def test_driver_rules():
     assert "needs a driver for CUDA 13.0" in cli.driver_problem("12.9", "13.0", jit=False)
     assert cli.driver_problem("13.0", "13.0", jit=True) is None
     assert cli.driver_problem(None, "13.0", jit=True) is None
+
+
+class _FakeDistribution:
+    def __init__(self, direct_url):
+        self.version, self._direct = "0.1.0+cu130", direct_url
+
+    def read_text(self, name):
+        return self._direct if name == "direct_url.json" else None
+
+
+@pytest.mark.parametrize("direct_url, command", [
+    ('{"url": "file:///w/aotinfer-0.1.0%2Bcu130-py3-none-manylinux_2_28_x86_64.whl", "archive_info": {}}',
+     "pip install --force-reinstall --no-deps /w/aotinfer-0.1.0+cu130-py3-none-manylinux_2_28_x86_64.whl"),
+    ('{"url": "file:///src/aotinfer", "dir_info": {}}',
+     'AOTINFER_CUDA_ARCH_LIST="9.0a" pip install --force-reinstall --no-deps /src/aotinfer'),
+    (None, "pip install --force-reinstall --no-deps 'aotinfer==0.1.0+cu130' (with the --find-links folder"),
+])
+def test_repair_command_reinstalls_from_where_it_came(direct_url, command, monkeypatch):
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: _FakeDistribution(direct_url))
+    assert _loader.repair_command("9.0a").startswith(command)

@@ -49,7 +49,7 @@ def repair_command(arch_list: Optional[str] = None) -> str:
     """The pip command that reinstalls this aotinfer from where it came (its PEP 610 record).
 
     A wheel file or checkout: that path again, with the arch list of the install for a checkout;
-    an index: the exact version.
+    an index or a folder of release wheels (--find-links): the exact version, from the same place.
     """
     from importlib import metadata
 
@@ -60,7 +60,7 @@ def repair_command(arch_list: Optional[str] = None) -> str:
         from ._version import __version__ as version
 
         direct = None
-    source, prefix = f"'aotinfer=={version}'", ""
+    source, prefix, suffix = f"'aotinfer=={version}'", "", " (with the --find-links folder or index it came from)"
     if direct:
         import json
         import shlex
@@ -70,11 +70,12 @@ def repair_command(arch_list: Optional[str] = None) -> str:
             record = json.loads(direct)
             url = urlparse(record["url"])
             source = shlex.quote(unquote(url.path) if url.scheme == "file" else record["url"])
+            suffix = ""
             if "dir_info" in record and arch_list:
                 prefix = f'AOTINFER_CUDA_ARCH_LIST="{arch_list}" '
         except (ValueError, KeyError, TypeError):
             pass
-    return f"{prefix}pip install --force-reinstall --no-deps {source}"
+    return f"{prefix}pip install --force-reinstall --no-deps {source}{suffix}"
 
 
 def _read_manifest(path: str) -> Dict[str, Any]:
