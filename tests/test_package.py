@@ -71,27 +71,13 @@ def test_manifest_versions():
 
 
 def _dynamic_info(path):
-    """(DT_NEEDED, exported names, {imported name: version or None}) of a shared object."""
-    from elftools.elf.elffile import ELFFile
+    """(DT_NEEDED, exported names, {imported name: version node or None}): the wheel check's reading."""
+    import importlib.util
 
-    with open(path, "rb") as f:
-        elf = ELFFile(f)
-        dynamic = elf.get_section_by_name(".dynamic")
-        needed = [tag.needed for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
-        dynsym = elf.get_section_by_name(".dynsym")
-        versym = elf.get_section_by_name(".gnu.version")
-        verneed = elf.get_section_by_name(".gnu.version_r")
-        names = {aux.entry.vna_other: aux.name for _, auxes in (verneed.iter_versions() if verneed else [])
-                 for aux in auxes}
-        exported, imported = set(), {}
-        for i, s in enumerate(dynsym.iter_symbols()):
-            if s["st_shndx"] == "SHN_UNDEF":
-                if s.name:
-                    index = versym.get_symbol(i)["ndx"] if versym else 0
-                    imported[s.name] = names.get(index) if isinstance(index, int) else None
-            elif s["st_info"]["bind"] == "STB_GLOBAL":
-                exported.add(s.name)
-    return needed, exported, imported
+    spec = importlib.util.spec_from_file_location("_aotinfer_check_wheel", ROOT / "ci/check_wheel.py")
+    check_wheel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_wheel)
+    return check_wheel.linkage(path)
 
 
 def all_builds():
