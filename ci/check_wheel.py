@@ -1,16 +1,20 @@
 """Checks a release wheel before it ships; prints a report and exits 1 on any problem.
 
-    python ci/check_wheel.py WHEEL [--arch-list "7.5 8.0 ... 12.0+PTX"] [--max-mb 100]
+    python ci/check_wheel.py WHEEL [--arch-list "7.5 8.0 ... 12.0+PTX" | --arch-list release] [--max-mb 100]
 
 - the file is tagged py3-none-manylinux_2_28_<arch>;
 - auditwheel accepts its symbol versions for manylinux_2_28 and finds no external library but
   libtvm_ffi.so (from apache-tvm-ffi) and libcuda.so.1 (the driver);
-- no shared object needs libtorch, libc10 or libpython;
+- no shared object needs libtorch, libc10, libpython or a libcudart: the modules' CUDA calls all
+  bind to the wheel's libaotinfer_cudart.so under its private version node, and that library
+  exports the CUDA runtime API and nothing else;
 - every (module, arch) that modules.toml and the arch list call for is there, its sha256 matches
-  the manifest, nothing else is; each object holds SASS for its arch, and PTX exactly where the
-  list says +PTX (read from the fatbin's entry headers);
-- the wheel is at most --max-mb megabytes; the size of every shared object is printed.
-The arch list checked is --arch-list, else the one the manifest records.
+  the manifest, nothing else is; each object holds SASS for its arch ('a' and 'f' variants
+  included), and PTX exactly where the list says +PTX (read from the fatbin's entry headers);
+- the wheel is at most --max-mb megabytes. A table prints the bytes of every module at every arch,
+  so growth shows in CI logs.
+The arch list checked is --arch-list ("release": the release list of the wheel's CUDA major and
+platform, python/aotinfer/_arch.py), else the one the manifest records.
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ ALLOWED_EXTERNAL = {"libtvm_ffi.so", "libcuda.so.1"}
 FORBIDDEN_NEEDED = ("libtorch", "libc10", "libpython")
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_PTX, FATBIN_ELF = 1, 2
+# Flags of a fatbin entry (offset 40): the target's variant, as nvcc 13.0 writes them.
+FATBIN_VARIANTS = {0x100000: "a", 0x200000: "f"}
 
 
 def fatbin_entries(path: Path) -> set:
-    """(kind, sm) of every entry of the fatbins in a shared object's .nv_fatbin section."""
+    """(kind, sm, variant suffix) of every entry of the fatbins in an object's .nv_fatbin section."""
     from elftools.elf.elffile import ELFFile
 
     with open(path, "rb") as f:
@@ -57,18 +63,47 @@ def fatbin_entries(path: Path) -> set:
             kind, _, entry_size, payload = struct.unpack_from("<HHIQ", data, entry)
             if entry_size == 0:
                 break
-            entries.add((kind, struct.unpack_from("<I", data, entry + 28)[0]))
+            sm, flags = struct.unpack_from("<I", data, entry + 28)[0], struct.unpack_from("<I", data, entry + 40)[0]
+            entries.add((kind, sm, "".join(v for bit, v in FATBIN_VARIANTS.items() if flags & bit)))
             entry += entry_size + payload
         offset = end
     return entries
 
 
-def needed(path: Path) -> list:
+def linkage(path: Path):
+    """(DT_NEEDED, exported names, {imported name: version node or None}) of a shared object."""
     from elftools.elf.elffile import ELFFile
 
     with open(path, "rb") as f:
-        dynamic = ELFFile(f).get_section_by_name(".dynamic")
-        return [t.needed for t in dynamic.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        elf = ELFFile(f)
+        needed = [t.needed for t in elf.get_section_by_name(".dynamic").iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        versym, verneed = elf.get_section_by_name(".gnu.version"), elf.get_section_by_name(".gnu.version_r")
+        nodes = {aux.entry.vna_other: aux.name for _, auxes in (verneed.iter_versions() if verneed else [])
+                 for aux in auxes}
+        exported, imported = set(), {}
+        for i, sym in enumerate(elf.get_section_by_name(".dynsym").iter_symbols()):
+            if sym["st_shndx"] == "SHN_UNDEF":
+                if sym.name:
+                    ndx = versym.get_symbol(i)["ndx"] if versym else 0
+                    imported[sym.name] = nodes.get(ndx) if isinstance(ndx, int) else None
+            elif sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK"):
+                exported.add(sym.name)
+    return needed, exported, imported
+
+
+def is_cuda_api(name: str) -> bool:
+    return name.startswith(("cuda", "__cuda"))
+
+
+def size_table(sizes: dict, archs) -> list:
+    """Lines of a table: one row per module, one column per arch, bytes in each cell."""
+    names = [a.name for a in archs]
+    width = max(len(m) for m in sizes) if sizes else 6
+    lines = [f"{'module':<{width}} " + " ".join(f"{n:>9}" for n in names) + f" {'total':>10}"]
+    for module, by_arch in sizes.items():
+        cells = " ".join(f"{by_arch[n]:>9}" if n in by_arch else f"{'-':>9}" for n in names)
+        lines.append(f"{module:<{width}} {cells} {sum(by_arch.values()):>10}")
+    return lines
 
 
 def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
@@ -95,14 +130,30 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
             z.extractall(tmp)
         ops = Path(tmp) / "aotinfer" / "_ops"
         manifest = json.loads((ops / "manifest.json").read_text())
+        if arch_list == "release":
+            platform = match.group("arch") if match else "x86_64"
+            arch_list = modules._arch.release_arch_list(int(manifest["cuda_version"].split(".")[0]), platform)
         archs = modules._arch.parse_arch_list(arch_list or manifest["arch_list"])
         if modules._arch.parse_arch_list(manifest["arch_list"]) != archs:
             problems.append(f"manifest: arch list {manifest['arch_list']!r}, expected {' '.join(map(str, archs))!r}")
         if match and manifest["package_version"] != match.group("version"):
             problems.append(f"manifest: version {manifest['package_version']} but the file says {match.group('version')}")
+        node = "AOTINFER_CUDART_" + manifest["cuda_version"].split(".")[0]
+        runtime = manifest.get("runtime") or {}
+        runtime_path = ops / runtime.get("file", "libaotinfer_cudart.so")
+        if not runtime_path.is_file():
+            problems.append(f"{runtime_path.name}: missing (the CUDA runtime the modules link)")
+        else:
+            if hashlib.sha256(runtime_path.read_bytes()).hexdigest() != runtime.get("sha256"):
+                problems.append(f"{runtime_path.name}: sha256 differs from the manifest")
+            libs, exported, _ = linkage(runtime_path)
+            stray = sorted(s for s in exported if not is_cuda_api(s) and s != node)
+            if stray or not {"cudaLaunchKernel", "__cudaRegisterFatBinary"} <= exported:
+                problems.append(f"{runtime_path.name}: exports {stray[:5]} beyond the CUDA runtime API, or lacks it")
+            if any(lib.startswith(FORBIDDEN_NEEDED + ("libcudart", "libstdc++")) for lib in libs):
+                problems.append(f"{runtime_path.name}: needs {libs}")
         declarations = modules.load_declarations(ROOT / "modules.toml")
-        expected_files = set()
-        print(f"{'shared object':<28} {'MB':>7}  contents")
+        expected_files, sizes = {runtime_path.name}, {}
         for name, decl in declarations.items():
             entry = manifest["modules"].get(name)
             if entry is None:
@@ -116,24 +167,32 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
                 if build is None or not path.is_file():
                     problems.append(f"{file}: missing (module {name}, arch {arch})")
                     continue
+                sizes.setdefault(name, {})[arch.name] = path.stat().st_size
                 if hashlib.sha256(path.read_bytes()).hexdigest() != build["sha256"]:
                     problems.append(f"{file}: sha256 differs from the manifest")
                 sm = arch.major * 10 + arch.minor
                 entries = fatbin_entries(path)
-                if (FATBIN_ELF, sm) not in entries:
-                    problems.append(f"{file}: no SASS for sm_{arch.tag}")
-                if ((FATBIN_PTX, sm) in entries) != arch.ptx:
+                if (FATBIN_ELF, sm, arch.suffix) not in entries:
+                    problems.append(f"{file}: no SASS for sm_{arch.tag}: {sorted(entries)}")
+                if ((FATBIN_PTX, sm, "") in entries) != arch.ptx:
                     problems.append(f"{file}: PTX {'missing' if arch.ptx else 'present'} for {arch}")
-                if any(kind == FATBIN_ELF and s != sm for kind, s in entries):
-                    problems.append(f"{file}: SASS for other archs: {sorted(entries)}")
-                bad = [lib for lib in needed(path) if lib.startswith(FORBIDDEN_NEEDED)]
-                if bad:
-                    problems.append(f"{file}: needs {bad}")
-                kinds = ", ".join(f"{'PTX' if k == FATBIN_PTX else 'SASS'} {s}" for k, s in sorted(entries))
-                print(f"{file:<28} {path.stat().st_size / 1e6:7.2f}  {kinds}")
+                if any(e != (FATBIN_ELF, sm, arch.suffix) and e != (FATBIN_PTX, sm, "") for e in entries):
+                    problems.append(f"{file}: code for other targets: {sorted(entries)}")
+                libs, _, imported = linkage(path)
+                bad = [lib for lib in libs if lib.startswith(FORBIDDEN_NEEDED + ("libcudart",))]
+                if bad or runtime_path.name not in libs:
+                    problems.append(f"{file}: needs {libs}; expected {runtime_path.name} and none of {bad}")
+                unbound = sorted(s for s, v in imported.items() if is_cuda_api(s) and v != node)
+                if unbound:
+                    problems.append(f"{file}: CUDA calls not bound to {node}: {unbound[:5]}")
         extra = {p.name for p in ops.glob("*.so")} - expected_files
         if extra:
             problems.append(f"shared objects nobody declared: {sorted(extra)}")
+        print("bytes per module and arch:")
+        for line in size_table(sizes, archs):
+            print("  " + line)
+        if runtime_path.is_file():
+            print(f"  + {runtime_path.name}: {runtime_path.stat().st_size} bytes, shared by every module")
 
     size_mb = wheel.stat().st_size / 1e6
     print(f"wheel: {wheel.name}, {size_mb:.2f} MB (limit {max_mb:g} MB)")

@@ -17,6 +17,7 @@ run() {  # run NAME CMD...: output to $log/NAME.txt, remember failures
 export PYTHONUNBUFFERED=1
 run nvidia-smi nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 run info python -m aotinfer info
+run verify python -m aotinfer verify
 run pytest-gpu python -m pytest tests -m gpu -v -rs
 run pytest-all python -m pytest tests -q
 if command -v compute-sanitizer >/dev/null; then

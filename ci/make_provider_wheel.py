@@ -3,10 +3,12 @@
     python ci/make_provider_wheel.py WHEEL --out DIR
 
 A release that outgrows its size budget can move some archs out of the main wheel: build a wheel
-for those archs (AOTINFER_CUDA_ARCH_LIST="10.0a", say), then turn it into the package
-aotinfer-ops-sm100a, which holds aotinfer_ops_sm100a/_ops/ (the shared objects and their
-manifest) and registers it in the "aotinfer.ops" entry-point group. aotinfer's loader adds its
-builds for archs the main wheel lacks. It requires the same aotinfer version.
+for those archs (AOTINFER_CUDA_ARCH_LIST="10.0f", say), then turn it into the package
+aotinfer-ops-sm100f, which holds aotinfer_ops_sm100f/_ops/ (the shared objects, their manifest and
+its own copy of libaotinfer_cudart.so: a process loads one of the copies, the dynamic linker
+matching them by soname) and registers it in the "aotinfer.ops" entry-point group. aotinfer's
+loader adds its builds for archs the main wheel lacks. It requires the same aotinfer version
+(local label, and so CUDA major, included).
 """
 
 from __future__ import annotations

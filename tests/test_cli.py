@@ -28,14 +28,24 @@ def test_info_cc_json_picks_each_build(arch, capsys):
     assert gpu["compute_capability"] == f"{arch.major}.{arch.minor}"
     choice = gpu["modules"]["scale"]
     assert choice["file"] == f"scale_sm{arch.tag}.so"
-    assert choice["driver_compiles_ptx"] is False
+    assert choice["driver_compiles_ptx"] is False and choice["error"] is None
     assert report["modules"]["scale"]["archs"] == [str(a) for a in sorted(_loader.module_builds("scale"))]
 
 
 def test_info_cc_without_build_explains(capsys):
-    assert cli.main(["info", "--cc", "3.5"]) == 0
+    # A GPU that can load nothing: exit 1, and say why and what would serve it.
+    assert cli.main(["info", "--cc", "3.5"]) == 1
     text = capsys.readouterr().out
-    assert "cannot load" in text and "3.5" in text and "AOTINFER_CUDA_ARCH_LIST" in text
+    assert "cannot load" in text and "3.5" in text and "no aotinfer release supports it" in text
+
+
+def test_info_cc_names_a_buildable_arch(capsys):
+    # The README's example: a B300 (10.3). The command printed must name an arch nvcc builds.
+    if cli.info(cc=(10, 3))["gpus"][0]["modules"]["scale"]["error"] is None:
+        pytest.skip("this install loads 10.3")
+    assert cli.main(["info", "--cc", "10.3"]) == 1
+    text = capsys.readouterr().out
+    assert 'AOTINFER_CUDA_ARCH_LIST="10.0f" pip install .' in text
 
 
 def test_info_bad_cc():

@@ -101,7 +101,7 @@ def _one_build_for_all_gpus(module: str) -> bool:
 
     try:
         files = {_loader.resolve(module, _loader.device_capability(i))[1] for i in range(torch.cuda.device_count())}
-    except _loader.NoCompatibleBuild:  # some GPU has none: dispatch per device, fail only there
+    except (_loader.NoCompatibleBuild, _loader.NotBuiltError):  # some GPU has none: per device, fail only there
         return False
     return len(files) == 1
 

@@ -1,8 +1,11 @@
-"""``python -m aotinfer info``: what this install holds and which build each GPU would load.
+"""``python -m aotinfer info`` and ``verify``: what this install holds, what each GPU will load, and
+whether the installed files are intact.
 
 GPUs are listed through the CUDA driver API (libcuda, by ctypes), not torch, so the command works
 without a GPU, without torch's CUDA state, and in the same order and visibility as CUDA programs
-(CUDA_VISIBLE_DEVICES applies).
+(CUDA_VISIBLE_DEVICES applies). ``info`` checks what the driver can load, not only which file
+matches the GPU: a CUDA 13 build needs a driver for CUDA 13.0 or newer (CUDA's minor-version
+compatibility), and PTX needs a driver at least as new as the toolkit that wrote it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from . import _loader
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 
+#: The driver library; tests point it at a stand-in.
+LIBCUDA = "libcuda.so.1"
 _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
@@ -27,9 +32,9 @@ _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 def driver_gpus() -> Tuple[Optional[str], List[Dict[str, Any]], Optional[str]]:
     """(driver's CUDA version, [{index, name, cc}], why no GPU is listed) from libcuda."""
     try:
-        cuda = ctypes.CDLL("libcuda.so.1")
+        cuda = ctypes.CDLL(LIBCUDA)
     except OSError:
-        return None, [], "no NVIDIA driver found (libcuda.so.1 does not load)"
+        return None, [], f"no NVIDIA driver found ({LIBCUDA} does not load)"
     version = ctypes.c_int()
     if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
         return None, [], "cuDriverGetVersion failed"
@@ -54,25 +59,65 @@ def driver_gpus() -> Tuple[Optional[str], List[Dict[str, Any]], Optional[str]]:
     return driver, gpus, None if gpus else "the driver reports no GPU"
 
 
-def choices_for(cc: Tuple[int, int]) -> Dict[str, Dict[str, Any]]:
-    """For each module of this install, the file a GPU of compute capability ``cc`` loads."""
+def _version(text: str) -> Tuple[int, int]:
+    major, _, minor = text.partition(".")
+    return int(major), int(minor or 0)
+
+
+def driver_problem(driver: Optional[str], built_with: str, jit: bool) -> Optional[str]:
+    """Why a driver supporting CUDA ``driver`` cannot load a build of CUDA ``built_with``, or None.
+
+    Binaries of CUDA X.y run on a driver of any CUDA X.z (minor-version compatibility) or newer;
+    PTX needs a driver at least as new as the toolkit that wrote it. None when the driver is unknown.
+    """
+    if driver is None:
+        return None
+    have, need = _version(driver), _version(built_with)
+    if have[0] < need[0]:
+        return (f"the driver supports CUDA {driver}, and this CUDA {built_with} build needs a driver"
+                f" for CUDA {need[0]}.0 or newer")
+    if jit and have < need:
+        return (f"the driver supports CUDA {driver}, too old to compile PTX written by CUDA {built_with};"
+                f" it needs a driver for CUDA {built_with} or newer")
+    return None
+
+
+def choices_for(cc: Tuple[int, int], driver: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+    """For each module of this install, the file a GPU of compute capability ``cc`` loads.
+
+    Each entry has "error" (None when the module loads) and "unsupported" (the module declares
+    no support for this GPU: by design, not a fault of the install).
+    """
+    m = _loader.manifest()
+    runtime = m.get("runtime") or {}
+    runtime_missing = runtime.get("file") and not os.path.isfile(os.path.join(_loader.OPS_DIR, runtime["file"]))
     result = {}
-    for name in _loader.manifest()["modules"]:
+    for name, entry in m["modules"].items():
         try:
             choice, path = _loader.resolve(name, cc)
         except NoCompatibleBuild as e:
-            result[name] = {"file": None, "error": str(e)}
-        else:
-            result[name] = {
-                "file": os.path.basename(path),
-                "arch": str(choice.arch),
-                "driver_compiles_ptx": choice.jit,
-                "reason": choice.reason,
-            }
+            majors = entry["sm_majors"]
+            result[name] = {"file": None, "error": str(e), "unsupported": majors is not None and cc[0] not in majors}
+            continue
+        error = driver_problem(driver, m["cuda_version"], choice.jit)
+        if not os.path.isfile(path):
+            error = f"{path} is missing; reinstall aotinfer: {_loader.repair_command(m['arch_list'])}"
+        elif runtime_missing and not error:
+            error = (f"{runtime['file']} (the CUDA runtime of every module) is missing; reinstall aotinfer:"
+                     f" {_loader.repair_command(m['arch_list'])}")
+        result[name] = {
+            "file": os.path.basename(path),
+            "arch": str(choice.arch),
+            "driver_compiles_ptx": choice.jit,
+            "reason": choice.reason,
+            "error": error,
+            "unsupported": False,
+        }
     return result
 
 
-def info(cc: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
+def info(cc: Optional[Tuple[int, int]] = None, driver: Optional[str] = None) -> Dict[str, Any]:
+    """The report ``info`` prints; ``cc`` (and ``driver``) stand for a GPU instead of the real ones."""
     m = _loader.manifest()
     try:
         tvm_ffi_installed = metadata.version("apache-tvm-ffi")
@@ -90,20 +135,30 @@ def info(cc: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
                 "sm_majors": entry["sm_majors"],
                 "archs": [str(a) for a in sorted(_loader.module_builds(name))],
                 "functions": entry["functions"],
+                "missing": sorted(b["file"] for b in entry["builds"].values()
+                                  if not os.path.isfile(os.path.join(b["dir"], b["file"]))),
             }
             for name, entry in m["modules"].items()
         },
     }
     if cc is not None:
-        report["driver_cuda_version"] = None
+        report["driver_cuda_version"] = driver
         report["gpus"] = [{"index": None, "name": "--cc", "compute_capability": cc}]
         report["no_gpu_reason"] = None
     else:
         report["driver_cuda_version"], report["gpus"], report["no_gpu_reason"] = driver_gpus()
+        if driver is not None:
+            report["driver_cuda_version"] = driver
     for gpu in report["gpus"]:
+        gpu["modules"] = choices_for(gpu["compute_capability"], report["driver_cuda_version"])
         gpu["compute_capability"] = "{}.{}".format(*gpu["compute_capability"])
-        gpu["modules"] = choices_for(_parse_cc(gpu["compute_capability"]))
     return report
+
+
+def failures(report: Dict[str, Any]) -> List[str]:
+    """The modules a GPU of the report should load and cannot (not those it does not support)."""
+    return [f"{gpu['name']} {name}" for gpu in report["gpus"] for name, choice in gpu["modules"].items()
+            if choice["error"] and not choice["unsupported"]]
 
 
 def _parse_cc(text: str) -> Tuple[int, int]:
@@ -113,10 +168,17 @@ def _parse_cc(text: str) -> Tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _parse_driver(text: str) -> str:
+    if re.fullmatch(r"\d+\.\d+", text.strip()) is None:
+        raise argparse.ArgumentTypeError(f"expected the CUDA version a driver supports, like 12.2, got {text!r}")
+    return text.strip()
+
+
 def format_info(report: Dict[str, Any]) -> str:
     lines = [
         f"aotinfer {report['version']}",
-        f"built with CUDA {report['cuda_version']} (needs an NVIDIA driver >= {report['driver_min']}),"
+        f"built with CUDA {report['cuda_version']} (needs an NVIDIA driver >= {report['driver_min']},"
+        f" which supports CUDA {report['cuda_version'].split('.')[0]}.0),"
         f" tvm-ffi {report['tvm_ffi_version']} (installed: {report['tvm_ffi_installed']})",
         f"arch list: {report['arch_list']}",
         "modules:",
@@ -126,6 +188,8 @@ def format_info(report: Dict[str, Any]) -> str:
         majors = module["sm_majors"]
         where = "all SM majors" if majors is None else "SM majors " + ", ".join(map(str, majors))
         lines.append(f"  {name:<{width}}  {' '.join(module['archs'])}  ({where})")
+        for file in module["missing"]:
+            lines.append(f"  {'':<{width}}  MISSING: {file}")
     if report["driver_cuda_version"]:
         lines.append(f"driver: supports CUDA {report['driver_cuda_version']}")
     if not report["gpus"]:
@@ -136,9 +200,28 @@ def format_info(report: Dict[str, Any]) -> str:
         for name, choice in gpu["modules"].items():
             if choice["file"] is None:
                 lines.append(f"  {name:<{width}}  cannot load: {choice['error']}")
+            elif choice["error"]:
+                lines.append(f"  {name:<{width}}  {choice['file']}  cannot load: {choice['error']}")
             else:
                 lines.append(f"  {name:<{width}}  {choice['file']}  ({choice['reason']})")
+    failed = failures(report)
+    if failed:
+        lines.append(f"{len(failed)} module(s) cannot load where they should; see above")
     return "\n".join(lines)
+
+
+def verify_command() -> int:
+    results = _loader.verify()
+    for path, problem in results:
+        if problem:
+            print(f"{path}: {problem}")
+    bad = sum(1 for _, problem in results if problem)
+    if bad:
+        print(f"verify: {bad} of {len(results)} files are missing or differ from the manifest; reinstall"
+              f" aotinfer: {_loader.repair_command(_loader.manifest()['arch_list'])}")
+        return 1
+    print(f"verify: all {len(results)} files match their sha256 in the manifests")
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -146,12 +229,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="versions, builds in this install, and what each GPU loads")
     p.add_argument("--cc", type=_parse_cc, help="answer for a GPU of this compute capability (e.g. 8.9)")
+    p.add_argument("--driver", type=_parse_driver,
+                   help="answer for a driver supporting this CUDA version (e.g. 12.2) instead of the installed one")
     p.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("verify", help="check every installed kernel file against its sha256 in the manifest")
     args = parser.parse_args(argv)
     try:
-        report = info(args.cc)
+        if args.command == "verify":
+            return verify_command()
+        report = info(args.cc, args.driver)
     except _loader.NotBuiltError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2) if args.json else format_info(report))
-    return 0
+    return 1 if failures(report) else 0
