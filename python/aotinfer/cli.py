@@ -1,4 +1,5 @@
 """``python -m aotinfer info``: what this install holds and which build each GPU would load.
+``python -m aotinfer build``: compile modules into the JIT cache ahead of time (jit/cli.py).
 
 GPUs are listed through the CUDA driver API (libcuda, by ctypes), not torch, so the command works
 without a GPU, without torch's CUDA state, and in the same order and visibility as CUDA programs
@@ -61,7 +62,9 @@ def choices_for(cc: Tuple[int, int]) -> Dict[str, Dict[str, Any]]:
         try:
             choice, path = _loader.resolve(name, cc)
         except NoCompatibleBuild as e:
-            result[name] = {"file": None, "error": str(e)}
+            from .jit import cli as jit_cli
+
+            result[name] = jit_cli.choice_without_installed(name, cc, str(e))
         else:
             result[name] = {
                 "file": os.path.basename(path),
@@ -100,6 +103,9 @@ def info(cc: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
         report["no_gpu_reason"] = None
     else:
         report["driver_cuda_version"], report["gpus"], report["no_gpu_reason"] = driver_gpus()
+    from .jit import cli as jit_cli
+
+    report["jit"] = jit_cli.info_report()
     for gpu in report["gpus"]:
         gpu["compute_capability"] = "{}.{}".format(*gpu["compute_capability"])
         gpu["modules"] = choices_for(_parse_cc(gpu["compute_capability"]))
@@ -126,6 +132,9 @@ def format_info(report: Dict[str, Any]) -> str:
         majors = module["sm_majors"]
         where = "all SM majors" if majors is None else "SM majors " + ", ".join(map(str, majors))
         lines.append(f"  {name:<{width}}  {' '.join(module['archs'])}  ({where})")
+    from .jit import cli as jit_cli
+
+    lines += jit_cli.format_info(report["jit"])
     if report["driver_cuda_version"]:
         lines.append(f"driver: supports CUDA {report['driver_cuda_version']}")
     if not report["gpus"]:
@@ -134,7 +143,9 @@ def format_info(report: Dict[str, Any]) -> str:
         label = "--cc" if gpu["index"] is None else f"cuda:{gpu['index']} {gpu['name']}"
         lines.append(f"{label} (compute capability {gpu['compute_capability']}):")
         for name, choice in gpu["modules"].items():
-            if choice["file"] is None:
+            if choice.get("jit_build"):
+                lines.append(f"  {name:<{width}}  {choice['jit_build']}")
+            elif choice["file"] is None:
                 lines.append(f"  {name:<{width}}  cannot load: {choice['error']}")
             else:
                 lines.append(f"  {name:<{width}}  {choice['file']}  ({choice['reason']})")
@@ -147,7 +158,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("info", help="versions, builds in this install, and what each GPU loads")
     p.add_argument("--cc", type=_parse_cc, help="answer for a GPU of this compute capability (e.g. 8.9)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    from .jit import cli as jit_cli
+
+    jit_cli.add_build_arguments(sub.add_parser("build", help="compile modules into the JIT cache (needs nvcc)"))
     args = parser.parse_args(argv)
+    if args.command == "build":
+        return jit_cli.build(args)
     try:
         report = info(args.cc)
     except _loader.NotBuiltError as e:
