@@ -169,11 +169,29 @@ def _mkdtemp(parent: Path, prefix: str) -> str:
 
 
 def remove_abandoned_builds(entry: Entry, keep: Path) -> None:
-    """Remove tmp/ directories of earlier builds of ``entry`` (call with its lock held)."""
-    tmp = entry.root / "tmp"
-    for path in tmp.glob(f"{entry.name}.*"):
-        if path != keep:
+    """Remove what killed builds left in tmp/ (call with ``entry``'s lock held).
+
+    Directories of ``entry`` go at once; those of other entries only if no one holds their lock
+    (a build in progress holds it until its directory is gone).
+    """
+    from filelock import FileLock, Timeout
+
+    for path in (entry.root / "tmp").iterdir():
+        name = path.name.split(".")[0]
+        if path == keep:
+            continue
+        if name == entry.name:
             shutil.rmtree(path, ignore_errors=True)
+            continue
+        lock = FileLock(str(entry.root / "locks" / f"{name}.lock"), mode=0o600, thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            lock.release()
 
 
 def publish(entry: Entry, built: Path, record: Dict[str, Any]) -> None:

@@ -102,7 +102,6 @@ class JitSpec:
 
     def inputs(self) -> Dict[str, Any]:
         """Everything the object depends on but the toolchain (sources and headers by sha256)."""
-        version, _, _ = toolchain.tvm_ffi_paths()
         return {
             "recipe": RECIPE,
             "name": self.name,
@@ -112,7 +111,7 @@ class JitSpec:
             "cuda_flags": self.cuda_flags,
             "cxx_flags": CXX_FLAGS + self.extra_cflags,
             "ldflags": LINK_FLAGS + self.extra_ldflags,
-            "tvm_ffi": version,
+            "tvm_ffi": toolchain.tvm_ffi_version(),
         }
 
     def inputs_key(self) -> str:
@@ -283,7 +282,7 @@ class JitSpec:
 
     def commands(self, tools: toolchain.Toolchain, work: Path, output: Path) -> List[List[str]]:
         """The compile commands (one per source, run in parallel), then link and strip."""
-        _, tvm_include, libtvm_ffi = toolchain.tvm_ffi_paths()
+        tvm_include, libtvm_ffi = toolchain.tvm_ffi_paths()
         includes = [f"-I{d}" for d in self.include_dirs] + ["-isystem", tvm_include]
         compiles, objects = [], []
         for i, source in enumerate(self.sources):

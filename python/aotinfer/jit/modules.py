@@ -128,8 +128,9 @@ def cached_builds(name: str) -> Dict[Arch, cache.Entry]:
 
 def jit_builds_off() -> Optional[str]:
     """Why this process will not compile (AOTINFER_JIT=0, no nvcc, no sources), or None."""
-    if os.environ.get("AOTINFER_JIT", "").strip() == "0":
-        return "off (AOTINFER_JIT=0)"
+    setting = os.environ.get("AOTINFER_JIT", "").strip()
+    if setting.lower() in ("0", "false", "off", "no"):
+        return f"turned off by AOTINFER_JIT={setting}"
     if kernel_source_dir() is None:
         return "impossible: this install carries no kernel sources"
     if toolchain.find() is None:
@@ -149,41 +150,44 @@ def resolve(name: str, cc: Tuple[int, int], tried: str = "") -> Tuple[Choice, st
     """
     cc = (int(cc[0]), int(cc[1]))
     cc_text = f"{cc[0]}.{cc[1]}"
-    steps = [tried or f"aotinfer module {name!r}: no installed build runs on compute capability {cc_text}"]
-    hint = f"To build one ahead: {prebuild_command(name, cc)} (needs nvcc)."
-    try:
-        root = kernel_source_dir()
-        if root is None:
-            raise JitUnavailable("this install carries no kernel sources (aotinfer/_src is missing)")
-        majors = declarations(root)[name].get("sm_majors")
-        if majors is not None and cc[0] not in majors:
-            raise NoCompatibleBuild(f"{steps[0]}; module {name!r} runs only on SM majors {majors}")
-        found = cached_builds(name)
-        if found:
-            try:
-                choice = choose_arch(cc, found)
-            except NoCompatibleBuild:
-                pass
-            else:
-                path = str(found[choice.arch].library)
-                return Choice(choice.arch, choice.jit, f"JIT cache: {choice.reason}"), path
-        steps.append(f"JIT cache {cache.cache_root()}: nothing for {cc_text}")
-        off = jit_builds_off()
-        if off is not None:
-            raise JitUnavailable(f"JIT build: {off}")
-        tools = toolchain.find()
-        arch = tools.arch_for(cc)
-        if arch is None:
-            raise JitUnavailable(f"JIT build: nvcc {tools.cuda_version} ({tools.nvcc}) cannot build for {cc_text}")
-        spec = gen_module_spec(name, arch, root)
-        path = spec.build(
-            why=f"no installed build of module {name!r} runs on compute capability {cc_text}",
-            prebuild=prebuild_command(name, cc),
+    tried = (tried or f"aotinfer module {name!r}: no installed build runs on compute capability {cc_text}").rstrip(".")
+    also = []  # what was tried here, for the error
+
+    def unavailable(why: str) -> NoCompatibleBuild:
+        also.append(why)
+        return NoCompatibleBuild(
+            f"{tried}. Also tried {' and '.join(also)}. Or prebuild into the JIT cache where nvcc is:"
+            f" {prebuild_command(name, cc)}"
         )
-        return Choice(arch, arch.ptx and (arch.major, arch.minor) != cc, f"JIT build of {arch.sass}"), str(path)
-    except (JitUnavailable, cache.CacheDirError) as e:
-        steps.append(str(e))
-        raise NoCompatibleBuild(". ".join(s.rstrip(".") for s in steps) + ". " + hint) from None
+
+    root = kernel_source_dir()
+    if root is None:
+        raise unavailable("a JIT build (impossible: this install carries no kernel sources, aotinfer/_src)")
+    majors = declarations(root)[name].get("sm_majors")
+    if majors is not None and cc[0] not in majors:
+        raise NoCompatibleBuild(f"{tried}; module {name!r} runs only on SM majors {majors}")
+    try:
+        found = cached_builds(name)
+    except cache.CacheDirError as e:
+        raise unavailable(f"the JIT cache (refused: {e})") from None
+    try:
+        choice = choose_arch(cc, found)
+    except NoCompatibleBuild:
+        also.append(f"the JIT cache {cache.cache_root()} (nothing for {cc_text})")
+    else:
+        return Choice(choice.arch, choice.jit, f"JIT cache: {choice.reason}"), str(found[choice.arch].library)
+    off = jit_builds_off()
+    if off is not None:
+        raise unavailable(f"a JIT build ({off})")
+    tools = toolchain.find()
+    arch = tools.arch_for(cc)
+    if arch is None:
+        raise unavailable(f"a JIT build (nvcc {tools.cuda_version} at {tools.nvcc} cannot build for {cc_text})")
+    path = gen_module_spec(name, arch, root).build(
+        why=f"no installed build of module {name!r} runs on compute capability {cc_text}",
+        prebuild=prebuild_command(name, cc),
+    )
+    return Choice(arch, arch.ptx and (arch.major, arch.minor) != cc, f"JIT build of {arch.sass}"), str(path)
 
 
 def find_or_build(name: str, cc: Tuple[int, int]) -> Optional[str]:

@@ -127,13 +127,19 @@ def why_not_found() -> str:
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             return f"no nvcc in {var}={os.environ[var]} (expected {os.environ[var]}/bin/nvcc)"
-    return "nvcc not found (set CUDA_HOME to a CUDA toolkit, 12.8 or newer, or put nvcc on PATH)"
+    return "nvcc not found: set CUDA_HOME to a CUDA 12.8+ toolkit or put nvcc on PATH"
+
+
+def tvm_ffi_version() -> str:
+    """The installed apache-tvm-ffi's version, read without importing it (which imports torch)."""
+    from importlib import metadata
+
+    return metadata.version("apache-tvm-ffi")
 
 
 @functools.lru_cache(maxsize=None)
-def tvm_ffi_paths() -> Tuple[str, str, str]:
-    """(version, include dir, libtvm_ffi.so) of the installed apache-tvm-ffi, as CMake finds them."""
-    import tvm_ffi
+def tvm_ffi_paths() -> Tuple[str, str]:
+    """(include dir, libtvm_ffi.so) of the installed apache-tvm-ffi, as CMake finds them."""
     import tvm_ffi.libinfo
 
-    return tvm_ffi.__version__, tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_libtvm_ffi()
+    return tvm_ffi.libinfo.find_include_path(), tvm_ffi.libinfo.find_libtvm_ffi()
