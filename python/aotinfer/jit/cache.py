@@ -58,7 +58,7 @@ class LockTimeout(TimeoutError):
 def cache_root() -> Path:
     configured = os.environ.get("AOTINFER_CACHE_DIR")
     if configured:
-        return Path(configured).expanduser()
+        return Path(configured).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "aotinfer"
@@ -81,7 +81,7 @@ def check_dir(path: Path) -> None:
     """Raise CacheDirError unless ``path`` is a directory of this user that no one else may write."""
     st = os.stat(path)
     where = f"aotinfer's JIT cache {path}"
-    fix = " Set AOTINFER_CACHE_DIR to a directory of your own (mode 0700)."
+    fix = " Set AOTINFER_CACHE_DIR to a directory of your own that no one else can write (mode 0700)."
     if not stat.S_ISDIR(st.st_mode):
         raise CacheDirError(f"{where} is not a directory.{fix}")
     if st.st_uid != os.geteuid():
@@ -90,7 +90,7 @@ def check_dir(path: Path) -> None:
         raise CacheDirError(
             f"{where} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
             f" (mode {stat.S_IMODE(st.st_mode):04o}); whoever writes there chooses code this process"
-            f" loads. Run 'chmod 700 {path}'.{fix}"
+            f" loads.{fix}"
         )
 
 

@@ -18,7 +18,7 @@ import time
 from .. import _loader
 from .._arch import Arch, NoCompatibleBuild, parse_arch_list
 from . import cache, toolchain
-from .core import JitBuildError, JitUnavailable
+from .core import JitUnavailable
 from .modules import cached_builds, cached_choice, declarations, gen_module_spec, jit_builds_off, kernel_source_dir
 
 TYPE_CHECKING = False
@@ -60,8 +60,10 @@ def build(args) -> int:
                 path = spec.build()
                 how = "cached" if cached is not None else f"built in {time.monotonic() - start:.1f} s"
                 print(f"{name}: {arch.sass}{'+PTX' if arch.ptx else ''} {how}: {path}")
-    except (JitBuildError, JitUnavailable, cache.CacheDirError, cache.LockTimeout, KeyError, ValueError,
-            RuntimeError) as e:
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 1
+    except (RuntimeError, ValueError, OSError) as e:  # build and lock errors, bad arch lists, bad caches
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

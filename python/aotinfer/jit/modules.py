@@ -116,7 +116,10 @@ def cached_builds(name: str) -> Dict[Arch, cache.Entry]:
         record = entry.read_sidecar()
         if not record or record.get("module") != name or len(record.get("archs", ())) != 1:
             continue
-        spec = gen_module_spec(name, record["archs"][0])
+        try:
+            spec = gen_module_spec(name, record["archs"][0])
+        except (ValueError, TypeError):  # an arch the module no longer supports, or a damaged record
+            continue
         if record.get("inputs_key") != spec.inputs_key():
             continue
         if tools is not None and entry.key != spec.entry(root, tools).key:
