@@ -134,7 +134,31 @@ def test_loader_fallback_order(raced, monkeypatch):
     choice, path = jit.resolve("scale", CC, str(e.value))
     assert choice.arch == Arch(8, 9) and not choice.jit and "JIT cache" in choice.reason
     assert jit.find_or_build("scale", CC) == path
+    assert jit.resolve("scale", CC, str(e.value), build=False)[1] == path
+    with pytest.raises(NoCompatibleBuild, match=r"a JIT build \(not attempted: build=False\)"):
+        jit.resolve("scale", (8, 6), build=False)  # uncached: never compiles
     assert jit.cached_choice("scale", (8, 9))[1] == path
+
+
+def _loader_falls_back_to_jit():
+    import inspect
+    import re
+
+    return re.search(r"from \.jit import|from \. import jit|aotinfer\.jit", inspect.getsource(_loader)) is not None
+
+
+@pytest.mark.skipif(not _loader_falls_back_to_jit(), reason="the loader does not fall back to aotinfer.jit yet")
+def test_loader_loads_jit_builds(raced, monkeypatch):
+    monkeypatch.setenv("AOTINFER_CACHE_DIR", str(raced["cache"]))
+    monkeypatch.setattr(_loader, "device_capability", lambda index: CC)
+    monkeypatch.setattr(_loader, "_modules", {})
+    assert _loader.get_module("scale", 0).scale is not None
+    with open("/proc/self/maps") as f:
+        assert str(raced["cache"]) in f.read()
+    monkeypatch.setattr(_loader, "_modules", {})
+    monkeypatch.setenv("AOTINFER_JIT", "0")
+    with pytest.raises(NoCompatibleBuild, match=r"Also tried the JIT cache .* and a JIT build \(turned off"):
+        _loader.get_module("norm", 0)
 
 
 def test_cli_build_for_an_arch_the_wheel_lacks(raced):

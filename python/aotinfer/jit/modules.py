@@ -145,11 +145,12 @@ def prebuild_command(name: str, cc: Tuple[int, int]) -> str:
     return f"python -m aotinfer build {name} --cc {cc[0]}.{cc[1]}"
 
 
-def resolve(name: str, cc: Tuple[int, int], tried: str = "") -> Tuple[Choice, str]:
+def resolve(name: str, cc: Tuple[int, int], tried: str = "", build: bool = True) -> Tuple[Choice, str]:
     """The JIT build module ``name`` loads on compute capability ``cc``: cached, else built now.
 
     For the loader, once the installed builds have none for ``cc`` (``tried`` says so). Raises
-    NoCompatibleBuild, saying what was tried and how to build, when neither applies.
+    NoCompatibleBuild, saying what was tried and how to build, when neither applies; with
+    ``build=False`` (for questions such as "do all GPUs load one file?") it never compiles.
     """
     cc = (int(cc[0]), int(cc[1]))
     cc_text = f"{cc[0]}.{cc[1]}"
@@ -179,7 +180,7 @@ def resolve(name: str, cc: Tuple[int, int], tried: str = "") -> Tuple[Choice, st
         also.append(f"the JIT cache {cache.cache_root()} (nothing for {cc_text})")
     else:
         return Choice(choice.arch, choice.jit, f"JIT cache: {choice.reason}"), str(found[choice.arch].library)
-    off = jit_builds_off()
+    off = jit_builds_off() if build else "not attempted: build=False"
     if off is not None:
         raise unavailable(f"a JIT build ({off})")
     tools = toolchain.find()
