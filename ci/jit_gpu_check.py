@@ -54,12 +54,15 @@ def _cases(device):
 
 
 class _Compiles(logging.Handler):
+    """Prints aotinfer.jit's lines (as Python's last-resort handler would) and keeps them."""
+
     def __init__(self):
         super().__init__(logging.WARNING)
         self.lines = []
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+        print(record.getMessage(), file=sys.stderr, flush=True)
 
 
 def _timed(fn):
@@ -72,7 +75,7 @@ def _timed(fn):
 
 def _mapped_objects():
     with open("/proc/self/maps") as f:
-        return {line.split()[-1] for line in f if line.rstrip().endswith(".so") and "aotinfer" in line}
+        return {os.path.realpath(line.split()[-1]) for line in f if line.rstrip().endswith(".so")}
 
 
 def run(phase: str) -> int:
@@ -115,8 +118,8 @@ def run(phase: str) -> int:
               f" {first:>12.2f} {second * 1e3:>14.3f}  {err:.3g}{'' if ok else '  MISMATCH'}")
     loaded = _mapped_objects()
     ops_dir, cache_dir = os.path.realpath(_loader.OPS_DIR), os.path.realpath(jit.cache_root())
-    from_wheel = sorted(p for p in loaded if os.path.dirname(os.path.realpath(p)) == ops_dir)
-    from_cache = sorted(p for p in loaded if os.path.realpath(p).startswith(cache_dir + os.sep))
+    from_wheel = sorted(p for p in loaded if os.path.dirname(p) == ops_dir)
+    from_cache = sorted(p for p in loaded if p.startswith(cache_dir + os.sep))
     print(f"loaded from the JIT cache: {len(from_cache)}, from the wheel: {len(from_wheel)}")
     built = sum("compiling" in line for line in compiles.lines)
     print(f"compiles in this process: {built}")
