@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _loader
 from ._arch import NoCompatibleBuild
 from ._version import __version__
+from .jit import cli as jit_cli
 
 _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
@@ -62,8 +63,6 @@ def choices_for(cc: Tuple[int, int]) -> Dict[str, Dict[str, Any]]:
         try:
             choice, path = _loader.resolve(name, cc)
         except NoCompatibleBuild as e:
-            from .jit import cli as jit_cli
-
             result[name] = jit_cli.choice_without_installed(name, cc, str(e))
         else:
             result[name] = {
@@ -103,8 +102,6 @@ def info(cc: Optional[Tuple[int, int]] = None) -> Dict[str, Any]:
         report["no_gpu_reason"] = None
     else:
         report["driver_cuda_version"], report["gpus"], report["no_gpu_reason"] = driver_gpus()
-    from .jit import cli as jit_cli
-
     report["jit"] = jit_cli.info_report()
     for gpu in report["gpus"]:
         gpu["compute_capability"] = "{}.{}".format(*gpu["compute_capability"])
@@ -132,8 +129,6 @@ def format_info(report: Dict[str, Any]) -> str:
         majors = module["sm_majors"]
         where = "all SM majors" if majors is None else "SM majors " + ", ".join(map(str, majors))
         lines.append(f"  {name:<{width}}  {' '.join(module['archs'])}  ({where})")
-    from .jit import cli as jit_cli
-
     lines += jit_cli.format_info(report["jit"])
     if report["driver_cuda_version"]:
         lines.append(f"driver: supports CUDA {report['driver_cuda_version']}")
@@ -158,8 +153,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("info", help="versions, builds in this install, and what each GPU loads")
     p.add_argument("--cc", type=_parse_cc, help="answer for a GPU of this compute capability (e.g. 8.9)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    from .jit import cli as jit_cli
-
     jit_cli.add_build_arguments(sub.add_parser("build", help="compile modules into the JIT cache (needs nvcc)"))
     args = parser.parse_args(argv)
     if args.command == "build":
