@@ -99,8 +99,16 @@ def kernel(module: str, function: str) -> Kernel:
 def _one_build_for_all_gpus(module: str) -> bool:
     import torch
 
+    files = set()
     try:
-        files = {_loader.resolve(module, _loader.device_capability(i))[1] for i in range(torch.cuda.device_count())}
+        for i in range(torch.cuda.device_count()):
+            cc = _loader.device_capability(i)
+            try:
+                files.add(_loader.resolve(module, cc)[1])
+            except _loader.NoCompatibleBuild as e:  # a JIT build, if one is cached (never compiles here)
+                from . import jit
+
+                files.add(jit.resolve(module, cc, str(e), build=False)[1])
     except (_loader.NoCompatibleBuild, _loader.NotBuiltError):  # some GPU has none: per device, fail only there
         return False
     return len(files) == 1

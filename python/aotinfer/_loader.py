@@ -315,11 +315,19 @@ def _load(name: str, index: int) -> Any:
     if index < 0:  # no GPU among the arguments: any build, whose checks name them (get_module)
         arch, build = next(iter(module_builds(name).items()))
         choice, path = Choice(arch, False, "any build"), os.path.join(build["dir"], build["file"])
+        expected = build.get("size")
     else:
-        choice, path = resolve(name, device_capability(index))
+        cc = device_capability(index)
+        try:
+            choice, path = resolve(name, cc)
+            expected = module_builds(name)[choice.arch].get("size")
+        except NoCompatibleBuild as e:  # none installed: the JIT cache, else a JIT build
+            from . import jit
+
+            choice, path = jit.resolve(name, cc, str(e))
+            expected = None  # the JIT checked the object's sha256 before handing it over
     # Cheap checks only (`python -m aotinfer verify` hashes everything): a missing file, or a
     # truncated one, which dlopen would map and crash on (SIGBUS) instead of reporting.
-    expected = module_builds(name)[choice.arch].get("size")
     try:
         size = os.stat(path).st_size
     except OSError as e:

@@ -1,5 +1,6 @@
 """``python -m aotinfer info`` and ``verify``: what this install holds, what each GPU will load, and
-whether the installed files are intact.
+whether the installed files are intact. ``python -m aotinfer build``: compile modules into the JIT
+cache ahead of time (jit/cli.py).
 
 GPUs are listed through the CUDA driver API (libcuda, by ctypes), not torch, so the command works
 without a GPU, without torch's CUDA state, and in the same order and visibility as CUDA programs
@@ -22,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _loader
 from ._arch import NoCompatibleBuild
 from ._version import __version__
+from .jit import cli as jit_cli
 
 #: The driver library; tests point it at a stand-in.
 LIBCUDA = "libcuda.so.1"
@@ -97,7 +99,11 @@ def choices_for(cc: Tuple[int, int], driver: Optional[str] = None) -> Dict[str, 
             choice, path = _loader.resolve(name, cc)
         except NoCompatibleBuild as e:
             majors = entry["sm_majors"]
-            result[name] = {"file": None, "error": str(e), "unsupported": majors is not None and cc[0] not in majors}
+            # No installed build: a cached JIT build, or one the JIT can make, serves the GPU.
+            result[name] = jit_cli.choice_without_installed(name, cc, str(e))
+            served = result[name]["file"] is not None or result[name].get("jit_build")
+            result[name]["error"] = None if served else result[name]["error"]
+            result[name]["unsupported"] = majors is not None and cc[0] not in majors
             continue
         error = driver_problem(driver, m["cuda_version"], choice.jit)
         if not os.path.isfile(path):
@@ -149,6 +155,7 @@ def info(cc: Optional[Tuple[int, int]] = None, driver: Optional[str] = None) -> 
         report["driver_cuda_version"], report["gpus"], report["no_gpu_reason"] = driver_gpus()
         if driver is not None:
             report["driver_cuda_version"] = driver
+    report["jit"] = jit_cli.info_report()
     for gpu in report["gpus"]:
         gpu["modules"] = choices_for(gpu["compute_capability"], report["driver_cuda_version"])
         gpu["compute_capability"] = "{}.{}".format(*gpu["compute_capability"])
@@ -190,6 +197,7 @@ def format_info(report: Dict[str, Any]) -> str:
         lines.append(f"  {name:<{width}}  {' '.join(module['archs'])}  ({where})")
         for file in module["missing"]:
             lines.append(f"  {'':<{width}}  MISSING: {file}")
+    lines += jit_cli.format_info(report["jit"])
     if report["driver_cuda_version"]:
         lines.append(f"driver: supports CUDA {report['driver_cuda_version']}")
     if not report["gpus"]:
@@ -198,7 +206,9 @@ def format_info(report: Dict[str, Any]) -> str:
         label = "--cc" if gpu["index"] is None else f"cuda:{gpu['index']} {gpu['name']}"
         lines.append(f"{label} (compute capability {gpu['compute_capability']}):")
         for name, choice in gpu["modules"].items():
-            if choice["file"] is None:
+            if choice.get("jit_build"):
+                lines.append(f"  {name:<{width}}  {choice['jit_build']}")
+            elif choice["file"] is None:
                 lines.append(f"  {name:<{width}}  cannot load: {choice['error']}")
             elif choice["error"]:
                 lines.append(f"  {name:<{width}}  {choice['file']}  cannot load: {choice['error']}")
@@ -233,7 +243,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="answer for a driver supporting this CUDA version (e.g. 12.2) instead of the installed one")
     p.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("verify", help="check every installed kernel file against its sha256 in the manifest")
+    jit_cli.add_build_arguments(sub.add_parser("build", help="compile modules into the JIT cache (needs nvcc)"))
     args = parser.parse_args(argv)
+    if args.command == "build":
+        return jit_cli.build(args)
     try:
         if args.command == "verify":
             return verify_command()
