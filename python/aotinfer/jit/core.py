@@ -3,10 +3,11 @@
 A spec compiles exactly as CMakeLists.txt compiles a module for the wheel: the same nvcc flags
 (``-O3 -DNDEBUG``, one ``--generate-code`` per arch, ``-fPIC``, hidden visibility,
 ``--compress-mode=size``, ``TVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1``), include dirs ``include/``
-and ``csrc/`` of the kernel sources plus tvm-ffi's, and the same link: the host compiler with the
-static CUDA runtime and static libstdc++ kept private (``--exclude-libs,ALL``) against
-libtvm_ffi.so. Only the rpath differs: the object lives in the cache, so it names tvm-ffi's
-library directory itself.
+and ``csrc/`` of the kernel sources plus tvm-ffi's, and the same link: the host compiler with
+static libstdc++ kept private (``--exclude-libs,ALL``, ``--gc-sections``) against the install's
+CUDA runtime library (libaotinfer_cudart.so, which every module of the process shares) and
+libtvm_ffi.so. Only the rpath differs: the object lives in the cache, so it names the two
+libraries' directories itself.
 
 The cache key hashes the spec's inputs (sources and every header they include from the spec's
 include dirs, found by scanning ``#include`` lines; flags; archs; tvm-ffi's version) and the
@@ -47,10 +48,12 @@ CUDA_FLAGS = ["-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-Xcompiler=-fvisibility=hi
               "--compress-mode=size", "-std=c++17"]
 CXX_FLAGS = ["-O3", "-DNDEBUG", "-fPIC", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-std=c++17"]
 DEFINES = ["-DTVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1"]
-LINK_FLAGS = ["-fPIC", "-shared", "-Wl,--exclude-libs,ALL", "-static-libstdc++"]
+LINK_FLAGS = ["-fPIC", "-shared", "-Wl,--exclude-libs,ALL", "-Wl,--gc-sections", "-static-libstdc++"]
 #: scikit-build-core installs the wheel's objects stripped (cmake --install --strip).
 STRIP = "strip"
-CUDA_LIBS = ["-lcudadevrt", "-lcudart_static", "-lrt", "-lpthread", "-ldl"]
+#: After the runtime library and libtvm_ffi.so, as CMakeLists.txt links them: libpthread, which the
+#: static libstdc++ (linked last by the compiler driver) needs before glibc 2.34.
+PTHREAD = ["-Wl,--push-state,--no-as-needed", "-lpthread", "-Wl,--pop-state"]
 _ARCH_FLAG = re.compile(r"^(-gencode|--generate-code|-arch|--gpu-architecture|-code|--gpu-code)\b")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>|(\w))', re.MULTILINE)
 
@@ -112,6 +115,7 @@ class JitSpec:
             "cxx_flags": CXX_FLAGS + self.extra_cflags,
             "ldflags": LINK_FLAGS + self.extra_ldflags,
             "tvm_ffi": toolchain.tvm_ffi_version(),
+            "runtime": _runtime_library()[1],
         }
 
     def inputs_key(self) -> str:
@@ -297,9 +301,10 @@ class JitSpec:
             else:
                 raise ValueError(f"{self.name}: cannot compile {source}: expected {CUDA_SUFFIXES + CXX_SUFFIXES}")
             objects.append(obj)
+        runtime, _ = _runtime_library()
         link = [tools.host_cxx, *LINK_FLAGS, "-o", str(output), *objects,
-                f"-Wl,-rpath,{os.path.dirname(libtvm_ffi)}", libtvm_ffi, *CUDA_LIBS,
-                *[f"-L{d}" for d in tools.library_dirs], *self.extra_ldflags]
+                f"-Wl,-rpath,{runtime.parent}", f"-Wl,-rpath,{os.path.dirname(libtvm_ffi)}", str(runtime), libtvm_ffi,
+                *PTHREAD, *[f"-L{d}" for d in tools.library_dirs], *self.extra_ldflags]
         return compiles + [link, [STRIP, str(output)]]
 
     def _run(self, commands: List[List[str]], work: Path) -> None:
@@ -331,6 +336,18 @@ class _Result:
 def _call(command: List[str], env: Dict[str, str]) -> _Result:
     proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return _Result(command, proc)
+
+
+def _runtime_library() -> Tuple[Path, Dict[str, Any]]:
+    """The CUDA runtime library of this install (path, and what the key records of it: where it is,
+    since the object names its directory, and its sha256)."""
+    from .. import _loader
+
+    entry = _loader.manifest().get("runtime")
+    if not isinstance(entry, dict):
+        raise JitUnavailable("this install has no CUDA runtime library (libaotinfer_cudart.so) to link against")
+    path = Path(_loader.OPS_DIR, entry["file"])
+    return path, {"path": str(path), "sha256": entry["sha256"]}
 
 
 def _digest(data: Any) -> str:
