@@ -131,7 +131,7 @@ def test_broken_manifest_breaks_nothing_else(order, broken_install, tmp_path):
         cwd=tmp_path,
     )
     assert "op: " in out.stdout and "manifest" in out.stdout
-    assert out.stderr.count("aotinfer's torch custom ops are not defined") == 1, out.stderr
+    assert out.stderr.count("RuntimeWarning: aotinfer's torch custom ops are not defined") == 1, out.stderr
 
 
 FORK_SCRIPT = """
