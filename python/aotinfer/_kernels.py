@@ -28,6 +28,7 @@ _register_lock = _loader.fork_safe_lock()
 _library = None  # the torch.library.Library holding aotinfer's ops, once defined
 _kernels: dict = {}  # binding name -> Kernel
 _on_torch: list = []  # callbacks run once torch and aotinfer are both imported (_op.py binds its gates)
+_on_dynamo: list = []  # callbacks run once torch._dynamo is imported too (_op.py's substitutions)
 
 
 class TracedKernel:
@@ -147,20 +148,22 @@ def _writes_outputs_only(*args) -> None:
     return None
 
 
-def when_torch_is_imported(callback) -> None:
-    """Run ``callback(torch)`` once torch and aotinfer are both imported (see on_aotinfer_imported)."""
+def when_torch_is_imported(callback, dynamo_callback) -> None:
+    """Run ``callback(torch)`` once torch and aotinfer are both imported, and
+    ``dynamo_callback(torch)`` once torch._dynamo is imported too (see on_aotinfer_imported)."""
     _on_torch.append(callback)
+    _on_dynamo.append(dynamo_callback)
 
 
-def _torch_imported() -> None:
-    """torch and aotinfer are both imported: define the custom ops and run the callbacks. Runs
-    inside someone's ``import torch`` or ``import aotinfer``: nothing here may make that import
-    fail, so a failure is one warning, and the ops say what is wrong when called."""
+def _run_callbacks(callbacks, also=None) -> None:
+    """Run callbacks inside someone's ``import``: nothing here may make that import fail, so a
+    failure is one warning, and the ops say what is wrong when called."""
     torch = sys.modules["torch"]
     try:
-        for callback in _on_torch:
+        for callback in callbacks:
             callback(torch)
-        register_torch_ops()
+        if also is not None:
+            also()
     except _loader.NotBuiltError as e:
         if not os.path.exists(_loader.MANIFEST):  # a source tree without kernels: ops say so when called
             return
@@ -169,17 +172,34 @@ def _torch_imported() -> None:
         _warn_once(f"aotinfer's torch custom ops are not defined: {type(e).__name__}: {e}")
 
 
+def _torch_imported() -> None:
+    """torch and aotinfer are both imported: define the custom ops, run the callbacks, and wait
+    for torch._dynamo."""
+    _run_callbacks(_on_torch, register_torch_ops)
+    if "torch._dynamo" in sys.modules:
+        _dynamo_imported()
+    else:
+        sys.meta_path.insert(0, _ImportHook("torch._dynamo", _dynamo_imported))
+
+
+def _dynamo_imported() -> None:
+    _run_callbacks(_on_dynamo)
+
+
 def _warn_once(message: str) -> None:
     import warnings
 
     warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
-class _TorchImportHook:
-    """A one-shot import hook that calls _torch_imported right after torch is imported."""
+class _ImportHook:
+    """A one-shot import hook that calls ``then()`` right after module ``name`` is imported."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
         import importlib.util
@@ -189,11 +209,11 @@ class _TorchImportHook:
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_then_register(module):
+        def exec_then(module):
             exec_module(module)
-            _torch_imported()
+            self.then()
 
-        spec.loader.exec_module = exec_then_register
+        spec.loader.exec_module = exec_then
         return spec
 
 
@@ -203,4 +223,4 @@ def on_aotinfer_imported() -> None:
     if "torch" in sys.modules:
         _torch_imported()
     else:
-        sys.meta_path.insert(0, _TorchImportHook())
+        sys.meta_path.insert(0, _ImportHook("torch", _torch_imported))

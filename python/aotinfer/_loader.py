@@ -310,8 +310,6 @@ def get_module(name: str, index: int) -> Any:
 def _load(name: str, index: int) -> Any:
     import warnings
 
-    import tvm_ffi
-
     if index < 0:  # no GPU among the arguments: any build, whose checks name them (get_module)
         arch, build = next(iter(module_builds(name).items()))
         choice, path = Choice(arch, False, "any build"), os.path.join(build["dir"], build["file"])
@@ -346,6 +344,8 @@ def _load(name: str, index: int) -> Any:
             RuntimeWarning,
             stacklevel=4,
         )
+    import tvm_ffi  # after the manifest's checks: a broken install says so first
+
     try:
         return tvm_ffi.load_module(path)
     except Exception as e:

@@ -9,11 +9,15 @@ Each decorator adds its part to the body's OpSpec and builds the wrapper again f
 spec, so the outermost one publishes the only wrapper. Its source is generated with the body's own
 parameters plus a keyword-only ``skip_check=False``, and does, in order:
 
-1. Under a tracer, runs the body's twin, whose kernel objects call aotinfer's torch custom ops, so
-   the tracer records ``aotinfer::<binding>`` instead of running a kernel on fake tensors. A tracer
-   is dynamo (``torch.compiler.is_dynamo_compiling()``, which dynamo folds to True and which is
-   False in eager code) or any torch dispatch mode (make_fx, non-strict torch.export, AOTAutograd,
-   FakeTensorMode, a user's mode: one C call). Both are bound when torch is imported.
+1. Under a torch dispatch mode (make_fx, non-strict torch.export, AOTAutograd, FakeTensorMode, a
+   user's mode: one C call), runs the body's twin, whose kernel objects call aotinfer's torch
+   custom ops, so the tracer records ``aotinfer::<binding>`` instead of running a kernel on fake
+   tensors. Dynamo never traces a function op's wrapper: once torch._dynamo is imported, each is
+   substituted (``torch.compiler.substitute_in_graph``) by a function that runs the twin. A test
+   of ``torch.compiler.is_dynamo_compiling()`` in the wrapper would do the same for dynamo, but its
+   Python call cost 1-3% of a small op's host time and broke the overhead budget
+   (benchmarks/bench_overhead.py shows both). Dynamo does not substitute methods (a wrapper's
+   ``run``), so their wrappers do test it: they are not small ops.
 2. Logs the call (only generated at AOTINFER_LOGLEVEL >= 1, see api_logging).
 3. Unless ``skip_check``, runs the checks (utils.backend_requirement): Python checks only what the
    bindings cannot name (scalars, backend choices); the bindings validate tensors.
@@ -56,6 +60,11 @@ class OpSpec:
         self.wrapper: Optional[Callable] = None
 
     @property
+    def is_method(self) -> bool:
+        """Defined in a class body (a wrapper's ``run``): dynamo substitutes no methods."""
+        return "." in self.fn.__qualname__.rpartition("<locals>.")[2]
+
+    @property
     def names(self) -> List[str]:
         return [name for name, _, _ in self.parameters]
 
@@ -75,7 +84,7 @@ def spec_of(fn: Callable) -> OpSpec:
 
 _TEMPLATE = """
 def {name}({params}):
-    if _dynamo() or _modes():
+    if {tracing}:
         return _traced({call})
 {log_call}{checks}    try:
         {result}_fn({call})
@@ -135,6 +144,7 @@ def _source(spec: OpSpec) -> str:
     logged = spec.logging is not None
     return _TEMPLATE.format(
         name=spec.fn.__name__,
+        tracing="_dynamo() or _modes()" if spec.is_method else "_modes()",
         params=", ".join(params),
         values=", ".join(spec.names),
         log_call=f"    _log_call(({', '.join(spec.names)},))\n" if logged else "",
@@ -184,23 +194,37 @@ def build(spec: OpSpec) -> Callable:
     spec.namespace, spec.wrapper = namespace, wrapper
     if _torch is not None:
         _bind_tracers(spec, _torch)
+    if _dynamo_loaded:
+        _substitute_for_dynamo(spec, _torch)
     return wrapper
 
 
 # ---- tracing ----------------------------------------------------------------------------------
 
 _torch = None  # the torch module, once imported
+_dynamo_loaded = False  # torch._dynamo is imported: ops built from now on are substituted at once
 
 
 def _bind_tracers(spec: OpSpec, torch) -> None:
-    """Give one op's wrapper its tracer tests and the twin of its body that tracers run."""
+    """Give one op's wrapper its dispatch-mode test and the twin of its body that tracers run."""
     fn = spec.fn
     twins = {n: v.traced for n, v in fn.__globals__.items() if isinstance(v, _kernels.Kernel)}
     twin = types.FunctionType(fn.__code__, {**fn.__globals__, **twins}, fn.__name__, fn.__defaults__, fn.__closure__)
     twin.__kwdefaults__ = fn.__kwdefaults__
-    # torch < 2.3 has no is_dynamo_compiling; its is_compiling is the same test at a higher price.
-    dynamo = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling
+    dynamo = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling  # torch < 2.3
     spec.namespace.update(_dynamo=dynamo, _modes=torch._C._len_torch_dispatch_stack, _traced=twin)
+
+
+def _substitute_for_dynamo(spec: OpSpec, torch) -> None:
+    """Have dynamo trace calls of the op as its twin (torch 2.5 or newer; older ones graph-break)."""
+    if spec.is_method or not hasattr(torch.compiler, "substitute_in_graph"):
+        return
+    twin = spec.namespace["_traced"]
+
+    def traced(*args, skip_check=False, **kwargs):
+        return twin(*args, **kwargs)
+
+    torch.compiler.substitute_in_graph(spec.wrapper, skip_signature_check=True)(traced)
 
 
 def _on_torch(torch) -> None:
@@ -210,7 +234,14 @@ def _on_torch(torch) -> None:
         _bind_tracers(spec, torch)
 
 
-_kernels.when_torch_is_imported(_on_torch)
+def _on_dynamo(torch) -> None:
+    global _dynamo_loaded
+    _dynamo_loaded = True
+    for spec in _specs:
+        _substitute_for_dynamo(spec, torch)
+
+
+_kernels.when_torch_is_imported(_on_torch, _on_dynamo)
 
 
 # ---- errors from a binding, named -------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.activation import gelu_and_mul_trace, gelu_tanh_and_mul_trace, silu_and_mul_trace
-from .utils import backend_requirement, check_enable_pdl, pdl_flag
+from .utils import backend_requirement, check_enable_pdl
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def _act_and_mul(kernel_, input, out, enable_pdl):
             raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}") from None
         # [..., 2d] -> [..., d]; a 0-d input gets a 0-d out, which the binding refuses by name.
         out = torch.empty(shape[:-1] + (shape[-1] // 2,) if shape else (), dtype=dtype, device=device)
-    kernel_.fn(out, input, pdl_flag(enable_pdl))
+    kernel_.fn(out, input, -1 if enable_pdl is None else enable_pdl)
     return out
 
 

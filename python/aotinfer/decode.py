@@ -56,7 +56,7 @@ import math
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.decode import single_decode_with_kv_cache_trace
-from .utils import backend_requirement, check_enable_pdl, check_real, pdl_flag
+from .utils import backend_requirement, check_enable_pdl, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -886,7 +886,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._window_left if window_left is None else window_left,
             1.0 if v_scale is None else v_scale,
             plan.merge,
-            pdl_flag(enable_pdl),
+            -1 if enable_pdl is None else enable_pdl,
         )
         return (out, lse) if return_lse else out
 

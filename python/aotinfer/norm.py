@@ -18,7 +18,7 @@ from .trace.templates.norm import (
     layernorm_trace,
     rmsnorm_trace,
 )
-from .utils import backend_requirement, check_enable_pdl, check_real, pdl_flag
+from .utils import backend_requirement, check_enable_pdl, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def rmsnorm(
         import torch
 
         out = torch.empty_like(input)
-    _rmsnorm.fn(out, input, weight, eps, False, pdl_flag(enable_pdl))
+    _rmsnorm.fn(out, input, weight, eps, False, -1 if enable_pdl is None else enable_pdl)
     return out
 
 
@@ -103,7 +103,7 @@ def fused_add_rmsnorm(
 
     ``input`` and ``residual`` have the same shape (2-D or 3-D) and dtype; ``weight`` is ``[hidden]``.
     """
-    _fused_add_rmsnorm.fn(input, residual, weight, eps, False, pdl_flag(enable_pdl))
+    _fused_add_rmsnorm.fn(input, residual, weight, eps, False, -1 if enable_pdl is None else enable_pdl)
 
 
 @aotinfer_api(trace=gemma_rmsnorm_trace)
@@ -120,7 +120,7 @@ def gemma_rmsnorm(
         import torch
 
         out = torch.empty_like(input)
-    _rmsnorm.fn(out, input, weight, eps, True, pdl_flag(enable_pdl))
+    _rmsnorm.fn(out, input, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
     return out
 
 
@@ -134,7 +134,7 @@ def gemma_fused_add_rmsnorm(
     enable_pdl: Optional[bool] = None,
 ) -> None:
     r"""Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with the weight applied as ``1 + weight``."""
-    _fused_add_rmsnorm.fn(input, residual, weight, eps, True, pdl_flag(enable_pdl))
+    _fused_add_rmsnorm.fn(input, residual, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
 
 
 @aotinfer_api(trace=layernorm_trace)

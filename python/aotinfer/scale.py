@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.scale import scale_trace
-from .utils import backend_requirement, check_enable_pdl, check_real, pdl_flag
+from .utils import backend_requirement, check_enable_pdl, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,5 +59,5 @@ def scale(
         import torch
 
         out = torch.empty_like(input)
-    _scale.fn(out, input, factor, pdl_flag(enable_pdl))
+    _scale.fn(out, input, factor, -1 if enable_pdl is None else enable_pdl)
     return out

@@ -47,14 +47,11 @@ def check_real(value: Any, name: str) -> None:
 
 
 def check_enable_pdl(enable_pdl: Any) -> None:
-    """enable_pdl: None (where the GPU supports it), True or False."""
+    """enable_pdl: None (where the GPU supports it), True or False. Ops pass a binding
+    ``-1 if enable_pdl is None else enable_pdl`` (a bool is the binding's 1 or 0): an expression,
+    not a call, on the hot path."""
     if enable_pdl is not None and type(enable_pdl) is not bool:
         raise TypeError(f"Expected enable_pdl to be None, True or False, got {enable_pdl!r}")
-
-
-def pdl_flag(enable_pdl: Optional[bool]) -> int:
-    """A binding's enable_pdl: -1 where the GPU supports it, else 1 or 0."""
-    return -1 if enable_pdl is None else int(bool(enable_pdl))
 
 
 # ---- requirements -------------------------------------------------------------------------------
