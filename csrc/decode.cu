@@ -187,7 +187,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   p.num_kv_heads = int(num_kv_heads);
   p.group = int(num_qo_heads / num_kv_heads);
   p.head_blocks = (p.group + aotinfer::kDecodeRows - 1) / aotinfer::kDecodeRows;
-  p.page_size = int(page_size);
+  p.page_size = aotinfer::PageDivisor(uint32_t(page_size));
   p.scale_log2 = float(sm_scale * 1.4426950408889634);
   p.soft_cap = float(logits_soft_cap);
   p.window_left = int(window_left);

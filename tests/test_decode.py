@@ -541,9 +541,9 @@ def test_partition_covers_every_position_once(page_size, window_left):
         return
     assert p.num_slots > 0
     unit = decode.chunk_unit(page_size)
-    assert p.chunk % 64 == 0 and p.chunk % unit == 0 and p.chunk >= 256 and p.chunk % page_size == 0
+    assert p.chunk % 64 == 0 and p.chunk % unit == 0 and p.chunk >= decode._MIN_CHUNK and p.chunk % page_size == 0
     # The smallest such chunk: one unit less makes too many items.
-    if p.chunk > 256:
+    if p.chunk > decode._MIN_CHUNK:
         bounds = [(max(n - 1 - window_left, 0) if window_left >= 0 else 0, n) for n in RAGGED]
         assert sum(decode.num_chunks(lo, hi, p.chunk - unit) for lo, hi in bounds) > target
 

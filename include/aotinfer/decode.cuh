@@ -28,9 +28,22 @@
 #include "aotinfer/async_copy.cuh"
 #include "aotinfer/launch.cuh"
 #include "aotinfer/mma.cuh"
+#include "aotinfer/reduce.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
+
+// n / d for 0 <= n < 2^31 and a divisor d fixed at launch: a multiply-high, an add and a shift
+// instead of the 20-odd instructions of a division (a token's page, for every chunk copied).
+struct PageDivisor {
+  uint32_t divisor = 1, multiplier = 1, shift = 0;
+  PageDivisor() = default;
+  explicit PageDivisor(uint32_t d) : divisor(d) {
+    while ((1u << shift) < d) ++shift;  // ceil(log2(d))
+    multiplier = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t Divide(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
+};
 
 // One decode step; every pointer is on the same GPU, strides are in elements.
 struct DecodeParams {
@@ -53,7 +66,7 @@ struct DecodeParams {
   int num_qo_heads, num_kv_heads;
   int group;                     // num_qo_heads / num_kv_heads
   int head_blocks;               // ceil(group / 16): blocks per KV head
-  int page_size;
+  PageDivisor page_size;
   float scale_log2;              // sm_scale * log2(e)
   float soft_cap;                // 0: off
   int window_left;               // < 0: off
@@ -165,8 +178,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       const int pos = begin + tile * kDecodeTileTokens + first_token + i * S::kTokenStep;
       page[i] = -1;
       if (tile < num_tiles && pos < end) {
-        const int index = pos / p.page_size;
-        slot[i] = pos - index * p.page_size;
+        const int index = int(p.page_size.Divide(uint32_t(pos)));
+        slot[i] = pos - index * int(p.page_size.divisor);
         page[i] = __ldg(pages + index);
       }
     }
@@ -391,39 +404,46 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
 }
 
 // Requests split over several items: out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink).
-// A warp a query head, D / 32 dims a lane.
+// A warp a (request, query head), grid (requests, heads / warps a block): its lanes take the
+// partials' LSEs 32 at a time, then sum the partial outputs, D / 32 dims a lane.
 template <typename T, int D>
 __global__ void __launch_bounds__(kDecodeMergeThreads) DecodeMergeKernel(const DecodeParams p) {
   constexpr int kDims = D / 32;
-  const int request = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int request = blockIdx.x, lane = threadIdx.x % 32;
+  const int head = blockIdx.y * (kDecodeMergeThreads / 32) + threadIdx.x / 32;
   WaitForPriorGrids();
+  if (head >= p.num_qo_heads) return;
   const int4 info = p.requests[request];
   const int first = info.z, count = info.w;
   if (count <= 1) return;  // written by its only item
-  for (int head = warp; head < p.num_qo_heads; head += kDecodeMergeThreads / 32) {
-    const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-    float m = sink;
-    for (int i = 0; i < count; ++i) m = fmaxf(m, p.partial_lse[int64_t(first + i) * p.num_qo_heads + head]);
-    const float base = SafeBase(m);
-    float total = Exp2(sink - base), acc[kDims] = {};
-    for (int i = 0; i < count; ++i) {
-      const int64_t part = int64_t(first + i) * p.num_qo_heads + head;
-      const float weight = Exp2(p.partial_lse[part] - base);
-      total += weight;
-      const float* x = p.partial_out + part * D + lane * kDims;
+  const int64_t heads = p.num_qo_heads;
+  const float* lse = p.partial_lse + int64_t(first) * heads + head;  // partial i at lse[i * heads]
+  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+  float m = sink;
+  for (int i = lane; i < count; i += 32) m = fmaxf(m, lse[i * heads]);
 #pragma unroll
-      for (int d = 0; d < kDims; d += 2) {
-        const float2 y = *reinterpret_cast<const float2*>(x + d);
-        acc[d] += weight * y.x;
-        acc[d + 1] += weight * y.y;
-      }
+  for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const float base = SafeBase(m);
+  float total = 0.f;
+  for (int i = lane; i < count; i += 32) total += Exp2(lse[i * heads] - base);
+  total = WarpSum(total) + Exp2(sink - base);
+  const float* x = p.partial_out + (int64_t(first) * heads + head) * D + lane * kDims;
+  float acc[kDims] = {};
+#pragma unroll 4
+  for (int i = 0; i < count; ++i) {
+    const float weight = Exp2(lse[i * heads] - base);
+#pragma unroll
+    for (int d = 0; d < kDims; d += 2) {
+      const float2 y = *reinterpret_cast<const float2*>(x + i * heads * D + d);
+      acc[d] += weight * y.x;
+      acc[d + 1] += weight * y.y;
     }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + lane * kDims;
-#pragma unroll
-    for (int d = 0; d < kDims; ++d) out[d] = from_float<T>(acc[d] * inv);
-    if (p.lse != nullptr && lane == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
   }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + lane * kDims;
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) out[d] = from_float<T>(acc[d] * inv);
+  if (p.lse != nullptr && lane == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
 }
 
 template <typename T, typename KV, int D, int kStages>
@@ -448,7 +468,9 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  return Launch(DecodeMergeKernel<T, D>, dim3(unsigned(p.batch)), dim3(kDecodeMergeThreads), stream, pdl, p);
+  constexpr int kHeadsPerBlock = kDecodeMergeThreads / 32;
+  const dim3 grid(unsigned(p.batch), unsigned((p.num_qo_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+  return Launch(DecodeMergeKernel<T, D>, grid, dim3(kDecodeMergeThreads), stream, pdl, p);
 }
 
 }  // namespace aotinfer

@@ -76,12 +76,13 @@ _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # The split heuristic. A CTA serves up to 16 query heads of one KV head, so the grid is
 # items x (num_kv_heads * ceil(group / 16)); plan aims at 2 CTAs an SM. Chunks are multiples of
 # 64 tokens (and of the page size where that stays under 4096 tokens, so that chunks end on page
-# boundaries), at least 256 tokens: shorter ones cost more in merging than they win.
+# boundaries), at least 128 tokens (two of the kernel's tiles): a block's time is mostly the
+# latency of its first tiles, so short requests gain from more, shorter chunks.
 _HEADS_PER_CTA = 16
 _CTAS_PER_SM = 2
 _CHUNK_UNIT = 64
 _MAX_CHUNK_UNIT = 4096
-_MIN_CHUNK = 256
+_MIN_CHUNK = 128
 # single_decode_with_kv_cache plans without asking the GPU (it runs under tracers and CUDA graph
 # capture, and its output then does not depend on the GPU model): as for this many SMs (H100/H200).
 _SINGLE_DECODE_SMS = 132
@@ -208,9 +209,9 @@ def num_chunks(lo: int, hi: int, chunk: int) -> int:
 
 
 def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count: Callable[[int], int]) -> int:
-    """The smallest chunk size (a multiple of chunk_unit(page_size), at least 256 tokens) whose
-    partition has at most ``max_items`` items, ``count(chunk)`` being its number of items; 0 (no
-    split) when no request attends more than 256 positions (``longest``: the most any attends).
+    """The smallest chunk size (a multiple of chunk_unit(page_size), at least _MIN_CHUNK tokens)
+    whose partition has at most ``max_items`` items, ``count(chunk)`` being its number of items; 0
+    (no split) when no request attends more than _MIN_CHUNK positions (``longest``: the most any attends).
     ``end``: the last position any request attends, plus one. Assumes one item a request fits."""
     unit = chunk_unit(page_size)
     if longest <= _MIN_CHUNK:
