@@ -42,7 +42,7 @@ import tvm_ffi
 def call(name, module):
     x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
     if name == "scale":
-        module.scale(torch.empty_like(x), x, 2.0)
+        module.scale(torch.empty_like(x), x, 2.0, 0)
     elif name == "norm":
         module.rmsnorm(torch.empty_like(x), x, torch.ones(256, device="cuda", dtype=x.dtype), 1e-6, False, 0)
     else:

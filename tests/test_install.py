@@ -121,7 +121,8 @@ def copy_of_package(tmp_path: Path) -> Path:
 
 
 def run_with(site: Path, *args, **kwargs):
-    env = dict(os.environ, PYTHONPATH=str(site))
+    # The copy first; what the interpreter had on PYTHONPATH (tvm-ffi, where it is installed there) after.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=site, **kwargs)
 
 

@@ -90,7 +90,7 @@ def test_ops_defined_on_import_without_loading_kernels(order, tmp_path):
         for name in {functions!r}:
             assert str(getattr(torch.ops.aotinfer, name).default._schema).startswith("aotinfer::" + name)
         maps = open("/proc/self/maps").read()
-        assert "aotinfer/_ops/" not in maps and "libcuda.so" not in maps, "a shared object was loaded"
+        assert "aotinfer/_ops/" not in maps, "a kernel module was loaded"
         assert not torch.cuda.is_initialized()
         print("defined", len({functions!r}))
         """,
