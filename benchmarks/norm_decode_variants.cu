@@ -37,35 +37,6 @@ cudaError_t Direct(const NormParams<bf16, W>& p, cudaStream_t stream) {
                 true, p);
 }
 
-float ReplayUs(const std::function<cudaError_t(cudaStream_t)>& call, cudaStream_t stream) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) CHECK(call(stream));
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 10; ++i) CHECK(cudaGraphLaunch(exec, stream));
-  std::vector<float> t;
-  for (int i = 0; i < 50; ++i) {
-    CHECK(cudaEventRecord(a, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(b, stream));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  std::nth_element(t.begin(), t.begin() + 25, t.end());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  return t[25] * 1e3f / 20;
-}
-
 template <NormKind kKind, typename W>
 void Row(const char* name, const char* config, const std::function<cudaError_t(const NormParams<bf16, W>&, cudaStream_t)>& launch) {
   const int64_t hidden = 4096;
@@ -87,7 +58,7 @@ void Row(const char* name, const char* config, const std::function<cudaError_t(c
     NormParams<bf16, W> p{fused ? x : out, rows, x, rows, fused ? res : nullptr, rows, w, b, hidden, tokens, 1e-6f, 0.f};
     cudaStream_t stream;
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    std::printf(" %6.2f", ReplayUs([&](cudaStream_t s) { return launch(p, s); }, stream));
+    std::printf(" %6.2f", GraphReplayUs([&](cudaStream_t s) { return launch(p, s); }, stream));
     CHECK(cudaStreamDestroy(stream));
     for (void* ptr : {(void*)x, (void*)out, (void*)res, (void*)w, (void*)b}) CHECK(cudaFree(ptr));
   }

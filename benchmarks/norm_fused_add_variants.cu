@@ -315,32 +315,7 @@ int main(int argc, char** argv) {
       CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       const Rows p{x, r, w, hidden, tokens};
       for (size_t vi = 0; vi < nv; ++vi) {
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < 20; ++i) CHECK(kVariants[vi].launch(p, stream));
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        cudaEvent_t a, b;
-        CHECK(cudaEventCreate(&a));
-        CHECK(cudaEventCreate(&b));
-        for (int i = 0; i < 10; ++i) CHECK(cudaGraphLaunch(exec, stream));
-        std::vector<float> t;
-        for (int i = 0; i < 50; ++i) {
-          CHECK(cudaEventRecord(a, stream));
-          CHECK(cudaGraphLaunch(exec, stream));
-          CHECK(cudaEventRecord(b, stream));
-          CHECK(cudaEventSynchronize(b));
-          float ms;
-          CHECK(cudaEventElapsedTime(&ms, a, b));
-          t.push_back(ms);
-        }
-        std::nth_element(t.begin(), t.begin() + 25, t.end());
-        lat[vi][pass * 4 + ti] = t[25] * 1e3 / 20;
-        CHECK(cudaEventDestroy(a));
-        CHECK(cudaEventDestroy(b));
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
+        lat[vi][pass * 4 + ti] = GraphReplayUs([&](cudaStream_t s) { return kVariants[vi].launch(p, s); }, stream);
       }
       CHECK(cudaStreamDestroy(stream));
       for (void* ptr : {(void*)x, (void*)r, (void*)w}) CHECK(cudaFree(ptr));
