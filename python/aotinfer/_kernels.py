@@ -167,9 +167,9 @@ def _run_callbacks(callbacks, also=None) -> None:
     except _loader.NotBuiltError as e:
         if not os.path.exists(_loader.MANIFEST):  # a source tree without kernels: ops say so when called
             return
-        _warn_once(f"aotinfer's torch custom ops are not defined: {e}")
+        _warn(f"aotinfer's torch custom ops are not defined: {e}")
     except Exception as e:  # noqa: BLE001 - see the docstring
-        _warn_once(f"aotinfer's torch custom ops are not defined: {type(e).__name__}: {e}")
+        _warn(f"aotinfer's torch custom ops are not defined: {type(e).__name__}: {e}")
 
 
 def _torch_imported() -> None:
@@ -186,7 +186,7 @@ def _dynamo_imported() -> None:
     _run_callbacks(_on_dynamo)
 
 
-def _warn_once(message: str) -> None:
+def _warn(message: str) -> None:
     import warnings
 
     warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.cascade import merge_state_in_place_trace, merge_state_trace, merge_states_trace
+from .utils import check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,15 +30,6 @@ if TYPE_CHECKING:
 _merge_state = kernel("cascade", "merge_state")
 _merge_state_in_place = kernel("cascade", "merge_state_in_place")
 _merge_states = kernel("cascade", "merge_states")
-
-
-def _expect_tensor(value, name: str) -> None:
-    """TypeError naming ``name`` unless ``value`` is a tensor: for arguments the op reads before
-    its binding sees them (the binding names the others itself)."""
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(value).__name__}")
 
 
 @aotinfer_api(trace=merge_state_trace)
@@ -63,7 +55,7 @@ def merge_state(
     import torch
 
     for value, name in ((v_a, "v_a"), (s_a, "s_a"), (v_b, "v_b"), (s_b, "s_b")):
-        _expect_tensor(value, name)
+        check_tensor(value, name)
     if s_a.dtype != torch.float32:
         s_a = s_a.float()
     if s_b.dtype != torch.float32:
@@ -100,7 +92,7 @@ def merge_state_in_place(
     """
     import torch
 
-    _expect_tensor(v, "v")
+    check_tensor(v, "v")
     if mask is None:
         mask = torch.empty(0, dtype=torch.bool, device=v.device)
     _merge_state_in_place.fn(v, s, v_other, s_other, mask, -1)
@@ -127,8 +119,8 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> Tuple[torch.Tensor, torch.
     """
     import torch
 
-    _expect_tensor(v, "v")
-    _expect_tensor(s, "s")
+    check_tensor(v, "v")
+    check_tensor(s, "s")
     if v.dim() != 4:
         raise ValueError(f"Expected v to have 4 dimensions [seq_len, num_states, num_heads, head_dim], got shape {list(v.shape)}")
     if s.dtype != torch.float32:

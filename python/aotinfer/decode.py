@@ -56,7 +56,8 @@ import math
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.decode import single_decode_with_kv_cache_trace
-from .utils import backend_requirement, check_enable_pdl, check_real
+from .trace.template import dtype_name
+from .utils import backend_requirement, check_enable_pdl, check_int, check_real, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,15 +111,8 @@ def _check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
     raise ValueError(f"Expected pos_encoding_mode to be one of {', '.join(map(repr, _POS_ENCODING_MODES))}, got {pos_encoding_mode!r}")
 
 
-def _check_int(value: Any, name: str, minimum: int) -> None:
-    if type(value) is not int and (isinstance(value, bool) or not hasattr(value, "__index__")):
-        raise TypeError(f"Expected {name} to be an integer, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"Expected {name} to be at least {minimum}, got {value}")
-
-
 def _check_window_left(window_left: Any) -> None:
-    _check_int(window_left, "window_left", -1)
+    check_int(window_left, "window_left", -1)
 
 
 def _check_soft_cap(logits_soft_cap: Any) -> None:
@@ -135,14 +129,14 @@ def _check_optional_reals(**values: Any) -> None:
 
 
 def _check_head_dim(head_dim: Any) -> None:
-    _check_int(head_dim, "head_dim", 1)
+    check_int(head_dim, "head_dim", 1)
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not supported: supported head dims are {', '.join(map(str, HEAD_DIMS))}")
 
 
 def _check_heads(num_qo_heads: Any, num_kv_heads: Any) -> None:
-    _check_int(num_qo_heads, "num_qo_heads", 1)
-    _check_int(num_kv_heads, "num_kv_heads", 1)
+    check_int(num_qo_heads, "num_qo_heads", 1)
+    check_int(num_kv_heads, "num_kv_heads", 1)
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"Expected num_qo_heads ({num_qo_heads}) to be a multiple of num_kv_heads ({num_kv_heads})")
 
@@ -150,21 +144,11 @@ def _check_heads(num_qo_heads: Any, num_kv_heads: Any) -> None:
 def _check_int32(tensor: Any, name: str) -> None:
     import torch
 
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(tensor).__name__}")
+    check_tensor(tensor, name)
     if tensor.dtype != torch.int32:
         raise TypeError(f"Expected {name} to have dtype int32, got {str(tensor.dtype).replace('torch.', '')}")
     if tensor.dim() != 1:
         raise ValueError(f"Expected {name} to be 1-D, got shape {list(tensor.shape)}")
-
-
-def _expect_tensor(value: Any, name: str) -> None:
-    """TypeError naming ``name`` unless ``value`` is a tensor: for arguments the op reads before
-    the binding sees them (the binding names the others itself)."""
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(value).__name__}")
 
 
 def _dtype(value: Any, name: str) -> "torch.dtype":
@@ -176,10 +160,6 @@ def _dtype(value: Any, name: str) -> "torch.dtype":
     if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
         return getattr(torch, value)
     raise TypeError(f"Expected {name} to be a torch.dtype or its name, got {value!r}")
-
-
-def _dtype_name(dtype: "torch.dtype") -> str:
-    return str(dtype).replace("torch.", "")
 
 
 # ---- the work partition (host only) ------------------------------------------------------------
@@ -341,7 +321,7 @@ _SMS: dict = {}
 def _expand_4d(cache: Any, kv_layout: str, name: str) -> "torch.Tensor":
     """One of K or V as ``[pages, page_size, heads, dim]`` (NHD) or ``[pages, heads, page_size,
     dim]`` (HND); a 3-D tensor is pages of one token (page_size 1), as FlashInfer reads it."""
-    _expect_tensor(cache, name)
+    check_tensor(cache, name)
     if cache.dim() == 3:
         return cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
     if cache.dim() != 4:
@@ -407,7 +387,7 @@ def _check_run(
     plan = self._plan
     if plan is None:
         return True  # run says it
-    _expect_tensor(q, "q")
+    check_tensor(q, "q")
     expected = (plan.batch_size, plan.num_qo_heads, plan.head_dim)
     if tuple(q.shape) != expected:
         raise ValueError(f"Expected q to have the planned shape [batch_size, num_qo_heads, head_dim] = {list(expected)}, got {list(q.shape)}")
@@ -630,28 +610,28 @@ class BatchDecodeWithPagedKVCacheWrapper:
         _check_pos_encoding_mode(pos_encoding_mode)
         _check_heads(num_qo_heads, num_kv_heads)
         _check_head_dim(head_dim)
-        _check_int(page_size, "page_size", 1)
+        check_int(page_size, "page_size", 1)
         _check_window_left(window_left)
         _check_soft_cap(logits_soft_cap)
         _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
         if fixed_split_size is not None:
-            _check_int(fixed_split_size, "fixed_split_size", 1)
+            check_int(fixed_split_size, "fixed_split_size", 1)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         q_dtype = _dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
         kv_dtype = q_dtype if kv_data_type is None else _dtype(kv_data_type, "kv_data_type")
-        if _dtype_name(q_dtype) not in _Q_DTYPES:
-            raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {_dtype_name(q_dtype)}")
-        if kv_dtype != q_dtype and _dtype_name(kv_dtype) not in _FP8_DTYPES:
+        if dtype_name(q_dtype) not in _Q_DTYPES:
+            raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {dtype_name(q_dtype)}")
+        if kv_dtype != q_dtype and dtype_name(kv_dtype) not in _FP8_DTYPES:
             raise ValueError(
-                f"Expected kv_data_type to be q_data_type ({_dtype_name(q_dtype)}), float8_e4m3fn or float8_e5m2, "
-                f"got {_dtype_name(kv_dtype)}"
+                f"Expected kv_data_type to be q_data_type ({dtype_name(q_dtype)}), float8_e4m3fn or float8_e5m2, "
+                f"got {dtype_name(kv_dtype)}"
             )
         if o_data_type is not None and _dtype(o_data_type, "o_data_type") != q_dtype:
             raise NotImplementedError(
-                f"o_data_type={_dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has "
-                f"q's dtype ({_dtype_name(q_dtype)})"
+                f"o_data_type={dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has "
+                f"q's dtype ({dtype_name(q_dtype)})"
             )
 
         # ---- the page table, on the host
@@ -688,7 +668,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 )
             kv_len = (pages - 1).clamp(min=0) * page_size + last_host
         else:
-            _expect_tensor(seq_lens, "seq_lens")
+            check_tensor(seq_lens, "seq_lens")
             kv_len = seq_lens.to("cpu", torch.int64).reshape(-1)
             if kv_len.numel() != batch or bool(((kv_len < 0) | (kv_len > pages * page_size)).any()):
                 raise ValueError(
@@ -949,7 +929,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
 
 def _check_workspace(buffer: Any, name: str) -> None:
-    _expect_tensor(buffer, name)
+    check_tensor(buffer, name)
     if not buffer.is_contiguous():
         raise ValueError(f"Expected {name} to be contiguous")
     if buffer.numel() and buffer.data_ptr() % _ALIGN:
@@ -1067,7 +1047,7 @@ def single_decode_with_kv_cache(
     import torch
 
     for value, name in ((q, "q"), (k, "k"), (v, "v")):
-        _expect_tensor(value, name)
+        check_tensor(value, name)
     if q.dim() != 2:
         raise ValueError(f"Expected q to have shape [num_qo_heads, head_dim], got {list(q.shape)}")
     if k.dim() != 3 or v.shape != k.shape:

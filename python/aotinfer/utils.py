@@ -46,6 +46,23 @@ def check_real(value: Any, name: str) -> None:
             raise TypeError(f"Expected {name} to be a real number, got {type(value).__name__}")
 
 
+def check_int(value: Any, name: str, minimum: int) -> None:
+    """TypeError unless ``value`` is an integer (bool is not), ValueError below ``minimum``."""
+    if type(value) is not int and (isinstance(value, bool) or not hasattr(value, "__index__")):
+        raise TypeError(f"Expected {name} to be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"Expected {name} to be at least {minimum}, got {value}")
+
+
+def check_tensor(value: Any, name: str) -> None:
+    """TypeError naming ``name`` unless ``value`` is a tensor: for arguments an op reads before a
+    binding sees them (the binding names the others itself)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"Expected {name} to be a torch.Tensor, got {type(value).__name__}")
+
+
 def check_enable_pdl(enable_pdl: Any) -> None:
     """enable_pdl: None (where the GPU supports it), True or False. Ops pass a binding
     ``-1 if enable_pdl is None else enable_pdl`` (a bool is the binding's 1 or 0): an expression,
