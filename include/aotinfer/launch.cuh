@@ -47,11 +47,12 @@ struct RowLayout {
 inline bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // What launchers ask of a device, read once per device (the answers never change while the process
-// runs): its compute capability and multiprocessor count.
+// runs): its compute capability, multiprocessor count and the shared memory a block may opt in to.
 struct DeviceFacts {
   int major = 0;  // 0: the device could not be asked
   int minor = 0;
   int sms = 0;
+  int max_shared_per_block = 0;  // bytes, with cudaFuncAttributeMaxDynamicSharedMemorySize raised
 };
 
 constexpr int kMaxDevices = 64;
@@ -66,7 +67,9 @@ inline const DeviceFacts& GetDeviceFacts(int device) {
     DeviceFacts f;
     if (cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&f.max_shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+            cudaSuccess) {
       f = DeviceFacts{};
       cudaGetLastError();  // the failed query is not an error of a later launch
     }

@@ -13,6 +13,7 @@ from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
+from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
 from .scale import scale
 from .utils import BackendSupportedError
 
@@ -22,15 +23,18 @@ __all__ = [
     "NoCompatibleBuild",
     "__version__",
     "fused_add_rmsnorm",
+    "fused_add_rmsnorm_quant",
     "gelu_and_mul",
     "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
     "layernorm",
+    "layernorm_quant",
     "merge_state",
     "merge_state_in_place",
     "merge_states",
     "rmsnorm",
+    "rmsnorm_quant",
     "scale",
     "silu_and_mul",
     "single_decode_with_kv_cache",

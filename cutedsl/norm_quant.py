@@ -1,0 +1,259 @@
+"""Row norms with an FP8 output, written in CuTeDSL: RMSNorm, residual add + RMSNorm, LayerNorm,
+each scaled by ``1 / scale``, clamped to the FP8 format's finite range and rounded to it.
+
+This file is compiled when the wheel is built (cmake/cutedsl.py): every variant of VARIANTS for
+each arch of the module, into a cubin that csrc/norm_quant.cu launches through the CUDA runtime.
+Nothing here is imported at run time, so a server needs neither the DSL nor a compile.
+
+One CTA normalizes one row. Pass 1 reads the row in VEC-element accesses (16 bytes of 16-bit
+input for VEC 8), keeps it in shared memory as float32 (the fused add keeps the float32 sum, which
+the norm uses, while the residual gets it rounded) and sums what the statistic needs; a block
+reduction follows (LayerNorm's variance is a second reduction over the staged row, so it is of
+deviations from the mean, not the difference of two large sums). Pass 2 reads the staged row and
+the weights and writes FP8. Staging in shared memory instead of registers lets one variant take
+any hidden size up to the shared memory of a block, with a block size chosen per launch.
+
+Every tensor argument is a cute.Tensor whose rows and hidden size are ``cute.sym_int()`` and whose
+row stride is dynamic: the kernel's parameters are those tensors' descriptors (pointer, dynamic
+shape, dynamic stride), which cmake/cutedsl.py writes out as C structs and checks against the
+parameter sizes the compiled kernel declares. FP8 tensors are passed as Uint8 views.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint8
+
+#: Compile-time constants, each an axis of the variant table in this order (cmake/cutedsl.py
+#: compiles the product; csrc/norm_quant.cu indexes it with the same axes).
+VARIANTS = {
+    "kind": ("rmsnorm", "fused_add_rmsnorm", "layernorm"),
+    "input": ("float16", "bfloat16"),
+    "out": ("float8_e4m3fn", "float8_e5m2"),
+    "vec": (8, 1),  # elements per access: 8 (16-byte rows, pointers and strides), else 1
+}
+
+DTYPES = {
+    "float16": cutlass.Float16,
+    "bfloat16": cutlass.BFloat16,
+    "float32": cutlass.Float32,
+    "float8_e4m3fn": cutlass.Float8E4M3FN,
+    "float8_e5m2": cutlass.Float8E5M2,
+}
+
+#: The largest finite value of each FP8 format: outputs are clamped to +-this before rounding.
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+
+#: Block size: one thread per VECS_PER_THREAD accesses of a row, in whole warps, at most
+#: MAX_THREADS. csrc/norm_quant.cu computes the same from the generated header's copies.
+VECS_PER_THREAD = 4
+MAX_THREADS = 1024
+#: Shared memory: WARP_SLOTS floats for the block reduction, then the row as float32.
+WARP_SLOTS = 32
+#: The constants above, which cmake/cutedsl.py writes into the generated header for the launcher.
+LAUNCH_CONSTANTS = ("VECS_PER_THREAD", "MAX_THREADS", "WARP_SLOTS")
+
+#: The kernel's arguments, in order, as cmake/cutedsl.py describes them to C++: a tensor of
+#: rank 2 (rows, hidden) with a dynamic row stride, a tensor of rank 1 (hidden), a float32
+#: tensor of shape (1,), or a scalar.
+PARAMS = (
+    ("out", "rows"),
+    ("input", "rows"),
+    ("residual", "rows"),
+    ("weight", "vector"),
+    ("bias", "vector"),
+    ("scale", "scalar_tensor"),
+    ("scale_value", "float"),
+    ("scale_on_device", "int"),
+    ("eps", "float"),
+)
+
+
+def weight_dtype(kind: str, input: str) -> str:
+    """RMSNorm's weight has the input's dtype; LayerNorm's gamma and beta are float32."""
+    return "float32" if kind == "layernorm" else input
+
+
+def block_threads(hidden: int, vec: int) -> int:
+    accesses = -(-hidden // vec)
+    warps = -(-accesses // (VECS_PER_THREAD * 32))
+    return min(max(warps, 1) * 32, MAX_THREADS)
+
+
+def smem_bytes(hidden: int) -> int:
+    return (WARP_SLOTS + hidden) * 4
+
+
+class NormQuantKernel:
+    """out[r] = fp8(clamp(norm(x[r]) * weight (+ bias) / scale)), x = input (+ residual).
+
+    Grid:  (rows, 1, 1)
+    Block: (block_threads(hidden, vec), 1, 1), dynamic shared memory smem_bytes(hidden)
+    """
+
+    def __init__(self, kind: str, input: str, out: str, vec: int):
+        self.kind = kind
+        self.vec = vec
+        self.in_dtype = DTYPES[input]
+        self.out_dtype = DTYPES[out]
+        self.fp8_max = FP8_MAX[out]
+
+    @cute.jit
+    def __call__(
+        self,
+        mOut: cute.Tensor,
+        mInput: cute.Tensor,
+        mResidual: cute.Tensor,
+        mWeight: cute.Tensor,
+        mBias: cute.Tensor,
+        mScale: cute.Tensor,
+        scale_value: Float32,
+        scale_on_device: Int32,
+        eps: Float32,
+        stream,
+    ):
+        """JIT entry point (the in-process path): launches as csrc/norm_quant.cu does."""
+        hidden = mInput.shape[1]
+        accesses = (hidden + self.vec - 1) // self.vec
+        warps = (accesses + VECS_PER_THREAD * 32 - 1) // (VECS_PER_THREAD * 32)
+        threads = cutlass.min(cutlass.max(warps, 1) * 32, MAX_THREADS)
+        self.kernel(mOut, mInput, mResidual, mWeight, mBias, mScale, scale_value, scale_on_device, eps).launch(
+            grid=[mInput.shape[0], 1, 1],
+            block=[threads, 1, 1],
+            smem=(WARP_SLOTS + hidden) * 4,
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        mOut: cute.Tensor,
+        mInput: cute.Tensor,
+        mResidual: cute.Tensor,
+        mWeight: cute.Tensor,
+        mBias: cute.Tensor,
+        mScale: cute.Tensor,
+        scale_value: Float32,
+        scale_on_device: Int32,
+        eps: Float32,
+    ):
+        tid = Int32(cute.arch.thread_idx()[0])
+        row = cute.arch.block_idx()[0]
+        threads = Int32(cute.arch.block_dim()[0])
+        hidden = mInput.shape[1]
+
+        smem = cute.arch.get_dyn_smem(Float32, 16)
+        sWarp = cute.make_tensor(smem, cute.make_layout(WARP_SLOTS))  # (WARP_SLOTS)
+        sRow = cute.zipped_divide(cute.make_tensor(smem + WARP_SLOTS, cute.make_layout(hidden)), (self.vec,))
+        gInput = cute.zipped_divide(mInput[row, None], (self.vec,))  # (VEC, accesses)
+        gResidual = cute.zipped_divide(mResidual[row, None], (self.vec,))
+        gWeight = cute.zipped_divide(mWeight, (self.vec,))
+        gBias = cute.zipped_divide(mBias, (self.vec,))
+        gOut = cute.zipped_divide(cute.recast_tensor(mOut[row, None], self.out_dtype), (self.vec,))
+        accesses = Int32(cute.size(gInput, mode=[1]))
+
+        # Reads only from here on: with programmatic dependent launch, what the previous kernel
+        # wrote is visible after this wait.
+        cute.arch.griddepcontrol_wait()
+
+        # Pass 1: stage the row (the float32 sum for the fused add) and sum x or x^2.
+        total = Float32(0.0)
+        for j in cutlass.range(tid, accesses, threads):
+            x = gInput[(None, j)].load().to(Float32)
+            if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+                x = x + gResidual[(None, j)].load().to(Float32)
+                gResidual[(None, j)].store(x.to(self.in_dtype))
+            sRow[(None, j)].store(x)
+            for i in cutlass.range_constexpr(self.vec):
+                if cutlass.const_expr(self.kind == "layernorm"):
+                    total = total + x[i]
+                else:
+                    total = total + x[i] * x[i]
+        total = self.block_sum(total, sWarp, tid, threads)
+
+        mean = Float32(0.0)
+        if cutlass.const_expr(self.kind == "layernorm"):
+            mean = total / Float32(hidden)
+            deviations = Float32(0.0)
+            for j in cutlass.range(tid, accesses, threads):
+                x = sRow[(None, j)].load()
+                for i in cutlass.range_constexpr(self.vec):
+                    deviations = deviations + (x[i] - mean) * (x[i] - mean)
+            cute.arch.barrier()  # every warp has read its sum of pass 1 from sWarp
+            total = self.block_sum(deviations, sWarp, tid, threads)
+        rstd = cute.math.rsqrt(total / Float32(hidden) + eps)
+
+        scale = scale_value
+        if scale_on_device != 0:
+            scale = mScale[0]
+        inv_scale = Float32(1.0) / scale
+
+        # Pass 2: normalize, weight, scale, clamp and round to FP8.
+        for j in cutlass.range(tid, accesses, threads):
+            x = sRow[(None, j)].load()
+            w = gWeight[(None, j)].load().to(Float32)
+            if cutlass.const_expr(self.kind == "layernorm"):
+                y = ((x - mean) * rstd * w + gBias[(None, j)].load().to(Float32)) * inv_scale
+            else:
+                y = x * rstd * w * inv_scale
+            y = cute.where(y > Float32(self.fp8_max), cute.full_like(y, self.fp8_max), y)
+            y = cute.where(y < Float32(-self.fp8_max), cute.full_like(y, -self.fp8_max), y)
+            gOut[(None, j)].store(y.to(self.out_dtype))
+
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def block_sum(self, value: Float32, sWarp: cute.Tensor, tid: Int32, threads: Int32) -> Float32:
+        """The sum of ``value`` over the block, in every thread."""
+        value = cute.arch.warp_reduction_sum(value)
+        if tid % 32 == 0:
+            sWarp[tid // 32] = value
+        cute.arch.barrier()
+        value = Float32(0.0)
+        if tid % 32 < threads // 32:
+            value = sWarp[tid % 32]
+        return cute.arch.warp_reduction_sum(value)
+
+
+def fake_arguments(kind: str, input: str, out: str, vec: int):
+    """Descriptions of the kernel's arguments for cute.compile: dynamic rows, hidden size (a
+    multiple of vec) and row strides; pointers aligned to vec elements."""
+    rows = cute.sym_int()
+    hidden = cute.sym_int(divisibility=vec)
+    in_type, w_type = DTYPES[input], DTYPES[weight_dtype(kind, input)]
+
+    def rows_of(dtype):
+        return cute.runtime.make_fake_tensor(
+            dtype, (rows, hidden), stride=(cute.sym_int64(divisibility=vec), 1), assumed_align=vec * dtype.width // 8
+        )
+
+    def vector_of(dtype):
+        return cute.runtime.make_fake_tensor(dtype, (hidden,), stride=(1,), assumed_align=vec * dtype.width // 8)
+
+    return (
+        rows_of(Uint8),  # out: FP8 as bytes
+        rows_of(in_type),  # input
+        rows_of(in_type),  # residual (read by the fused add only)
+        vector_of(w_type),  # weight, LayerNorm's gamma
+        vector_of(w_type),  # bias: LayerNorm's beta (read by LayerNorm only)
+        cute.runtime.make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4),  # scale
+        Float32(1.0),  # scale_value
+        Int32(0),  # scale_on_device
+        Float32(1e-6),  # eps
+    )
+
+
+@functools.cache
+def compile_variant(kind: str, input: str, out: str, vec: int, options: str = ""):
+    """The compiled kernel of one variant, cached on every compile-time constant (and the
+    compile options, which carry the target arch)."""
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        NormQuantKernel(kind, input, out, vec),
+        *fake_arguments(kind, input, out, vec),
+        stream,
+        options=options,
+    )
