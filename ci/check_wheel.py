@@ -39,6 +39,9 @@ _spec.loader.exec_module(modules)
 TAG = re.compile(r"^aotinfer-(?P<version>[^-]+)-py3-none-manylinux_2_28_(?P<arch>x86_64|aarch64)\.whl$")
 ALLOWED_EXTERNAL = {"libtvm_ffi.so", "libcuda.so.1"}
 FORBIDDEN_NEEDED = ("libtorch", "libc10", "libpython")
+# Libraries of NVIDIA's CuTeDSL: a build dependency only, never needed by or shipped in a wheel.
+CUTEDSL_LIBRARIES = ("libcute_dsl_runtime", "libcuda_dialect_runtime", "libCuteDSL", "_cutlass_ir")
+EM_CUDA = 190
 FATBIN_MAGIC = 0xBA55ED50
 FATBIN_PTX, FATBIN_ELF = 1, 2
 # Flags of a fatbin entry (offset 40): the target's variant, as nvcc 13.0 writes them.
@@ -104,6 +107,22 @@ def size_table(sizes: dict, archs) -> list:
         cells = " ".join(f"{by_arch[n]:>9}" if n in by_arch else f"{'-':>9}" for n in names)
         lines.append(f"{module:<{width}} {cells} {sum(by_arch.values()):>10}")
     return lines
+
+
+def embedded_cubins(path: Path) -> list:
+    """The SM (from e_flags) of every CUDA ELF image embedded in an object's .rodata: the kernels a
+    CuTeDSL module carries (cmake/cutedsl.py) outside the .nv_fatbin of nvcc-compiled code."""
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        section = ELFFile(f).get_section_by_name(".rodata")
+        data = section.data() if section is not None else b""
+    sms, offset = [], data.find(b"\x7fELF\x02\x01")
+    while offset >= 0:
+        if struct.unpack_from("<H", data, offset + 18)[0] == EM_CUDA:
+            sms.append(struct.unpack_from("<I", data, offset + 48)[0] & 0xFF)
+        offset = data.find(b"\x7fELF\x02\x01", offset + 1)
+    return sms
 
 
 def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
@@ -172,19 +191,29 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
                     problems.append(f"{file}: sha256 differs from the manifest")
                 sm = arch.major * 10 + arch.minor
                 entries = fatbin_entries(path)
-                if (FATBIN_ELF, sm, arch.suffix) not in entries:
+                if decl.get("cutedsl"):  # kernels embedded as cubins, the binding has no device code
+                    cubins = embedded_cubins(path)
+                    if not cubins or set(cubins) != {sm}:
+                        problems.append(f"{file}: embedded CuTeDSL kernels for SMs {sorted(set(cubins))}, expected {sm}")
+                    if (f".target sm_{arch.tag}".encode() in path.read_bytes()) != arch.ptx:
+                        problems.append(f"{file}: PTX {'missing' if arch.ptx else 'present'} for {arch}")
+                elif (FATBIN_ELF, sm, arch.suffix) not in entries:
                     problems.append(f"{file}: no SASS for sm_{arch.tag}: {sorted(entries)}")
-                if ((FATBIN_PTX, sm, "") in entries) != arch.ptx:
+                if not decl.get("cutedsl") and ((FATBIN_PTX, sm, "") in entries) != arch.ptx:
                     problems.append(f"{file}: PTX {'missing' if arch.ptx else 'present'} for {arch}")
                 if any(e != (FATBIN_ELF, sm, arch.suffix) and e != (FATBIN_PTX, sm, "") for e in entries):
                     problems.append(f"{file}: code for other targets: {sorted(entries)}")
                 libs, _, imported = linkage(path)
-                bad = [lib for lib in libs if lib.startswith(FORBIDDEN_NEEDED + ("libcudart",))]
+                bad = [lib for lib in libs if lib.startswith(FORBIDDEN_NEEDED + ("libcudart",) + CUTEDSL_LIBRARIES)]
                 if bad or runtime_path.name not in libs:
                     problems.append(f"{file}: needs {libs}; expected {runtime_path.name} and none of {bad}")
                 unbound = sorted(s for s, v in imported.items() if is_cuda_api(s) and v != node)
                 if unbound:
                     problems.append(f"{file}: CUDA calls not bound to {node}: {unbound[:5]}")
+        shipped_dsl = [str(p.relative_to(tmp)) for p in Path(tmp).rglob("*") if p.name.startswith(CUTEDSL_LIBRARIES)
+                       or p.name in ("cutlass", "nvidia_cutlass_dsl")]
+        if shipped_dsl:
+            problems.append(f"parts of NVIDIA's CuTeDSL in the wheel (a build dependency only): {shipped_dsl[:5]}")
         extra = {p.name for p in ops.glob("*.so")} - expected_files
         if extra:
             problems.append(f"shared objects nobody declared: {sorted(extra)}")
