@@ -159,19 +159,28 @@ class NormQuantKernel:
         # wrote is visible after this wait.
         cute.arch.griddepcontrol_wait()
 
-        # Pass 1: stage the row (the float32 sum for the fused add) and sum x or x^2.
+        # Pass 1: stage the row (the float32 sum for the fused add) and sum x or x^2. Each thread
+        # issues its VECS_PER_THREAD loads before it uses any: several accesses in flight each.
         total = Float32(0.0)
-        for j in cutlass.range(tid, accesses, threads):
-            x = gInput[(None, j)].load().to(Float32)
+        step = threads * VECS_PER_THREAD
+        for base in cutlass.range(tid, accesses, step):
+            xs = self.load_group(gInput, base, threads, accesses, self.in_dtype)
             if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
-                x = x + gResidual[(None, j)].load().to(Float32)
-                gResidual[(None, j)].store(x.to(self.in_dtype))
-            sRow[(None, j)].store(x)
-            for i in cutlass.range_constexpr(self.vec):
-                if cutlass.const_expr(self.kind == "layernorm"):
-                    total = total + x[i]
-                else:
-                    total = total + x[i] * x[i]
+                rs = self.load_group(gResidual, base, threads, accesses, self.in_dtype)
+            for k in cutlass.range_constexpr(VECS_PER_THREAD):
+                x = xs[k].load().to(Float32)
+                if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+                    x = x + rs[k].load().to(Float32)
+                j = base + k * threads
+                if j < accesses:
+                    if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+                        gResidual[(None, j)].store(x.to(self.in_dtype))
+                    sRow[(None, j)].store(x)
+                for i in cutlass.range_constexpr(self.vec):  # accesses past the row are zeros
+                    if cutlass.const_expr(self.kind == "layernorm"):
+                        total = total + x[i]
+                    else:
+                        total = total + x[i] * x[i]
         total = self.block_sum(total, sWarp, tid, threads)
 
         mean = Float32(0.0)
@@ -192,18 +201,38 @@ class NormQuantKernel:
         inv_scale = Float32(1.0) / scale
 
         # Pass 2: normalize, weight, scale, clamp and round to FP8.
-        for j in cutlass.range(tid, accesses, threads):
-            x = sRow[(None, j)].load()
-            w = gWeight[(None, j)].load().to(Float32)
+        for base in cutlass.range(tid, accesses, step):
+            ws = self.load_group(gWeight, base, threads, accesses, mWeight.element_type)
             if cutlass.const_expr(self.kind == "layernorm"):
-                y = ((x - mean) * rstd * w + gBias[(None, j)].load().to(Float32)) * inv_scale
-            else:
-                y = x * rstd * w * inv_scale
-            y = cute.where(y > Float32(self.fp8_max), cute.full_like(y, self.fp8_max), y)
-            y = cute.where(y < Float32(-self.fp8_max), cute.full_like(y, -self.fp8_max), y)
-            gOut[(None, j)].store(y.to(self.out_dtype))
+                bs = self.load_group(gBias, base, threads, accesses, mBias.element_type)
+            for k in cutlass.range_constexpr(VECS_PER_THREAD):
+                j = base + k * threads
+                if j < accesses:
+                    x = sRow[(None, j)].load()
+                    w = ws[k].load().to(Float32)
+                    if cutlass.const_expr(self.kind == "layernorm"):
+                        y = ((x - mean) * rstd * w + bs[k].load().to(Float32)) * inv_scale
+                    else:
+                        y = x * rstd * w * inv_scale
+                    y = cute.where(y > Float32(self.fp8_max), cute.full_like(y, self.fp8_max), y)
+                    y = cute.where(y < Float32(-self.fp8_max), cute.full_like(y, -self.fp8_max), y)
+                    gOut[(None, j)].store(y.to(self.out_dtype))
 
         cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def load_group(self, gRow: cute.Tensor, base: Int32, threads: Int32, accesses: Int32, dtype):
+        """Registers holding accesses base, base + threads, ... (VECS_PER_THREAD of them) of a
+        (VEC, accesses) view; zeros past the end."""
+        group = []
+        for k in cutlass.range_constexpr(VECS_PER_THREAD):
+            fragment = cute.make_rmem_tensor_like(gRow[(None, 0)], dtype)
+            fragment.fill(0)
+            j = base + k * threads
+            if j < accesses:
+                fragment.store(gRow[(None, j)].load())
+            group.append(fragment)
+        return group
 
     @cute.jit
     def block_sum(self, value: Float32, sWarp: cute.Tensor, tid: Int32, threads: Int32) -> Float32:

@@ -37,14 +37,14 @@ _fused_add_rmsnorm_quant = kernel("norm_quant", "fused_add_rmsnorm_quant")
 _layernorm_quant = kernel("norm_quant", "layernorm_quant")
 
 
-def _scale_arguments(scale, input):
+def _scale_arguments(scale):
     """The bindings' (scale tensor, scale value): the tensor itself (the binding checks its dtype,
-    shape and device), or a tensor of no elements and the number."""
+    shape and device), or a tensor of no elements (never read, on no device) and the number."""
     if hasattr(scale, "data_ptr"):
         return scale, 1.0
     import torch
 
-    return input.new_empty((0,), dtype=torch.float32), float(scale)
+    return torch.empty((0,), dtype=torch.float32), float(scale)
 
 
 # What the bindings cannot see: scale's kind (a real number or a tensor), eps before it becomes a
@@ -103,7 +103,7 @@ def rmsnorm_quant(
     enable_pdl : Optional[bool]
         Programmatic dependent launch (see the module doc).
     """
-    scale_tensor, scale_value = _scale_arguments(scale, input)
+    scale_tensor, scale_value = _scale_arguments(scale)
     _rmsnorm_quant.fn(out, input, weight, scale_tensor, scale_value, eps, -1 if enable_pdl is None else enable_pdl)
 
 
@@ -126,7 +126,7 @@ def fused_add_rmsnorm_quant(
     float16 or bfloat16 of one dtype, ``weight`` ``[hidden]`` of that dtype; ``out`` and ``scale``
     as in :func:`rmsnorm_quant`.
     """
-    scale_tensor, scale_value = _scale_arguments(scale, input)
+    scale_tensor, scale_value = _scale_arguments(scale)
     _fused_add_rmsnorm_quant.fn(
         out, input, residual, weight, scale_tensor, scale_value, eps, -1 if enable_pdl is None else enable_pdl
     )
@@ -148,5 +148,5 @@ def layernorm_quant(
     ``input``: ``[tokens, hidden]`` float16 or bfloat16; ``gemma`` (the scale, FlashInfer's name)
     and ``beta``: ``[hidden]`` float32; ``out`` and ``scale`` as in :func:`rmsnorm_quant`.
     """
-    scale_tensor, scale_value = _scale_arguments(scale, input)
+    scale_tensor, scale_value = _scale_arguments(scale)
     _layernorm_quant.fn(out, input, gemma, beta, scale_tensor, scale_value, eps, -1)
