@@ -50,7 +50,7 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 #: Block size: one thread per VECS_PER_THREAD accesses of a row, in whole warps, at most
 #: MAX_THREADS. csrc/norm_quant.cu computes the same from the generated header's copies.
 VECS_PER_THREAD = 4
-MAX_THREADS = 1024
+MAX_THREADS = 512  # LayerNorm's kernel takes 90 registers: 1024 threads of it would not launch
 #: Shared memory: WARP_SLOTS floats for the block reduction, then the row as float32.
 WARP_SLOTS = 32
 #: The constants above, which cmake/cutedsl.py writes into the generated header for the launcher.
@@ -168,19 +168,18 @@ class NormQuantKernel:
             if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
                 rs = self.load_group(gResidual, base, threads, accesses, self.in_dtype)
             for k in cutlass.range_constexpr(VECS_PER_THREAD):
-                x = xs[k].load().to(Float32)
-                if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
-                    x = x + rs[k].load().to(Float32)
                 j = base + k * threads
                 if j < accesses:
+                    x = xs[k].load().to(Float32)
                     if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+                        x = x + rs[k].load().to(Float32)
                         gResidual[(None, j)].store(x.to(self.in_dtype))
                     sRow[(None, j)].store(x)
-                for i in cutlass.range_constexpr(self.vec):  # accesses past the row are zeros
-                    if cutlass.const_expr(self.kind == "layernorm"):
-                        total = total + x[i]
-                    else:
-                        total = total + x[i] * x[i]
+                    for i in cutlass.range_constexpr(self.vec):
+                        if cutlass.const_expr(self.kind == "layernorm"):
+                            total = total + x[i]
+                        else:
+                            total = total + x[i] * x[i]
         total = self.block_sum(total, sWarp, tid, threads)
 
         mean = Float32(0.0)
@@ -202,13 +201,14 @@ class NormQuantKernel:
 
         # Pass 2: normalize, weight, scale, clamp and round to FP8.
         for base in cutlass.range(tid, accesses, step):
+            xs = self.load_group(sRow, base, threads, accesses, Float32)
             ws = self.load_group(gWeight, base, threads, accesses, mWeight.element_type)
             if cutlass.const_expr(self.kind == "layernorm"):
                 bs = self.load_group(gBias, base, threads, accesses, mBias.element_type)
             for k in cutlass.range_constexpr(VECS_PER_THREAD):
                 j = base + k * threads
                 if j < accesses:
-                    x = sRow[(None, j)].load()
+                    x = xs[k].load()
                     w = ws[k].load().to(Float32)
                     if cutlass.const_expr(self.kind == "layernorm"):
                         y = ((x - mean) * rstd * w + bs[k].load().to(Float32)) * inv_scale
@@ -223,14 +223,12 @@ class NormQuantKernel:
     @cute.jit
     def load_group(self, gRow: cute.Tensor, base: Int32, threads: Int32, accesses: Int32, dtype):
         """Registers holding accesses base, base + threads, ... (VECS_PER_THREAD of them) of a
-        (VEC, accesses) view; zeros past the end."""
+        (VEC, accesses) view. Past the end the last access is read again (callers skip those):
+        loads without branches, so all of them are in flight before the first is used."""
         group = []
         for k in cutlass.range_constexpr(VECS_PER_THREAD):
             fragment = cute.make_rmem_tensor_like(gRow[(None, 0)], dtype)
-            fragment.fill(0)
-            j = base + k * threads
-            if j < accesses:
-                fragment.store(gRow[(None, j)].load())
+            fragment.store(gRow[(None, cutlass.min(base + k * threads, accesses - 1))].load())
             group.append(fragment)
         return group
 

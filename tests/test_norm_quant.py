@@ -165,6 +165,16 @@ def test_side_stream_and_pdl():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_longest_rows(kind):
+    """Rows of 40000 elements: the most threads a block has, several groups of accesses each."""
+    x, residual, weight, bias, out = case(kind, 3, 40000, torch.bfloat16, torch.float8_e4m3fn)
+    y = prequantized(kind, x, residual, weight, bias, 0.5)
+    run(kind, out, x, residual, weight, bias, 0.5)
+    assert_fp8_matches(out, y)
+
+
+@pytest.mark.gpu
 def test_hidden_past_shared_memory_is_a_value_error():
     x, residual, weight, bias, out = case("rmsnorm", 1, 1 << 17, torch.bfloat16, torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="last dimension"):
@@ -283,14 +293,19 @@ def test_installed_wheel_loads_without_the_dsl(tmp_path):
     """This install's package, with torch and tvm-ffi but none of the DSL's packages, in an
     interpreter that reads no site-packages: aotinfer imports, resolves norm_quant, loads its
     shared object and runs its binding's checks. Fails if the DSL is importable there."""
+    import tvm_ffi
+
     site = tmp_path / "site"
     site.mkdir()
-    packages = Path(aotinfer.__file__).resolve().parent.parent
     dsl = ("nvidia_cutlass_dsl", "cutlass", "cuda", "cuda_bindings", "cuda_pathfinder", "nvidia_cutlass")
-    for entry in packages.iterdir():
-        if entry.name.startswith(dsl) or entry.suffix == ".pth" or entry.name == "aotinfer":
-            continue
-        (site / entry.name).symlink_to(entry)
+    # The folders torch, tvm-ffi and aotinfer were installed into, less the DSL and .pth files.
+    folders = {Path(m.__file__).resolve().parent.parent for m in (torch, tvm_ffi, aotinfer)}
+    for folder in sorted(folders):
+        for entry in folder.iterdir():
+            if entry.name.startswith(dsl) or entry.suffix == ".pth" or entry.name == "aotinfer":
+                continue
+            if not (site / entry.name).exists():
+                (site / entry.name).symlink_to(entry)
     shutil.copytree(Path(aotinfer.__file__).parent, site / "aotinfer", ignore=shutil.ignore_patterns("__pycache__"))
     script = r"""
 import importlib.util, sys

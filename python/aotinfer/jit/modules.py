@@ -170,6 +170,13 @@ def resolve(name: str, cc: Tuple[int, int], tried: str = "", build: bool = True)
     majors = declarations(root)[name].get("sm_majors")
     if majors is not None and cc[0] not in majors:
         raise NoCompatibleBuild(f"{tried}; module {name!r} runs only on SM majors {majors}")
+    if declarations(root)[name].get("cutedsl"):
+        # Its kernels are compiled by CuTeDSL when a wheel is built (cmake/cutedsl.py), never here.
+        raise NoCompatibleBuild(
+            f"{tried}; module {name!r} is written in CuTeDSL, which aotinfer compiles when a wheel is built,"
+            f" not at run time: install a wheel that has this GPU's arch, or build one from a checkout with"
+            f' AOTINFER_CUDA_ARCH_LIST="{cc_text}{"a" if cc[0] >= 9 else ""}" pip install .'
+        )
     try:
         found = cached_builds(name)
     except cache.CacheDirError as e:
