@@ -29,7 +29,7 @@ def test_setup_installs_the_build_requirements_before_building():
     tools = next(c for c in commands if c[:2] == ["pip", "install"] and "scikit-build-core" in " ".join(c))
     build = next(i for i, c in enumerate(commands) if "--no-build-isolation" in c)
     narrowed = next(i for i, c in enumerate(commands) if c and c[0] == "export" and "AOTINFER_CUDA_ARCH_LIST" in c[1])
-    assert sorted(t for t in tools[2:] if t.startswith(("scikit", "apache"))) == needed
+    assert sorted(t for t in tools[2:] if t.startswith(("scikit", "apache", "nvidia"))) == needed
     assert commands.index(tools) < build and narrowed < build  # tools and a narrow arch list first
     assert ["pip", "install", "torch", "--index-url", "https://download.pytorch.org/whl/cpu"] in commands
 
