@@ -120,7 +120,10 @@ def embedded_cubins(path: Path) -> list:
     sms, offset = [], data.find(b"\x7fELF\x02\x01")
     while offset >= 0:
         if struct.unpack_from("<H", data, offset + 18)[0] == EM_CUDA:
-            sms.append(struct.unpack_from("<I", data, offset + 48)[0] & 0xFF)
+            flags = struct.unpack_from("<I", data, offset + 48)[0]
+            # The SM sits in e_flags' low byte in the older CUDA ELF ABI (OS ABI 0x33, as sm_90a's
+            # cubins have it), in its second byte in the newer one (0x41: sm_100f, sm_120).
+            sms.append((flags >> 8) & 0xFF if data[offset + 7] == 0x41 else flags & 0xFF)
         offset = data.find(b"\x7fELF\x02\x01", offset + 1)
     return sms
 

@@ -78,7 +78,7 @@ def test_merged_wheel_passes_the_check(merged):
     assert header.split()[1:] == ["8.6", "10.0f", "total"]
     for module in manifest["modules"]:
         row = next(line for line in report.splitlines() if line.strip().startswith(module + " "))
-        sizes = [int(v) for v in row.split()[1:]]
+        sizes = [0 if v == "-" else int(v) for v in row.split()[1:]]  # "-": no build (sm_majors)
         assert sizes[0] + sizes[1] == sizes[2]
     with zipfile.ZipFile(merged) as z:
         runtimes = [n for n in z.namelist() if "cudart" in n]
