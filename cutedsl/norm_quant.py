@@ -8,8 +8,8 @@ Nothing here is imported at run time, so a server needs neither the DSL nor a co
 One CTA normalizes one row. Pass 1 reads the row in VEC-element accesses (16 bytes of 16-bit
 input for VEC 8), keeps it in shared memory as float32 (the fused add keeps the float32 sum, which
 the norm uses, while the residual gets it rounded) and sums what the statistic needs; a block
-reduction follows (LayerNorm's variance is a second reduction over the staged row, so it is of
-deviations from the mean, not the difference of two large sums). Pass 2 reads the staged row and
+reduction follows (LayerNorm reduces two sums at once, of x - c and (x - c)^2 with c the row's first
+element, so its variance is not the difference of two large sums). Pass 2 reads the staged row and
 the weights and writes FP8. Staging in shared memory instead of registers lets one variant take
 any hidden size up to the shared memory of a block, with a block size chosen per launch.
 
@@ -50,7 +50,7 @@ FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 #: Block size: one thread per VECS_PER_THREAD accesses of a row, in whole warps, at most
 #: MAX_THREADS. csrc/norm_quant.cu computes the same from the generated header's copies.
 VECS_PER_THREAD = 4
-MAX_THREADS = 512  # LayerNorm's kernel takes 90 registers: 1024 threads of it would not launch
+MAX_THREADS = 512  # at most 64 registers a thread for 1024; and WARP_SLOTS / 2 warps for LayerNorm
 #: Shared memory: WARP_SLOTS floats for the block reduction, then the row as float32.
 WARP_SLOTS = 32
 #: The constants above, which cmake/cutedsl.py writes into the generated header for the launcher.
@@ -158,10 +158,19 @@ class NormQuantKernel:
         # Reads only from here on: with programmatic dependent launch, what the previous kernel
         # wrote is visible after this wait.
         cute.arch.griddepcontrol_wait()
+        # The scale's load is in flight while the row is read.
+        scale = scale_value
+        if scale_on_device != 0:
+            scale = mScale[0]
+        shift = Float32(0.0)
+        if cutlass.const_expr(self.kind == "layernorm"):
+            shift = mInput[row, 0].to(Float32)
 
-        # Pass 1: stage the row (the float32 sum for the fused add) and sum x or x^2. Each thread
-        # issues its VECS_PER_THREAD loads before it uses any: several accesses in flight each.
+        # Pass 1: stage the row (the float32 sum for the fused add) and sum x^2, or for LayerNorm
+        # x - shift and its square. Each thread issues its VECS_PER_THREAD loads before it uses
+        # any: several accesses in flight each.
         total = Float32(0.0)
+        squares = Float32(0.0)
         step = threads * VECS_PER_THREAD
         for base in cutlass.range(tid, accesses, step):
             xs = self.load_group(gInput, base, threads, accesses, self.in_dtype)
@@ -177,26 +186,21 @@ class NormQuantKernel:
                     sRow[(None, j)].store(x)
                     for i in cutlass.range_constexpr(self.vec):
                         if cutlass.const_expr(self.kind == "layernorm"):
-                            total = total + x[i]
+                            total = total + (x[i] - shift)
+                            squares = squares + (x[i] - shift) * (x[i] - shift)
                         else:
-                            total = total + x[i] * x[i]
-        total = self.block_sum(total, sWarp, tid, threads)
+                            squares = squares + x[i] * x[i]
 
         mean = Float32(0.0)
         if cutlass.const_expr(self.kind == "layernorm"):
-            mean = total / Float32(hidden)
-            deviations = Float32(0.0)
-            for j in cutlass.range(tid, accesses, threads):
-                x = sRow[(None, j)].load()
-                for i in cutlass.range_constexpr(self.vec):
-                    deviations = deviations + (x[i] - mean) * (x[i] - mean)
-            cute.arch.barrier()  # every warp has read its sum of pass 1 from sWarp
-            total = self.block_sum(deviations, sWarp, tid, threads)
-        rstd = cute.math.rsqrt(total / Float32(hidden) + eps)
-
-        scale = scale_value
-        if scale_on_device != 0:
-            scale = mScale[0]
+            total, squares = self.block_sum2(total, squares, sWarp, tid, threads)
+            shifted_mean = total / Float32(hidden)
+            mean = shift + shifted_mean
+            variance = squares / Float32(hidden) - shifted_mean * shifted_mean
+            squares = cutlass.max(variance, Float32(0.0)) * Float32(hidden)
+        else:
+            squares = self.block_sum(squares, sWarp, tid, threads)
+        rstd = cute.math.rsqrt(squares / Float32(hidden) + eps)
         inv_scale = Float32(1.0) / scale
 
         # Pass 2: normalize, weight, scale, clamp and round to FP8.
@@ -231,6 +235,22 @@ class NormQuantKernel:
             fragment.store(gRow[(None, cutlass.min(base + k * threads, accesses - 1))].load())
             group.append(fragment)
         return group
+
+    @cute.jit
+    def block_sum2(self, a: Float32, b: Float32, sWarp: cute.Tensor, tid: Int32, threads: Int32):
+        """The sums of ``a`` and of ``b`` over the block (at most WARP_SLOTS / 2 warps), in every thread."""
+        a = cute.arch.warp_reduction_sum(a)
+        b = cute.arch.warp_reduction_sum(b)
+        if tid % 32 == 0:
+            sWarp[tid // 32] = a
+            sWarp[WARP_SLOTS // 2 + tid // 32] = b
+        cute.arch.barrier()
+        a = Float32(0.0)
+        b = Float32(0.0)
+        if tid % 32 < threads // 32:
+            a = sWarp[tid % 32]
+            b = sWarp[WARP_SLOTS // 2 + tid % 32]
+        return cute.arch.warp_reduction_sum(a), cute.arch.warp_reduction_sum(b)
 
     @cute.jit
     def block_sum(self, value: Float32, sWarp: cute.Tensor, tid: Int32, threads: Int32) -> Float32:
