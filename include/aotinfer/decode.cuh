@@ -87,6 +87,7 @@ struct DecodeShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static constexpr bool kWiden = !std::is_same_v<T, KV>;  // an fp8 cache
   static constexpr int kStages = kStagesIn;
+  static constexpr int kOffsetTiles = kStages < 2 ? 2 : kStages;  // tiles whose token offsets are published
   static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (the tiles mma reads)
   static constexpr int kCachedRowChunks = D * int(sizeof(KV)) / 16;
   static constexpr int kElemsPerChunk = 16 / int(sizeof(KV));
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   uint8_t* const stages = shared + S::kQBytes;                                  // [kStages][K, V]
   uint8_t* const widened = stages + size_t(S::kStages) * 2 * S::kCachedTileBytes;  // fp8 only
   __shared__ float warp_max[kDecodeWarps][kDecodeRows], warp_sum[kDecodeWarps][kDecodeRows];
+  __shared__ longlong2 token_offsets[S::kOffsetTiles][kDecodeTileTokens];  // (K, V) of each token of a tile
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y / p.head_blocks;
@@ -165,39 +167,49 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
                       valid ? q + (qo_head0 + r) * p.q_stride_h + chunk * 8 : q, valid);
   }
 
+  // Where each token of a tile lives: threads 0..63 look up one token's page each, a tile ahead of
+  // publishing its K and V offsets (in elements; -1 past the end) to a ring of kOffsetTiles tables
+  // in shared memory; every copy then reads them there. One lookup a token, not one a 16-byte chunk.
+  const int32_t* pages = p.indices + info.x;
+  const bool looks_up = tid < kDecodeTileTokens;
+  auto look_up = [&](int tile, int& page, int& slot) {  // the page of this thread's token of `tile`
+    const int pos = begin + tile * kDecodeTileTokens + tid;
+    page = -1;
+    slot = 0;
+    if (looks_up && tile < num_tiles && pos < end) {
+      const int index = int(p.page_size.Divide(uint32_t(pos)));
+      slot = pos - index * int(p.page_size.divisor);
+      page = __ldg(pages + index);
+    }
+  };
+  auto publish = [&](int tile, int page, int slot) {  // a looked-up page as offsets, into tile's table
+    if (!looks_up) return;
+    const int64_t pg = page >= 0 ? page : 0;
+    token_offsets[tile % S::kOffsetTiles][tid] =
+        page >= 0 ? make_longlong2(pg * p.k_stride_page + slot * p.k_stride_slot, pg * p.v_stride_page + slot * p.v_stride_slot)
+                  : make_longlong2(-1, -1);
+  };
+
   // Each thread copies chunk column `column` of tokens first_token + i * kTokenStep of every tile,
-  // of K and of V; the pages of a tile are looked up one step before its copy is issued.
+  // of K and of V.
   const int column = tid % S::kCachedRowChunks, first_token = tid / S::kCachedRowChunks;
   const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
   const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
-  const int32_t* pages = p.indices + info.x;
-  int page[S::kChunksPerThread], slot[S::kChunksPerThread];
-  auto look_up = [&](int tile) {
-#pragma unroll
-    for (int i = 0; i < S::kChunksPerThread; ++i) {
-      const int pos = begin + tile * kDecodeTileTokens + first_token + i * S::kTokenStep;
-      page[i] = -1;
-      if (tile < num_tiles && pos < end) {
-        const int index = int(p.page_size.Divide(uint32_t(pos)));
-        slot[i] = pos - index * int(p.page_size.divisor);
-        page[i] = __ldg(pages + index);
-      }
-    }
-  };
   auto cached_offset = [&](int token) -> uint32_t {  // where a thread's chunk of `token` lands
     if constexpr (S::kWiden) return uint32_t(token * S::kCachedRowChunks + column) * 16u;
     else return SwizzledOffset<S::kRowChunks>(token, column);
   };
-  auto copy = [&](int tile) {
+  auto copy = [&](int tile) {  // its table published and a barrier passed since
     uint8_t* k_dst = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     uint8_t* v_dst = k_dst + S::kCachedTileBytes;
+    const longlong2* offsets = token_offsets[tile % S::kOffsetTiles];
 #pragma unroll
     for (int i = 0; i < S::kChunksPerThread; ++i) {
       const int token = first_token + i * S::kTokenStep;
-      const bool valid = page[i] >= 0;
-      const int64_t pg = valid ? page[i] : 0, sl = valid ? slot[i] : 0;
-      CopyAsync16OrZero(k_dst + cached_offset(token), k + pg * p.k_stride_page + sl * p.k_stride_slot, valid);
-      CopyAsync16OrZero(v_dst + cached_offset(token), v + pg * p.v_stride_page + sl * p.v_stride_slot, valid);
+      const longlong2 offset = offsets[token];
+      const bool valid = offset.x >= 0;
+      CopyAsync16OrZero(k_dst + cached_offset(token), k + (valid ? offset.x : 0), valid);
+      CopyAsync16OrZero(v_dst + cached_offset(token), v + (valid ? offset.y : 0), valid);
     }
   };
   // An fp8 K or V tile, once landed: each thread widens the chunks it copied into the 16-bit tile
@@ -214,12 +226,19 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     }
   };
 
-  look_up(0);
+  // Tables of the first kStages tiles (their lookups all in flight at once), the next tile's pages,
+  // then the copies of those tiles but the last (the loop's first).
+  int page[S::kStages], slot[S::kStages], next_page = -1, next_slot = 0;
+#pragma unroll
+  for (int t = 0; t < S::kStages; ++t) look_up(t, page[t], slot[t]);
+  look_up(S::kStages, next_page, next_slot);
+#pragma unroll
+  for (int t = 0; t < S::kStages; ++t) publish(t, page[t], slot[t]);
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s + 1 < S::kStages; ++s) {
     if (s < num_tiles) copy(s);
     CommitAsyncGroup();
-    look_up(s + 1);
   }
 
   // Per thread: rows g = lane / 4 and g + 8 of the warp's tiles.
@@ -228,20 +247,38 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const float cap_scale = p.soft_cap > 0.f ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
   const float cap_log2 = p.soft_cap * kLog2e;
   const uint32_t q_base = SharedAddress(q_tile);
+  auto load_q = [&](uint32_t (&a)[4], int kk) {
+    LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+  };
+  // Q's fragments stay in registers where they fit beside the output (and once Q has landed,
+  // with tile 0: not with a single stage, where Q's group is committed in the loop).
+  constexpr bool kQInRegisters = D <= 128 && S::kStages >= 2;
+  uint32_t q_frag[kQInRegisters ? D / 16 : 1][4];
+  if constexpr (kQInRegisters) {
+    WaitAsyncGroups<S::kStages - 2>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_q(q_frag[kk], kk);
+  }
   for (int tile = 0; tile < num_tiles; ++tile) {
+    // Copy tile c, publish tile c + 1's table (its ring slot was last read before this barrier)
+    // and prefetch tile c + 2's pages.
     if constexpr (S::kStages == 1) {  // no tile ahead: copy, wait, compute
       __syncthreads();  // every warp is done with the previous tile
       copy(tile);
       CommitAsyncGroup();
-      look_up(tile + 1);
+      publish(tile + 1, next_page, next_slot);
+      look_up(tile + 2, next_page, next_slot);
       WaitAsyncGroups<0>();
       __syncthreads();
     } else {
       WaitAsyncGroups<S::kStages - 2>();
       __syncthreads();  // the tile is in for every thread; every warp is done with the stage refilled next
-      if (tile + S::kStages - 1 < num_tiles) copy(tile + S::kStages - 1);
+      const int c = tile + S::kStages - 1;
+      if (c < num_tiles) copy(c);
       CommitAsyncGroup();
-      look_up(tile + S::kStages);
+      publish(c + 1, next_page, next_slot);
+      look_up(c + 2, next_page, next_slot);
     }
     const uint8_t* k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     const uint8_t* v_tile = k_tile + S::kCachedTileBytes;
@@ -256,8 +293,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     const uint32_t k_base = SharedAddress(k_tile);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4], b[4];
-      LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+      uint32_t a_loaded[4], b[4];
+      if constexpr (!kQInRegisters) load_q(a_loaded, kk);
+      const uint32_t(&a)[4] = kQInRegisters ? q_frag[kQInRegisters ? kk : 0] : a_loaded;
       LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
       Mma16816<T>(s[0], a, b[0], b[1]);
       Mma16816<T>(s[1], a, b[2], b[3]);
@@ -266,15 +304,24 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     // Scale (or cap), mask positions past the end, and fold into each row's running softmax.
     const int warp_pos = begin + tile * kDecodeTileTokens + warp * 16;
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (p.soft_cap > 0.f) {  // one branch a tile, not one a score
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanhf(s[nt][e] * cap_scale);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pos = warp_pos + nt * 8 + (lane % 4) * 2 + (e & 1);
-        float x = p.soft_cap > 0.f ? cap_log2 * tanhf(s[nt][e] * cap_scale) : s[nt][e] * p.scale_log2;
-        x = pos < end ? x : -INFINITY;
-        s[nt][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        s[nt][e] = pos < end ? s[nt][e] : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
       }
     }
     float alpha[2];
@@ -295,12 +342,15 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
         row_sum[e / 2] += s[nt][e];
       }
     }
+    // Rescale the output only when some row's max moved (rarely, after the first tiles).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
     }
 
     if constexpr (S::kWiden) {  // V into the widened tile, once every warp is done with K there
@@ -404,46 +454,82 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
 }
 
 // Requests split over several items: out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink).
-// A warp a (request, query head), grid (requests, heads / warps a block): its lanes take the
-// partials' LSEs 32 at a time, then sum the partial outputs, D / 32 dims a lane.
+// A block a (request, query head), grid (requests, heads): each warp folds every fourth partial
+// into a running max, sum and weighted output (D / 32 dims a lane), with kMergeBatch partials'
+// loads in flight at once, then the four warps' states are merged through shared memory.
+constexpr int kMergeBatch = 8;
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kDecodeMergeThreads) DecodeMergeKernel(const DecodeParams p) {
-  constexpr int kDims = D / 32;
-  const int request = blockIdx.x, lane = threadIdx.x % 32;
-  const int head = blockIdx.y * (kDecodeMergeThreads / 32) + threadIdx.x / 32;
+  constexpr int kWarps = kDecodeMergeThreads / 32, kDims = D / 32;
+  __shared__ __align__(16) float warp_out[kWarps][D];
+  __shared__ float warp_max[kWarps], warp_sum[kWarps];
+  const int request = blockIdx.x, head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   WaitForPriorGrids();
-  if (head >= p.num_qo_heads) return;
   const int4 info = p.requests[request];
   const int first = info.z, count = info.w;
   if (count <= 1) return;  // written by its only item
   const int64_t heads = p.num_qo_heads;
   const float* lse = p.partial_lse + int64_t(first) * heads + head;  // partial i at lse[i * heads]
-  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  float m = sink;
-  for (int i = lane; i < count; i += 32) m = fmaxf(m, lse[i * heads]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const float base = SafeBase(m);
-  float total = 0.f;
-  for (int i = lane; i < count; i += 32) total += Exp2(lse[i * heads] - base);
-  total = WarpSum(total) + Exp2(sink - base);
   const float* x = p.partial_out + (int64_t(first) * heads + head) * D + lane * kDims;
-  float acc[kDims] = {};
-#pragma unroll 4
-  for (int i = 0; i < count; ++i) {
-    const float weight = Exp2(lse[i * heads] - base);
+  float m = -INFINITY, sum = 0.f, acc[kDims] = {};
+  for (int i0 = warp; i0 < count; i0 += kWarps * kMergeBatch) {
+    float l[kMergeBatch], y[kMergeBatch][kDims];
 #pragma unroll
-    for (int d = 0; d < kDims; d += 2) {
-      const float2 y = *reinterpret_cast<const float2*>(x + i * heads * D + d);
-      acc[d] += weight * y.x;
-      acc[d + 1] += weight * y.y;
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const int i = i0 + j * kWarps;
+      l[j] = i < count ? lse[i * heads] : -INFINITY;
+#pragma unroll
+      for (int d = 0; d < kDims; d += 2) {
+        const float2 v = i < count ? *reinterpret_cast<const float2*>(x + i * heads * D + d) : make_float2(0.f, 0.f);
+        y[j][d] = v.x;
+        y[j][d + 1] = v.y;
+      }
     }
+    float batch_max = m;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) batch_max = fmaxf(batch_max, l[j]);
+    const float base = SafeBase(batch_max), alpha = Exp2(m - base);
+    sum *= alpha;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[d] *= alpha;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const float weight = Exp2(l[j] - base);
+      sum += weight;
+#pragma unroll
+      for (int d = 0; d < kDims; ++d) acc[d] += weight * y[j][d];
+    }
+    m = batch_max;
+  }
+  if (lane == 0) {
+    warp_max[warp] = m;
+    warp_sum[warp] = sum;
+  }
+#pragma unroll
+  for (int d = 0; d < kDims; d += 2) *reinterpret_cast<float2*>(&warp_out[warp][lane * kDims + d]) = make_float2(acc[d], acc[d + 1]);
+  __syncthreads();
+
+  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+  float top = sink;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) top = fmaxf(top, warp_max[w]);
+  const float base = SafeBase(top);
+  float weight[kWarps], total = Exp2(sink - base);
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    weight[w] = Exp2(warp_max[w] - base);
+    total += weight[w] * warp_sum[w];
   }
   const float inv = total > 0.f ? 1.f / total : 0.f;
-  T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + lane * kDims;
+  T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h;
+  for (int d = threadIdx.x; d < D; d += kDecodeMergeThreads) {
+    float y = 0.f;
 #pragma unroll
-  for (int d = 0; d < kDims; ++d) out[d] = from_float<T>(acc[d] * inv);
-  if (p.lse != nullptr && lane == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
+    for (int w = 0; w < kWarps; ++w) y += weight[w] * warp_out[w][d];
+    out[d] = from_float<T>(y * inv);
+  }
+  if (p.lse != nullptr && threadIdx.x == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
 }
 
 template <typename T, typename KV, int D, int kStages>
@@ -468,8 +554,7 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  constexpr int kHeadsPerBlock = kDecodeMergeThreads / 32;
-  const dim3 grid(unsigned(p.batch), unsigned((p.num_qo_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
+  const dim3 grid(unsigned(p.batch), unsigned(p.num_qo_heads));
   return Launch(DecodeMergeKernel<T, D>, grid, dim3(kDecodeMergeThreads), stream, pdl, p);
 }
 
