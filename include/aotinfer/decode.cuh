@@ -8,7 +8,9 @@
 // size. Tiles of 64 tokens of K and V stream through a cp.async pipeline of kStages tiles in shared
 // memory, gathered page by page; each warp takes 16 tokens of a tile and keeps its own running max,
 // sum and output, and the four states are merged at the end. An fp8 cache lands in shared memory
-// as it is stored and is widened to the query's type before the tensor cores read it.
+// as it is stored and is widened to half (exactly) before the tensor cores read it; with an fp8
+// cache the tensor cores run in half, and a bfloat16 q is converted once a block (clamped to half's
+// range, +-65504).
 //
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
@@ -86,6 +88,10 @@ template <typename T, typename KV, int D, int kStagesIn>
 struct DecodeShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static constexpr bool kWiden = !std::is_same_v<T, KV>;  // an fp8 cache
+  // The tensor cores' input type: an fp8 cache widens to half, which holds every fp8 value exactly
+  // and takes one conversion instruction a pair (two fp8 to bfloat16 take four); q is converted
+  // to half once a block.
+  using MmaT = std::conditional_t<kWiden, half, T>;
   static constexpr int kStages = kStagesIn;
   static constexpr int kOffsetTiles = kStages < 2 ? 2 : kStages;  // tiles whose token offsets are published
   static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (the tiles mma reads)
@@ -120,14 +126,31 @@ __device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
 // Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
 __device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
 
-// Eight KV elements (half of a 16-byte fp8 chunk) as eight T, packed in four registers.
-template <typename T, typename KV>
-__device__ __forceinline__ uint4 Widen8(uint2 raw) {
-  const KV* x = reinterpret_cast<const KV*>(&raw);
+// Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
+template <typename KV>
+__device__ __forceinline__ uint4 WidenToHalf8(uint2 raw) {
+  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
   uint4 r;
   uint32_t* w = reinterpret_cast<uint32_t*>(&r);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) w[i] = PackPair<T>(float(x[2 * i]), float(x[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], kFormat);
+    w[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  }
+  return r;
+}
+
+// A 16-byte chunk of 8 bfloat16 as 8 halves, clamped to half's finite range (the fp8 path's q).
+__device__ __forceinline__ uint4 BfloatToHalf8(uint4 raw) {
+  const nv_bfloat16* x = reinterpret_cast<const nv_bfloat16*>(&raw);
+  uint4 r;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = PackPair<half>(fminf(fmaxf(__bfloat162float(x[2 * i]), -65504.f), 65504.f),
+                          fminf(fmaxf(__bfloat162float(x[2 * i + 1]), -65504.f), 65504.f));
+  }
   return r;
 }
 
@@ -158,7 +181,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
   const int num_tiles = end > begin ? (end - begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
 
-  // Q: 16 rows (query heads; zero past the group) of D, in the first commit group.
+  // Q: 16 rows (query heads; zero past the group) of D, a commit group of its own (older than
+  // every tile's, so waiting for a tile waits for it too).
   const T* q = static_cast<const T*>(p.q) + request * p.q_stride_n;
   for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
     const int r = c / S::kRowChunks, chunk = c % S::kRowChunks;
@@ -166,6 +190,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, chunk),
                       valid ? q + (qo_head0 + r) * p.q_stride_h + chunk * 8 : q, valid);
   }
+  CommitAsyncGroup();
 
   // Where each token of a tile lives: threads 0..63 look up one token's page each, a tile ahead of
   // publishing its K and V offsets (in elements; -1 past the end) to a ring of kOffsetTiles tables
@@ -220,9 +245,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       const int token = first_token + i * S::kTokenStep;
       const uint4 raw = *reinterpret_cast<const uint4*>(cached + cached_offset(token));
       *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column)) =
-          Widen8<T, KV>(make_uint2(raw.x, raw.y));
+          WidenToHalf8<KV>(make_uint2(raw.x, raw.y));
       *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column + 1)) =
-          Widen8<T, KV>(make_uint2(raw.z, raw.w));
+          WidenToHalf8<KV>(make_uint2(raw.z, raw.w));
     }
   };
 
@@ -252,13 +277,24 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   };
   // Q's fragments stay in registers where they fit beside the output (and once Q has landed,
   // with tile 0: not with a single stage, where Q's group is committed in the loop).
+  using MmaT = typename S::MmaT;
+  if constexpr (!std::is_same_v<MmaT, T>) {  // q to half, in place, once it has landed
+    WaitAsyncGroups<S::kStages - 1>();
+    __syncthreads();
+    for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
+      uint4* chunk = reinterpret_cast<uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, c % S::kRowChunks));
+      *chunk = BfloatToHalf8(*chunk);
+    }
+  }
   constexpr bool kQInRegisters = D <= 128 && S::kStages >= 2;
   uint32_t q_frag[kQInRegisters ? D / 16 : 1][4];
   if constexpr (kQInRegisters) {
-    WaitAsyncGroups<S::kStages - 2>();
+    WaitAsyncGroups<S::kStages - 1>();
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) load_q(q_frag[kk], kk);
+  } else if constexpr (!std::is_same_v<MmaT, T>) {
+    __syncthreads();  // the converted q, for every warp
   }
   for (int tile = 0; tile < num_tiles; ++tile) {
     // Copy tile c, publish tile c + 1's table (its ring slot was last read before this barrier)
@@ -297,8 +333,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       if constexpr (!kQInRegisters) load_q(a_loaded, kk);
       const uint32_t(&a)[4] = kQInRegisters ? q_frag[kQInRegisters ? kk : 0] : a_loaded;
       LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
-      Mma16816<T>(s[0], a, b[0], b[1]);
-      Mma16816<T>(s[1], a, b[2], b[3]);
+      Mma16816<MmaT>(s[0], a, b[0], b[1]);
+      Mma16816<MmaT>(s[1], a, b[2], b[3]);
     }
 
     // Scale (or cap), mask positions past the end, and fold into each row's running softmax.
@@ -362,14 +398,14 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     const uint32_t v_base = SharedAddress(v_tile);
 
     // o += P V: P (16 rows x 16 tokens) straight from the score registers, V through ldmatrix.trans.
-    const uint32_t pa[4] = {PackPair<T>(s[0][0], s[0][1]), PackPair<T>(s[0][2], s[0][3]),
-                            PackPair<T>(s[1][0], s[1][1]), PackPair<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {PackPair<MmaT>(s[0][0], s[0][1]), PackPair<MmaT>(s[0][2], s[0][3]),
+                            PackPair<MmaT>(s[1][0], s[1][1]), PackPair<MmaT>(s[1][2], s[1][3])};
 #pragma unroll
     for (int np = 0; np < D / 16; ++np) {
       uint32_t b[4];
       LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
-      Mma16816<T>(o[2 * np], pa, b[0], b[1]);
-      Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+      Mma16816<MmaT>(o[2 * np], pa, b[0], b[1]);
+      Mma16816<MmaT>(o[2 * np + 1], pa, b[2], b[3]);
     }
   }
   AllowDependentGrids();
