@@ -102,8 +102,11 @@ struct DecodeShape {
   static constexpr int kQBytes = kDecodeRows * D * 2;
   static constexpr int kChunksPerThread = kDecodeTileTokens * kCachedRowChunks / kDecodeThreads;
   static constexpr int kTokenStep = kDecodeThreads / kCachedRowChunks;  // between a thread's tokens
-  // Q, the stages (K then V each), and for an fp8 cache one 16-bit tile that K, then V, is widened into.
-  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes + (kWiden ? kTileBytes : 0);
+  // An fp8 cache is widened into 16-bit tiles: K's and V's side by side (one barrier a tile), or,
+  // at head_dim 256, where shared memory would then hold one block an SM, one that K, then V, takes.
+  static constexpr int kWidenedTiles = !kWiden ? 0 : D <= 128 ? 2 : 1;
+  // Q, the stages (K then V each), and the widened tiles.
+  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes + size_t(kWidenedTiles) * kTileBytes;
   static constexpr size_t kSharedBytes = kQBytes + kStageBytes;
   static_assert(kChunksPerThread * kDecodeThreads == kDecodeTileTokens * kCachedRowChunks);
   // The merge of the warps' outputs reuses the stages: [warps][16 rows][D] floats.
@@ -237,9 +240,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       CopyAsync16OrZero(v_dst + cached_offset(token), v + (valid ? offset.y : 0), valid);
     }
   };
-  // An fp8 K or V tile, once landed: each thread widens the chunks it copied into the 16-bit tile
+  // An fp8 K or V tile, once landed: each thread widens the chunks it copied into a 16-bit tile
   // (every thread's chunks are in once the caller's barrier has passed; the caller syncs after).
-  auto widen = [&](const uint8_t* cached) {
+  auto widen = [&](const uint8_t* cached, uint8_t* widened) {
 #pragma unroll
     for (int i = 0; i < S::kChunksPerThread; ++i) {
       const int token = first_token + i * S::kTokenStep;
@@ -318,8 +321,14 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     }
     const uint8_t* k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     const uint8_t* v_tile = k_tile + S::kCachedTileBytes;
-    if constexpr (S::kWiden) {
-      widen(k_tile);
+    if constexpr (S::kWidenedTiles == 2) {
+      widen(k_tile, widened);
+      widen(v_tile, widened + S::kTileBytes);
+      __syncthreads();
+      k_tile = widened;
+      v_tile = widened + S::kTileBytes;
+    } else if constexpr (S::kWiden) {
+      widen(k_tile, widened);
       __syncthreads();
       k_tile = widened;
     }
@@ -389,9 +398,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       }
     }
 
-    if constexpr (S::kWiden) {  // V into the widened tile, once every warp is done with K there
+    if constexpr (S::kWidenedTiles == 1) {  // V into the widened tile, once every warp is done with K there
       __syncthreads();
-      widen(v_tile);
+      widen(v_tile, widened);
       __syncthreads();
       v_tile = widened;
     }
