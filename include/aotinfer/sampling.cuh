@@ -461,8 +461,7 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
     if (in_bin <= uint32_t(kCandidates)) {
       GatherCandidates<T, kVec>(row, n, sh, key_of, lo, hi);
       SortCandidates(sh);
-      const uint32_t t = CandidateThreshold(sh, need, wanted + (need == Need::kCount ? above_count : above_mass),
-                                            above_count, above_mass);
+      const uint32_t t = CandidateThreshold(sh, need, target, above_count, above_mass);
       const uint32_t key = t == 0u ? lo : t;
       const double kept = with_mass ? above_mass + CandidateMassFrom(sh, key) : 0.0;
       return Threshold{key, kept};
@@ -660,12 +659,12 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         t = tk.key;
         if (p_active) {
           const Threshold tp = k_then_p
-              ? FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p) * tk.kept_mass, false, tk.key, false)
-              : FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, false);
+              ? FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p) * tk.kept_mass, false, tk.key, true)
+              : FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
           t = max(t, tp.key);
         }
       } else if (p_active) {
-        t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, false).key;
+        t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true).key;
       }
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
         Race<false>(x, count, first, rng, t, best);
