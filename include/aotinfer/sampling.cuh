@@ -70,12 +70,14 @@ struct RowRandom {
   }
 };
 
-// E ~ Exp(1) from 32 random bits: -log(u), u uniform in (0, 1) on a 2^-24 grid. logf, not the fast
-// __logf: the race is decided by the small E (u near 1), where only an accurate log keeps its
-// relative error small.
+// E ~ Exp(1) from 32 random bits: -log(1 - d), d uniform in (0, 1) on a 2^-24 grid. The race is
+// decided by the small E (d near 0), where the hardware's log2 of 1 - d loses its relative
+// accuracy, so d < 1/16 takes the series d + d^2/2 + ... + d^5/5 instead; both keep E within a few
+// 1e-6 of its value, relatively.
 __device__ __forceinline__ float Exponential(uint32_t bits) {
-  const float u = (float(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
-  return -logf(u);
+  const float d = (float(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
+  if (d < 0.0625f) return d * (1.f + d * (0.5f + d * (1.f / 3.f + d * (0.25f + d * 0.2f))));
+  return -0.69314718f * __log2f(1.f - d);
 }
 
 // ---- keys: the bit patterns that order like the values --------------------------------------------
@@ -100,10 +102,12 @@ __device__ __forceinline__ float LogitFromKey(uint32_t key) {
 __device__ __forceinline__ uint32_t MantissaOf(uint32_t key) {
   return (key & 0x7FFFFFu) | ((key & 0x7F800000u) ? 0x800000u : 0u);
 }
-__device__ __forceinline__ double MassOf(unsigned long long mantissa_sum, uint32_t any_key_of_bin) {
+// The sums are kept as two 32-bit halves (12 bits each, so a bin of 2^20 elements cannot overflow).
+__device__ __forceinline__ double MassOf(uint32_t hi_sum, uint32_t lo_sum, uint32_t any_key_of_bin) {
   const int exponent = int((any_key_of_bin >> 23) & 0xFF);
   const int scale = (exponent ? exponent : 1) - 150;  // value = mantissa * 2^scale
-  return double(mantissa_sum) * __longlong_as_double(int64_t(scale + 1023) << 52);
+  const double mantissa_sum = double(hi_sum) * 4096.0 + double(lo_sum);  // exact: < 2^53
+  return mantissa_sum * __longlong_as_double(int64_t(scale + 1023) << 52);
 }
 
 // ---- block-wide reductions ----------------------------------------------------------------------
@@ -118,7 +122,8 @@ __device__ __forceinline__ Best Better(Best a, Best b) {
 
 struct SamplingShared {
   uint32_t count[kSamplingBins];           // histogram: elements per bin ...
-  unsigned long long mass[kSamplingBins];  // ... and their mantissa sums; after the scan:
+  uint32_t mass_hi[kSamplingBins];         // ... and the sums of their mantissas' top and low 12
+  uint32_t mass_lo[kSamplingBins];         // bits (32-bit atomics: 64-bit ones are loops); after the scan:
   uint32_t cum_count[kSamplingBins];       // elements in this bin and above
   double cum_mass[kSamplingBins];          // mass of this bin and above
   uint32_t cand_key[kCandidates];
@@ -254,7 +259,8 @@ __device__ __forceinline__ int LevelShift(int level) { return level == 0 ? 20 : 
 __device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
   for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
     sh.count[b] = 0;
-    sh.mass[b] = 0;
+    sh.mass_hi[b] = 0;
+    sh.mass_lo[b] = 0;
   }
 }
 
@@ -264,7 +270,11 @@ __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint
   if (key >= lo && key <= hi && key != 0u) {
     const int b = int((key >> shift) - (lo >> shift));
     atomicAdd(&sh.count[b], 1u);
-    if (with_mass) atomicAdd(&sh.mass[b], (unsigned long long)MantissaOf(key));
+    if (with_mass) {
+      const uint32_t mantissa = MantissaOf(key);
+      atomicAdd(&sh.mass_hi[b], mantissa >> 12);
+      atomicAdd(&sh.mass_lo[b], mantissa & 0xFFFu);
+    }
   }
 }
 
@@ -281,7 +291,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   for (int j = 0; j < kPer; ++j) {
     const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
     c[j] = b >= 0 ? sh.count[b] : 0u;
-    m[j] = (b >= 0 && with_mass && c[j]) ? MassOf(sh.mass[b], (base + uint32_t(b)) << shift) : 0.0;
+    m[j] = (b >= 0 && with_mass && c[j]) ? MassOf(sh.mass_hi[b], sh.mass_lo[b], (base + uint32_t(b)) << shift) : 0.0;
     count += c[j];
     mass += m[j];
   }
@@ -520,7 +530,7 @@ __device__ __forceinline__ void Race(const float* x, int count, int64_t first, c
   };
   auto race_key = [&](float v, uint32_t bits) {
     const float e = Exponential(bits);
-    return kLogits ? v - logf(e) : v / e;
+    return kLogits ? v - __logf(e) : __fdividef(v, e);
   };
   bool any = false;
   for (int e = 0; e < count; ++e) any |= kept(x[e]);
@@ -646,7 +656,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         const uint32_t key = sh.cand_key[i];
         if (key >= t) {
           const int index = sh.cand_index[i];
-          best = Better(best, Best{__uint_as_float(key) / Exponential(rng.word(index)), index});
+          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
         }
       }
     } else {
