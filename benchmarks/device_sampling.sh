@@ -10,3 +10,8 @@ tail -5 $OUT/build.txt
 cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest $OLDPWD/tests/test_sampling.py -q -x -p no:cacheprovider ${TEST_ARGS} 2>&1 | tee $OUT/pytest.txt | tail -25
 cd $OLDPWD
 if [ -n "$BENCH" ]; then timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_sampling.py $BENCH 2>&1 | tee $OUT/bench.txt; fi
+if [ -n "$SANITIZE" ]; then
+  for tool in memcheck racecheck; do
+    timeout 200 compute-sanitizer --tool $tool python3 benchmarks/sanitize_sampling.py 2>&1 | tail -4 | tee -a $OUT/sanitize.txt
+  done
+fi

@@ -11,11 +11,17 @@
 //      the result does not depend on the order of the atomics);
 //   2. a scan of the bins from the top gives the bin(s) where the threshold lies;
 //   3. a second pass gathers that bin's elements (at most kCandidates) into shared memory, where
-//      they are sorted and t is found exactly, and, in the same pass, runs the sampling race over
-//      the elements above the bin, which the filter keeps whatever t is.
+//      the same histograms over the lower bits find t exactly, and, in the same pass, runs the
+//      sampling race over the elements above the bin, which the filter keeps whatever t is.
 //
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
+//
+// One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
+// (sm90+), a row is split over a thread block cluster of up to 8 blocks: each reads its slice,
+// and the blocks merge histograms, candidates' histograms and the race's winner through
+// distributed shared memory. Integer sums and fixed-order merges keep the result the same for
+// every split.
 //
 // Sampling is an exponential race: token i wins with key p_i / E_i, E_i ~ Exp(1) independent per
 // element, which picks i with probability p_i / sum(p) over the kept set, in one pass, with no
@@ -25,6 +31,7 @@
 // (ties go to the lower index).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -40,6 +47,43 @@ constexpr int kSamplingWarps = kSamplingThreads / 32;
 constexpr int kSamplingBins = 4096;    // 12 bits of the key per histogram level
 constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted in shared memory
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
+constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
+
+// ---- the blocks of a row ----------------------------------------------------------------------------
+
+// The blocks that share a row: the thread block cluster on sm90+ (one block where launched without
+// one), one block below.
+__device__ __forceinline__ int RowParts() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return int(cooperative_groups::this_cluster().num_blocks());
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ int RowPart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return int(cooperative_groups::this_cluster().block_rank());
+#else
+  return 0;
+#endif
+}
+// A barrier over every thread of the row's blocks (their shared memory writes visible to all).
+__device__ __forceinline__ void SyncRow() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __syncthreads();
+#endif
+}
+// `ptr` in the shared memory of block `part` of the row.
+template <typename T>
+__device__ __forceinline__ T* PartShared(T* ptr, int part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(ptr, part);
+#else
+  return ptr;
+#endif
+}
 
 // ---- Philox4x32-10 --------------------------------------------------------------------------------
 
@@ -133,6 +177,9 @@ struct SamplingShared {
   int scratch_i[kSamplingWarps];
   int num_candidates;
   int found;                               // a bin or position found by a block-wide search
+  float part_value;                        // this block's share of a row-wide reduction
+  unsigned long long part_sum;
+  Best part_best;
 };
 
 __device__ __forceinline__ float BlockMax(float v, SamplingShared& sh) {
@@ -178,6 +225,34 @@ __device__ __forceinline__ Best BlockBest(Best b, SamplingShared& sh) {
   return b;
 }
 
+// Row-wide reductions: each block's result, merged in part order (the same for every split).
+__device__ __forceinline__ float RowMax(float v, SamplingShared& sh) {
+  v = BlockMax(v, sh);
+  if (threadIdx.x == 0) sh.part_value = v;
+  SyncRow();
+  for (int r = 0; r < RowParts(); ++r) v = fmaxf(v, *PartShared(&sh.part_value, r));
+  SyncRow();
+  return v;
+}
+__device__ __forceinline__ float RowSum(float v, SamplingShared& sh) {
+  v = BlockSum(v, sh);
+  if (threadIdx.x == 0) sh.part_value = v;
+  SyncRow();
+  v = 0.f;
+  for (int r = 0; r < RowParts(); ++r) v += *PartShared(&sh.part_value, r);
+  SyncRow();
+  return v;
+}
+// The race's winner over the row (valid in every thread).
+__device__ __forceinline__ Best RowBest(Best b, SamplingShared& sh) {
+  b = BlockBest(b, sh);
+  if (threadIdx.x == 0) sh.part_best = b;
+  SyncRow();
+  for (int r = 0; r < RowParts(); ++r) b = Better(b, *PartShared(&sh.part_best, r));
+  SyncRow();
+  return b;
+}
+
 // Exclusive prefix sum of doubles over the block in thread order (a fixed order: deterministic).
 __device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -195,19 +270,6 @@ __device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh
   return warp_base + incl - v;
 }
 
-// The smallest of `value` over the block (INT_MAX where none).
-__device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) sh.scratch_i[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = sh.scratch_i[threadIdx.x % 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  return v;
-}
-
 // ---- reading a row --------------------------------------------------------------------------------
 
 // f(values, count, first_index) for consecutive groups of kVec elements (count < kVec only at the
@@ -215,8 +277,10 @@ __device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
 // 16-byte aligned.
 template <typename T, int kVec, typename F>
 __device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
-  const int64_t groups = n / kVec;
-  int64_t g = threadIdx.x;
+  const int64_t all_groups = n / kVec;
+  const int parts = RowParts(), part = RowPart();  // this block's slice of the row
+  const int64_t groups = all_groups * (part + 1) / parts;
+  int64_t g = all_groups * part / parts + threadIdx.x;
   constexpr int kStep = kSamplingThreads * kSamplingUnroll;
   for (; g + (kSamplingUnroll - 1) * kSamplingThreads < groups; g += kStep) {
     Vec<T, kVec> v[kSamplingUnroll];
@@ -238,8 +302,8 @@ __device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
     for (int e = 0; e < kVec; ++e) x[e] = to_float(v[e]);
     f(x, kVec, g * kVec);
   }
-  const int64_t tail = groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
-  if (kVec > 1 && tail < n) {
+  const int64_t tail = all_groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
+  if (kVec > 1 && part == parts - 1 && tail < n) {
     float x[kVec];
     x[0] = to_float(row[tail]);
     f(x, 1, tail);
@@ -282,7 +346,10 @@ __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint
 // counts and masses from the top bin down. Every thread calls it.
 __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, uint32_t base, int shift, bool with_mass) {
   // Thread t owns bins [bins - 4(t+1), bins - 4t): the top four are thread 0's.
+  // The histograms of every block of the row, summed (integers: any order gives the same).
   constexpr int kPer = kSamplingBins / kSamplingThreads;
+  const int parts = RowParts();
+  SyncRow();
   uint32_t count = 0;
   double mass = 0;
   uint32_t c[kPer];
@@ -290,8 +357,22 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
-    c[j] = b >= 0 ? sh.count[b] : 0u;
-    m[j] = (b >= 0 && with_mass && c[j]) ? MassOf(sh.mass_hi[b], sh.mass_lo[b], (base + uint32_t(b)) << shift) : 0.0;
+    uint32_t bin_count = 0, hi = 0, lo = 0;
+    if (b >= 0) {
+      // Unrolled to the largest split, so that the remote loads are in flight together.
+#pragma unroll
+      for (int r = 0; r < kMaxRowParts; ++r) {
+        if (r < parts) {
+          bin_count += *PartShared(&sh.count[b], r);
+          if (with_mass) {
+            hi += *PartShared(&sh.mass_hi[b], r);
+            lo += *PartShared(&sh.mass_lo[b], r);
+          }
+        }
+      }
+    }
+    c[j] = bin_count;
+    m[j] = (with_mass && bin_count) ? MassOf(hi, lo, (base + uint32_t(b)) << shift) : 0.0;
     count += c[j];
     mass += m[j];
   }
@@ -309,7 +390,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
       sh.cum_mass[b] = running_mass;
     }
   }
-  __syncthreads();
+  SyncRow();  // every block has read the others' histograms before any clears its own
 }
 
 // The highest bin whose cumulative value (this bin and above) reaches `target` with at least one
@@ -327,82 +408,68 @@ __device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need ne
   return b;
 }
 
-// Sorts the gathered candidates by key, largest first, ties by index (a bitonic sort over the next
-// power of two, padded with key 0, which no element has).
-__device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
-  const int n = sh.num_candidates;
-  int size = 1;
-  while (size < n) size <<= 1;
-  for (int i = n + threadIdx.x; i < size; i += kSamplingThreads) {
-    sh.cand_key[i] = 0u;
-    sh.cand_index[i] = INT32_MAX;
-  }
-  __syncthreads();
-  for (int k = 2; k <= size; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < size; i += kSamplingThreads) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const uint32_t ki = sh.cand_key[i], kp = sh.cand_key[partner];
-          const int ii = sh.cand_index[i], ip = sh.cand_index[partner];
-          const bool i_first = ki > kp || (ki == kp && ii < ip);  // i precedes partner in the order
-          if (i_first == ((i & k) != 0)) {
-            sh.cand_key[i] = kp;
-            sh.cand_key[partner] = ki;
-            sh.cand_index[i] = ip;
-            sh.cand_index[partner] = ii;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
-// Over the sorted candidates (after `above_count` elements and `above_mass` of mass that lie above
-// them), the key at which the upper set first reaches `target`; 0 where the candidates do not reach
-// it. Mass is only asked of probabilities, whose keys are their bits.
+// Over the gathered candidates (keys in [lo, hi], after `above_count` elements and `above_mass` of
+// mass that lie above hi), the key at which the upper set first reaches `target`; 0 where the
+// candidates do not reach it. The same radix search as over the row, on shared memory: histograms
+// of the candidates over the bits below each level, so no order of the candidates matters (their
+// order is the atomics', different on every run). Mass is only asked of probabilities.
 __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need need, double target,
-                                                       uint32_t above_count, double above_mass) {
+                                                       uint32_t above_count, double above_mass, uint32_t lo,
+                                                       uint32_t hi) {
   const int n = sh.num_candidates;
-  if (need == Need::kCount) {
-    const double position = target - double(above_count);  // 1-based position of the k-th largest
-    if (position < 1 || position > n) return 0u;
-    return sh.cand_key[int(position) - 1];
-  }
-  // Mass: prefix sums in a fixed order (each thread a contiguous chunk), so the same on every run.
-  const int chunk = (n + kSamplingThreads - 1) / kSamplingThreads;
-  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
-  double local = 0;
-  for (int i = begin; i < end; ++i) local += __uint_as_float(sh.cand_key[i]);
-  double running = above_mass + BlockExclusiveSum(local, sh);
-  int first = INT32_MAX;
-  for (int i = begin; i < end; ++i) {
-    running += __uint_as_float(sh.cand_key[i]);
-    if (running >= target) {
-      first = i;
-      break;
+  const bool with_mass = need == Need::kMass;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = LevelShift(level);
+    const uint32_t base = lo >> shift;
+    const int bins = int((hi >> shift) - base) + 1;
+    ClearBins(sh, bins);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
+    __syncthreads();
+    ScanBinsFromTop(sh, bins, base, shift, with_mass);
+    const double wanted = with_mass ? target - above_mass : target - double(above_count);
+    const int b = CrossingBin(sh, bins, need, wanted);
+    if (b < 0) return 0u;
+    if (b + 1 < bins) {
+      above_count += sh.cum_count[b + 1];
+      above_mass += sh.cum_mass[b + 1];
     }
+    const uint32_t bin_lo = (base + uint32_t(b)) << shift;
+    lo = max(lo, bin_lo);
+    hi = min(hi, bin_lo + ((1u << shift) - 1u));
+    __syncthreads();
   }
-  first = BlockMinInt(first, sh);
-  return first == INT32_MAX ? 0u : sh.cand_key[first];
+  return lo;  // one key
 }
 
-// The mass of the candidates with keys >= t, summed in a fixed order.
-__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t) {
-  const int n = sh.num_candidates;
-  const int chunk = (n + kSamplingThreads - 1) / kSamplingThreads;
-  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
-  double local = 0;
-  for (int i = begin; i < end; ++i) {
-    if (sh.cand_key[i] >= t) local += __uint_as_float(sh.cand_key[i]);
+// The mass of the candidates with keys >= t (probabilities, keys <= hi), exactly: mantissas as
+// fixed point below hi's exponent, summed in 64-bit integers, so in any order.
+__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi) {
+  const int top = int((hi >> 23) & 0xFF);
+  unsigned long long local = 0;
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+    const uint32_t key = sh.cand_key[i];
+    if (key >= t) {
+      const int exponent = max(int((key >> 23) & 0xFF), 1);
+      const int shift = exponent - max(top, 1) + 27;  // the largest mantissa becomes < 2^51
+      local += shift >= 0 ? (unsigned long long)MantissaOf(key) << shift : MantissaOf(key) >> min(-shift, 31);
+    }
   }
-  const double before = BlockExclusiveSum(local, sh);
-  if (threadIdx.x == kSamplingThreads - 1) sh.scratch_d[0] = before + local;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(0xffffffffu, local, o);
+  if (threadIdx.x % 32 == 0) sh.scratch_d[threadIdx.x / 32] = __longlong_as_double((long long)local);
   __syncthreads();
-  const double total = sh.scratch_d[0];
-  __syncthreads();
-  return total;
+  if (threadIdx.x == 0) {
+    unsigned long long block = 0;
+    for (int w = 0; w < kSamplingWarps; ++w) block += (unsigned long long)__double_as_longlong(sh.scratch_d[w]);
+    sh.part_sum = block;
+  }
+  SyncRow();
+  unsigned long long total = 0;
+  for (int r = 0; r < RowParts(); ++r) total += *PartShared(&sh.part_sum, r);
+  SyncRow();
+  const int scale = max(top, 1) - 150 - 27;
+  return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
 }
 
 // Gathers the elements with keys in [lo, hi] into the candidates (in any order: they are sorted).
@@ -461,7 +528,7 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
       above_count += sh.cum_count[b + 1];
       above_mass += sh.cum_mass[b + 1];
     }
-    const uint32_t in_bin = sh.count[b];
+    const uint32_t in_bin = sh.cum_count[b] - (b + 1 < bins ? sh.cum_count[b + 1] : 0u);
     const double bin_mass = sh.cum_mass[b] - (b + 1 < bins ? sh.cum_mass[b + 1] : 0.0);
     const uint32_t bin_lo = (base + uint32_t(b)) << shift;
     lo = max(lo, bin_lo);
@@ -470,10 +537,9 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
     if (shift == 0) return Threshold{lo, above_mass + bin_mass};  // one key: all of it is kept
     if (in_bin <= uint32_t(kCandidates)) {
       GatherCandidates<T, kVec>(row, n, sh, key_of, lo, hi);
-      SortCandidates(sh);
-      const uint32_t t = CandidateThreshold(sh, need, target, above_count, above_mass);
+      const uint32_t t = CandidateThreshold(sh, need, target, above_count, above_mass, lo, hi);
       const uint32_t key = t == 0u ? lo : t;
-      const double kept = with_mass ? above_mass + CandidateMassFrom(sh, key) : 0.0;
+      const double kept = with_mass ? above_mass + CandidateMassFrom(sh, key, hi) : 0.0;
       return Threshold{key, kept};
     }
   }
@@ -553,7 +619,7 @@ template <int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
-  const int64_t out_row = blockIdx.x;
+  const int64_t out_row = blockIdx.x / RowParts();
   WaitForPriorGrids();
   const int64_t dist_row = DistributionRow(p, out_row);
   if (dist_row < 0 || dist_row >= p.num_dist_rows) {  // an index out of range: no distribution to read
@@ -584,7 +650,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
         for (int e = 0; e < count; ++e) m = fmaxf(m, x[e]);
       });
-      t_key = max(1u, ProbKey(p.min_p.at(out_row) * BlockMax(m, sh)));
+      t_key = max(1u, ProbKey(p.min_p.at(out_row) * RowMax(m, sh)));
     }
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
       Race<false>(x, count, first, rng, t_key, best);
@@ -641,16 +707,16 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         Race<false>(x, count, first, rng, range_hi + 1u, best);
       });
       __syncthreads();
-      SortCandidates(sh);
       uint32_t t = 1u;
       uint32_t t_k = 0u;
       if (k_active) {
-        t_k = CandidateThreshold(sh, Need::kCount, double(k), above_count, above_mass);
+        t_k = CandidateThreshold(sh, Need::kCount, double(k), above_count, above_mass, range_lo, range_hi);
         t = max(t, t_k);
       }
       if (p_active) {
-        const double target = k_then_p ? double(top_p) * (above_mass + CandidateMassFrom(sh, t_k)) : p_target;
-        t = max(t, CandidateThreshold(sh, Need::kMass, target, above_count, above_mass));
+        const double target =
+            k_then_p ? double(top_p) * (above_mass + CandidateMassFrom(sh, t_k, range_hi)) : p_target;
+        t = max(t, CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, range_lo, range_hi));
       }
       for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
         const uint32_t key = sh.cand_key[i];
@@ -681,8 +747,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       });
     }
   }
-  best = BlockBest(best, sh);
-  if (threadIdx.x == 0) {
+  best = RowBest(best, sh);
+  if (threadIdx.x == 0 && RowPart() == 0) {
     const int64_t token = best.index == INT32_MAX ? 0 : best.index;  // nothing to sample: token 0
     if (p.out_int64) {
       static_cast<int64_t*>(p.out)[out_row] = token;
@@ -712,7 +778,7 @@ template <int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x / RowParts();
   WaitForPriorGrids();
   const float* row = static_cast<const float*>(p.input) + r * p.in_stride;
   float* out = static_cast<float*>(p.out) + r * p.out_stride;
@@ -750,7 +816,7 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x / RowParts();
   WaitForPriorGrids();
   const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
@@ -796,7 +862,7 @@ __device__ __forceinline__ float2 MergeMaxSum(float2 a, float2 b) {
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams p) {
   __shared__ float2 partial[kSamplingWarps];
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x / RowParts();
   WaitForPriorGrids();
   const T* row = static_cast<const T*>(p.logits) + r * p.in_stride;
   float* out = p.out + r * p.out_stride;
@@ -822,6 +888,12 @@ __global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams 
   for (int o = 16; o > 0; o >>= 1) {
     acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
   }
+  __shared__ float2 part_acc;  // merged over the row's blocks in part order
+  if (threadIdx.x == 0) part_acc = acc;
+  SyncRow();
+  acc = make_float2(-INFINITY, 0.f);
+  for (int part = 0; part < RowParts(); ++part) acc = MergeMaxSum(acc, *PartShared(&part_acc, part));
+  SyncRow();
   const float m = acc.x;
   const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
@@ -843,18 +915,81 @@ __global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams 
 
 // ---- launchers ------------------------------------------------------------------------------------
 
-// Launches kernel<kVec> (16-byte vectors) where every row starts 16-byte aligned, else kernel<1>.
+// The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
+// grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
+template <auto kKernel>
+int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
+  const DeviceFacts& facts = GetDeviceFacts(device);
+  if (facts.major < 9) return 1;
+  static int fits[kMaxDevices][4] = {};  // by log2(parts): 0 not asked, 1 runs, 2 does not
+  int parts = 1;
+  while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
+  for (; parts > 1; parts /= 2) {
+    int& known = fits[device][parts == 2 ? 1 : parts == 4 ? 2 : 3];
+    if (known == 0) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(parts));
+      config.blockDim = dim3(kSamplingThreads);
+      config.dynamicSmemBytes = shared_bytes;
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = unsigned(parts);
+      attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      int clusters = 0;
+      const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
+      cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
+      known = ok ? 1 : 2;
+    }
+    if (known == 1) break;
+  }
+  return parts;
+}
+
+// kernel<<<rows * parts, kSamplingThreads, shared_bytes, stream>>>(p) in clusters of `parts`
+// blocks, with the PDL attribute when `pdl`.
+template <typename Params>
+cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t shared_bytes, cudaStream_t stream,
+                        bool pdl, const Params& p) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(rows * parts));
+  config.blockDim = dim3(kSamplingThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2];
+  int count = 0;
+  if (parts > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = unsigned(parts);
+    attributes[count].val.clusterDim.y = attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (pdl) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+// Launches kernel<kVec> (16-byte vectors) where every row starts 16-byte aligned, else kernel<1>,
+// each row over RowPartsFor blocks.
 template <auto kVectorKernel, auto kScalarKernel, typename Params>
 cudaError_t LaunchRows(const Params& p, int64_t rows, bool aligned, size_t shared_bytes, int device,
-                       cudaStream_t stream, bool pdl) {
+                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts) {
   if (rows == 0) return cudaSuccess;
-  if (rows > 0x7FFFFFFF) return cudaErrorInvalidConfiguration;
+  if (rows > 0x7FFFFFFF / kMaxRowParts) return cudaErrorInvalidConfiguration;
   if (aligned) {
     if (BlocksPerSm<kVectorKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-    return LaunchWithSharedMemory(kVectorKernel, dim3(unsigned(rows)), dim3(kSamplingThreads), shared_bytes, stream, pdl, p);
+    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device), shared_bytes,
+                       stream, pdl, p);
   }
   if (BlocksPerSm<kScalarKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-  return LaunchWithSharedMemory(kScalarKernel, dim3(unsigned(rows)), dim3(kSamplingThreads), shared_bytes, stream, pdl, p);
+  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device), shared_bytes, stream,
+                     pdl, p);
 }
 
 // Whether every row of a tensor of T starting at `base` with `stride` elements between rows starts
@@ -864,21 +999,28 @@ bool RowsAligned(const void* base, int64_t stride) {
   return Aligned16(base) && stride % kVec16<T> == 0;
 }
 
+// Rows searched by histograms merge them across the blocks of a split at every level, which costs
+// more than a split saves beyond this many blocks (benchmarks/NOTES.md); a plain race splits to 8.
+constexpr int kSearchRowParts = 8;
+
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
+  const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   return LaunchRows<SamplingKernel<4>, SamplingKernel<1>>(p, p.batch, RowsAligned<float>(p.probs, p.row_stride),
-                                                          sizeof(SamplingShared), device, stream, pdl);
+                                                          sizeof(SamplingShared), device, stream, pdl,
+                                                          race_only ? kMaxRowParts : kSearchRowParts);
 }
 
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
-  return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl);
+  return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
+                                                      kSearchRowParts);
 }
 
 template <typename T>
 cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
-                                                                             device, stream, pdl);
+                                                                             device, stream, pdl, kSearchRowParts);
 }
 
 template <typename T>
