@@ -18,10 +18,10 @@
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
 // One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
-// (sm90+), a row is split over a thread block cluster of up to 8 blocks: each reads its slice,
-// and the blocks merge histograms, candidates' histograms and the race's winner through
-// distributed shared memory. Integer sums and fixed-order merges keep the result the same for
-// every split.
+// (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
+// and the blocks merge their histograms, their candidates' histograms and the race's winner
+// through distributed shared memory, in integer sums and fixed orders, so the tokens do not depend
+// on the split. The launchers split only the plain races (see kSearchRowParts for why).
 //
 // Sampling is an exponential race: token i wins with key p_i / E_i, E_i ~ Exp(1) independent per
 // element, which picks i with probability p_i / sum(p) over the kept set, in one pass, with no
@@ -48,6 +48,7 @@ constexpr int kSamplingBins = 4096;    // 12 bits of the key per histogram level
 constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted in shared memory
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
 constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
+constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
 
 // ---- the blocks of a row ----------------------------------------------------------------------------
 
@@ -70,7 +71,11 @@ __device__ __forceinline__ int RowPart() {
 // A barrier over every thread of the row's blocks (their shared memory writes visible to all).
 __device__ __forceinline__ void SyncRow() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();
+  if (RowParts() == 1) {
+    __syncthreads();  // cheaper than the cluster barrier of a row that is not split
+  } else {
+    cooperative_groups::this_cluster().sync();
+  }
 #else
   __syncthreads();
 #endif
@@ -408,14 +413,93 @@ __device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need ne
   return b;
 }
 
+// The smallest of `v` over the block.
+__device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) sh.scratch_i[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = sh.scratch_i[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  return v;
+}
+
+// Sorts the gathered candidates by key, largest first, ties by index (a bitonic sort over the next
+// power of two, padded with key 0, which no element has).
+__device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
+  const int n = sh.num_candidates;
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = n + threadIdx.x; i < size; i += kSamplingThreads) {
+    sh.cand_key[i] = 0u;
+    sh.cand_index[i] = INT32_MAX;
+  }
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += kSamplingThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const uint32_t ki = sh.cand_key[i], kp = sh.cand_key[partner];
+          const int ii = sh.cand_index[i], ip = sh.cand_index[partner];
+          const bool i_first = ki > kp || (ki == kp && ii < ip);  // i precedes partner in the order
+          if (i_first == ((i & k) != 0)) {
+            sh.cand_key[i] = kp;
+            sh.cand_key[partner] = ki;
+            sh.cand_index[i] = ip;
+            sh.cand_index[partner] = ii;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// CandidateThreshold (below) over candidates sorted by SortCandidates: the k-th key, or the first
+// whose prefix of mass (in the sorted order: the same on every run) reaches the target.
+__device__ __forceinline__ uint32_t SortedThreshold(SamplingShared& sh, Need need, double target,
+                                                       uint32_t above_count, double above_mass) {
+  const int n = sh.num_candidates;
+  if (need == Need::kCount) {
+    const double position = target - double(above_count);  // 1-based position of the k-th largest
+    if (position < 1 || position > n) return 0u;
+    return sh.cand_key[int(position) - 1];
+  }
+  // Mass: prefix sums in a fixed order (each thread a contiguous chunk), so the same on every run.
+  const int chunk = (n + kSamplingThreads - 1) / kSamplingThreads;
+  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
+  double local = 0;
+  for (int i = begin; i < end; ++i) local += __uint_as_float(sh.cand_key[i]);
+  double running = above_mass + BlockExclusiveSum(local, sh);
+  int first = INT32_MAX;
+  for (int i = begin; i < end; ++i) {
+    running += __uint_as_float(sh.cand_key[i]);
+    if (running >= target) {
+      first = i;
+      break;
+    }
+  }
+  first = BlockMinInt(first, sh);
+  return first == INT32_MAX ? 0u : sh.cand_key[first];
+}
+
 // Over the gathered candidates (keys in [lo, hi], after `above_count` elements and `above_mass` of
 // mass that lie above hi), the key at which the upper set first reaches `target`; 0 where the
 // candidates do not reach it. The same radix search as over the row, on shared memory: histograms
 // of the candidates over the bits below each level, so no order of the candidates matters (their
-// order is the atomics', different on every run). Mass is only asked of probabilities.
+// order is the atomics', different on every run), and the blocks of a split row merge them. Up to
+// kSortedCandidates in an unsplit row are sorted instead (fewer barriers). Mass is only asked of
+// probabilities.
 __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need need, double target,
                                                        uint32_t above_count, double above_mass, uint32_t lo,
                                                        uint32_t hi) {
+  if (RowParts() == 1 && sh.num_candidates <= kSortedCandidates) {  // few, in one block: sorting is quicker
+    SortCandidates(sh);
+    return SortedThreshold(sh, need, target, above_count, above_mass);
+  }
   const int n = sh.num_candidates;
   const bool with_mass = need == Need::kMass;
   for (int level = 0; level < 3; ++level) {
@@ -999,9 +1083,11 @@ bool RowsAligned(const void* base, int64_t stride) {
   return Aligned16(base) && stride % kVec16<T> == 0;
 }
 
-// Rows searched by histograms merge them across the blocks of a split at every level, which costs
-// more than a split saves beyond this many blocks (benchmarks/NOTES.md); a plain race splits to 8.
-constexpr int kSearchRowParts = 8;
+// Rows searched by histograms merge them across the blocks of a split at every level, through
+// distributed shared memory: on the H200 that cost more than the split saved (top-k + top-p at
+// vocab 128256: 53 us unsplit, 186 us over 8 blocks at batch 1; 55 against 79 us over 2 at batch
+// 64), so they are not split; a plain race (no filter, min-p, logits) is (42 -> 16 us at batch 1).
+constexpr int kSearchRowParts = 1;
 
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
