@@ -363,7 +363,11 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   for (int j = 0; j < kPer; ++j) {
     const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
     uint32_t bin_count = 0, hi = 0, lo = 0;
-    if (b >= 0) {
+    if (b >= 0 && parts == 1) {  // plain shared-memory loads
+      bin_count = sh.count[b];
+      hi = with_mass ? sh.mass_hi[b] : 0u;
+      lo = with_mass ? sh.mass_lo[b] : 0u;
+    } else if (b >= 0) {
       // Unrolled to the largest split, so that the remote loads are in flight together.
 #pragma unroll
       for (int r = 0; r < kMaxRowParts; ++r) {
