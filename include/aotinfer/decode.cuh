@@ -13,7 +13,7 @@
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
 // split over several work items (the caller's plan decides) writes one partial output and LSE per
-// item; DecodeMergeKernel combines them. Sinks (per query head, in the logits' natural-log domain)
+// item; MergePartialsKernel (attention.cuh) combines them. Sinks (per query head, in the logits' natural-log domain)
 // add exp(sink) to the denominator only, once, where a request's output is finished.
 #pragma once
 
@@ -26,24 +26,13 @@
 #include <type_traits>
 
 #include "aotinfer/async_copy.cuh"
+#include "aotinfer/attention.cuh"
 #include "aotinfer/launch.cuh"
 #include "aotinfer/mma.cuh"
 #include "aotinfer/reduce.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
-
-// n / d for 0 <= n < 2^31 and a divisor d fixed at launch: a multiply-high, an add and a shift
-// instead of the 20-odd instructions of a division (a token's page, for every chunk copied).
-struct PageDivisor {
-  uint32_t divisor = 1, multiplier = 1, shift = 0;
-  PageDivisor() = default;
-  explicit PageDivisor(uint32_t d) : divisor(d) {
-    while ((1u << shift) < d) ++shift;  // ceil(log2(d))
-    multiplier = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t Divide(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
-};
 
 // One decode step; every pointer is on the same GPU, strides are in elements.
 struct DecodeParams {
@@ -77,8 +66,6 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;                       // query heads a block: the rows of a tile
 constexpr int kDecodeTileTokens = kDecodeWarps * 16;  // 16 tokens a warp
-constexpr int kDecodeMergeThreads = 128;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shapes of one instantiation: T the query's (and output's) type, KV the cache's, D the head dim,
 // kStages tiles in flight (DecodeStages: fewer where a GPU has less shared memory).
@@ -109,26 +96,6 @@ template <typename KV, int D>
 constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 3 : 2;
 template <typename KV, int D>
 constexpr int kDecodeStagesSmall = D <= 64 ? 4 : sizeof(KV) == 1 && D <= 128 ? 3 : D <= 128 ? 2 : 1;
-
-__device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
-__device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
-
-// Eight KV elements (half of a 16-byte fp8 chunk) as eight T, packed in four registers.
-template <typename T, typename KV>
-__device__ __forceinline__ uint4 Widen8(uint2 raw) {
-  const KV* x = reinterpret_cast<const KV*>(&raw);
-  uint4 r;
-  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) w[i] = PackPair<T>(float(x[2 * i]), float(x[2 * i + 1]));
-  return r;
-}
 
 template <typename T, typename KV, int D, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
@@ -403,49 +370,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   }
 }
 
-// Requests split over several items: out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink).
-// A warp a (request, query head), grid (requests, heads / warps a block): its lanes take the
-// partials' LSEs 32 at a time, then sum the partial outputs, D / 32 dims a lane.
-template <typename T, int D>
-__global__ void __launch_bounds__(kDecodeMergeThreads) DecodeMergeKernel(const DecodeParams p) {
-  constexpr int kDims = D / 32;
-  const int request = blockIdx.x, lane = threadIdx.x % 32;
-  const int head = blockIdx.y * (kDecodeMergeThreads / 32) + threadIdx.x / 32;
-  WaitForPriorGrids();
-  if (head >= p.num_qo_heads) return;
-  const int4 info = p.requests[request];
-  const int first = info.z, count = info.w;
-  if (count <= 1) return;  // written by its only item
-  const int64_t heads = p.num_qo_heads;
-  const float* lse = p.partial_lse + int64_t(first) * heads + head;  // partial i at lse[i * heads]
-  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  float m = sink;
-  for (int i = lane; i < count; i += 32) m = fmaxf(m, lse[i * heads]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const float base = SafeBase(m);
-  float total = 0.f;
-  for (int i = lane; i < count; i += 32) total += Exp2(lse[i * heads] - base);
-  total = WarpSum(total) + Exp2(sink - base);
-  const float* x = p.partial_out + (int64_t(first) * heads + head) * D + lane * kDims;
-  float acc[kDims] = {};
-#pragma unroll 4
-  for (int i = 0; i < count; ++i) {
-    const float weight = Exp2(lse[i * heads] - base);
-#pragma unroll
-    for (int d = 0; d < kDims; d += 2) {
-      const float2 y = *reinterpret_cast<const float2*>(x + i * heads * D + d);
-      acc[d] += weight * y.x;
-      acc[d + 1] += weight * y.y;
-    }
-  }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + lane * kDims;
-#pragma unroll
-  for (int d = 0; d < kDims; ++d) out[d] = from_float<T>(acc[d] * inv);
-  if (p.lse != nullptr && lane == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
-}
-
 template <typename T, typename KV, int D, int kStages>
 cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl) {
   const dim3 grid(unsigned(num_items), unsigned(p.num_kv_heads * p.head_blocks));
@@ -468,9 +392,17 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  constexpr int kHeadsPerBlock = kDecodeMergeThreads / 32;
-  const dim3 grid(unsigned(p.batch), unsigned((p.num_qo_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  return Launch(DecodeMergeKernel<T, D>, grid, dim3(kDecodeMergeThreads), stream, pdl, p);
+  PartialMergeParams m{};
+  m.out = p.out;
+  m.out_stride_n = p.out_stride_n;
+  m.out_stride_h = p.out_stride_h;
+  m.lse = p.lse;
+  m.partial_out = p.partial_out;
+  m.partial_lse = p.partial_lse;
+  m.sinks = p.sinks;
+  m.num_rows = p.batch;
+  m.num_qo_heads = p.num_qo_heads;
+  return MergePartials<T, D>(m, RowTablePartials{p.requests}, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -12,6 +12,11 @@ from ._version import __version__
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .scale import scale
 from .utils import BackendSupportedError
@@ -19,6 +24,8 @@ from .utils import BackendSupportedError
 __all__ = [
     "BackendSupportedError",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
     "NoCompatibleBuild",
     "__version__",
     "fused_add_rmsnorm",
@@ -34,6 +41,7 @@ __all__ = [
     "scale",
     "silu_and_mul",
     "single_decode_with_kv_cache",
+    "single_prefill_with_kv_cache",
 ]
 
 _kernels.on_aotinfer_imported()
