@@ -190,7 +190,8 @@ def test_long_keys_split_and_merge(kind, heads, mode):
     # Few query tiles and long keys: the plan splits the keys (unless told not to) and merges.
     pairs = [(40, 9000), (1, 3000), (130, 5000), (0, 700)]
     case = Case(pairs, heads, torch.bfloat16, kind)
-    options = {"auto": {}, "fixed_split_size": dict(fixed_split_size=64), "disable_split_kv": dict(disable_split_kv=True)}[mode]
+    split = dict(fixed_split_size=1024 // case.page_size if kind == "paged" else 1024)  # pages, or tokens for ragged KV
+    options = {"auto": {}, "fixed_split_size": split, "disable_split_kv": dict(disable_split_kv=True)}[mode]
     wrapper = case.wrapper()
     case.plan(wrapper, causal=True, **options)
     assert (wrapper._plan.partition.num_slots > 0) == (mode != "disable_split_kv")

@@ -111,10 +111,11 @@ struct PrefillPartials {
   }
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kPaged>
 __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, int chunk, uint8_t* shared) {
   using S = PrefillShape<T, D>;
   constexpr int kMmaQ = S::kMmaQ, kTileKV = S::kTileKV, kNT = kTileKV / 8;
+  constexpr uint32_t kRowBytes = S::kRowChunks * 16;
   uint8_t* const q_tile = shared;
   uint8_t* const k_stages = shared + S::kQBytes;          // [2][kTileKV][D]
   uint8_t* const v_stages = k_stages + 2 * S::kKVBytes;   // [2][kTileKV][D]
@@ -173,29 +174,39 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
                         q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
     }
 
-    // Each thread copies chunk column `column` of tokens first_row + i * kTokenStep of every tile.
+    // Each thread copies chunk column `column` of tokens first_row + i * kTokenStep of every
+    // tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart; paged: each token's page
+    // looked up (from L1 after its first tile: a request's page ids are few and adjacent).
     const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks;
+    const uint32_t dst_first = SwizzledOffset<S::kRowChunks>(first_row, column);
     const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + column * 8;
     const T* v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + column * 8;
+    if constexpr (!kPaged) {
+      k += int64_t(kv_offset + begin + first_row) * p.k_stride_page;
+      v += int64_t(kv_offset + begin + first_row) * p.v_stride_page;
+    }
     const int32_t* pages = p.indices + kv_offset;
     auto copy = [&](const T* base, int64_t stride_page, int64_t stride_slot, uint8_t* stages, int tile) {
       uint8_t* dst = stages + (tile % 2) * S::kKVBytes;
+      const int left = end - begin - tile * kTileKV - first_row;  // token i of this thread is valid when i * step < left
+      const T* row0 = base + (kPaged ? 0 : int64_t(tile) * kTileKV * stride_page);
 #pragma unroll
       for (int i = 0; i < S::kChunksPerThread; ++i) {
         const int token = first_row + i * S::kTokenStep;
-        const int pos = begin + tile * kTileKV + token;
-        const bool valid = pos < end;
-        int64_t offset = 0;
-        if (valid) {
-          if (p.indices != nullptr) {
-            const int index = int(p.page_size.Divide(uint32_t(pos)));
-            const int slot = pos - index * int(p.page_size.divisor);
-            offset = int64_t(__ldg(pages + index)) * stride_page + int64_t(slot) * stride_slot;
-          } else {
-            offset = int64_t(kv_offset + pos) * stride_page;
-          }
+        const bool valid = i * S::kTokenStep < left;
+        const T* src = base;
+        if constexpr (kPaged) {
+          const int pos = begin + tile * kTileKV + token;
+          const int index = int(p.page_size.Divide(uint32_t(pos)));
+          const int slot = pos - index * int(p.page_size.divisor);
+          const int page = valid ? __ldg(pages + index) : 0;
+          src = base + int64_t(page) * stride_page + int64_t(slot) * stride_slot;
+        } else {
+          src = row0 + int64_t(i * S::kTokenStep) * stride_page;
         }
-        CopyAsync16OrZero(dst + SwizzledOffset<S::kRowChunks>(token, column), base + offset, valid);
+        const uint32_t at = S::kTokenStep % 8 == 0 ? dst_first + uint32_t(i * S::kTokenStep) * kRowBytes
+                                                   : SwizzledOffset<S::kRowChunks>(token, column);
+        CopyAsync16OrZero(dst + at, valid ? src : base, valid);
       }
     };
     copy(k, p.k_stride_page, p.k_stride_slot, k_stages, 0);
@@ -207,7 +218,15 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     const float cap_scale = capped ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
     const float cap_log2 = p.soft_cap * kLog2e;
     const float scale = capped ? 1.f : p.scale_log2;  // logits (base 2) = scale * what S holds
-    const uint32_t q_base = SharedAddress(q_tile);
+
+    // ldmatrix addresses: every fragment row a lane gives is = lane (mod 8), so its chunk c sits
+    // at c ^ (lane % 8); tiles further down add whole rows.
+    const int l7 = lane % 8;
+    const uint32_t q_lane = SharedAddress(q_tile) + uint32_t(warp_row0 + (lane / 8) % 2 * 8 + l7) * kRowBytes;
+    const uint32_t k_lane = SharedAddress(k_stages) + uint32_t(lane / 16 * 8 + l7) * kRowBytes;
+    const uint32_t v_lane = SharedAddress(v_stages) + uint32_t((lane / 8) % 2 * 8 + l7) * kRowBytes;
+    const int q_half = lane / 16, k_half = (lane / 8) % 2;
+    auto chunk_at = [&](int c) { return uint32_t(c ^ l7) * 16u; };
 
     for (int tile = 0; tile < num_tiles; ++tile) {
       WaitAsyncGroups<1>();  // K of this tile (and Q) is in; its V may still be on the way
@@ -222,19 +241,16 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) s[mq][nt][0] = s[mq][nt][1] = s[mq][nt][2] = s[mq][nt][3] = 0.f;
       }
-      const uint32_t k_base = SharedAddress(k_stages + (tile % 2) * S::kKVBytes);
-#pragma unroll 2
+      const uint32_t k_base = k_lane + (tile % 2) * S::kKVBytes;
+#pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[kMmaQ][4];
 #pragma unroll
-        for (int mq = 0; mq < kMmaQ; ++mq) {
-          LoadMatrixX4(a[mq], q_base + SwizzledOffset<S::kRowChunks>(warp_row0 + mq * 16 + (lane / 8) % 2 * 8 + lane % 8,
-                                                                     2 * kk + lane / 16));
-        }
+        for (int mq = 0; mq < kMmaQ; ++mq) LoadMatrixX4(a[mq], q_lane + mq * 16 * kRowBytes + chunk_at(2 * kk + q_half));
 #pragma unroll
         for (int nj = 0; nj < kTileKV / 16; ++nj) {
           uint32_t b[4];
-          LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(nj * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+          LoadMatrixX4(b, k_base + nj * 16 * kRowBytes + chunk_at(2 * kk + k_half));
 #pragma unroll
           for (int mq = 0; mq < kMmaQ; ++mq) {
             Mma16816<T>(s[mq][2 * nj], a[mq], b[0], b[1]);
@@ -246,9 +262,17 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       // Cap, mask where a mask cuts this tile, and fold into each row's running softmax.
       const int tile_pos = begin + tile * kTileKV;
       const bool masked = tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
+      const int col0 = tile_pos + (lane % 4) * 2;  // this thread's first key of the tile
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq) {
         float tile_max[2] = {-INFINITY, -INFINITY};
+        // A row sees keys col0 + c for lo <= c <= hi (c: the column offset from col0).
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          hi[r] = min(end - 1, p.causal ? diagonal[mq][r] : INT_MAX) - col0;
+          lo[r] = p.window_left >= 0 ? diagonal[mq][r] - p.window_left - col0 : INT_MIN;
+        }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -256,11 +280,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
             float x = s[mq][nt][e];
             if (capped) x = cap_log2 * TanhApprox(x * cap_scale);
             if (masked) {
-              const int pos = tile_pos + nt * 8 + (lane % 4) * 2 + (e & 1);
-              const int diag = diagonal[mq][e / 2];
-              const bool seen = pos < end && (!p.causal || pos <= diag) &&
-                                (p.window_left < 0 || pos >= diag - p.window_left);
-              x = seen ? x : -INFINITY;
+              const int c = nt * 8 + (e & 1);
+              x = c <= hi[e / 2] && c >= lo[e / 2] ? x : -INFINITY;
             }
             s[mq][nt][e] = x;
             tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
@@ -300,7 +321,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       CommitAsyncGroup();
 
       // O += P V: P straight from the score registers, V through ldmatrix.trans.
-      const uint32_t v_base = SharedAddress(v_stages + (tile % 2) * S::kKVBytes);
+      const uint32_t v_base = v_lane + (tile % 2) * S::kKVBytes;
 #pragma unroll
       for (int j = 0; j < kTileKV / 16; ++j) {
         uint32_t pa[kMmaQ][4];
@@ -314,7 +335,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
           uint32_t b[4];
-          LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(j * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
+          LoadMatrixX4Trans(b, v_base + j * 16 * kRowBytes + chunk_at(2 * np + q_half));
 #pragma unroll
           for (int mq = 0; mq < kMmaQ; ++mq) {
             Mma16816<T>(o[mq][2 * np], pa[mq], b[0], b[1]);
@@ -384,7 +405,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 
 // Blocks stride over the work items (one each, unless a CUDA graph's fixed grid is smaller than
 // the plan's items); grid.y: the KV heads.
-template <typename T, int D>
+template <typename T, int D, bool kPaged>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
@@ -392,25 +413,31 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
-    PrefillItem<T, D>(p, item, p.work[3 + 2 * i].x, shared);
+    PrefillItem<T, D, kPaged>(p, item, p.work[3 + 2 * i].x, shared);
   }
   AllowDependentGrids();
 }
 
-// The prefill kernel on a grid of `ctas` x num_kv_heads blocks, then, if `merge`, the merge of
-// split requests' partials over the first `merge_rows` query tokens.
-template <typename T, int D>
-cudaError_t BatchPrefill(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
-                         int device) {
-  using S = PrefillShape<T, D>;
-  if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
+template <typename T, int D, bool kPaged>
+cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
+  constexpr size_t kSharedBytes = PrefillShape<T, D>::kSharedBytes;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
-  if (BlocksPerSm<PrefillKernel<T, D>>(kPrefillThreads, S::kSharedBytes, device) == 0) {
+  if (BlocksPerSm<PrefillKernel<T, D, kPaged>>(kPrefillThreads, kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(ctas), unsigned(p.num_kv_heads));
-  cudaError_t status =
-      LaunchWithSharedMemory(PrefillKernel<T, D>, grid, dim3(kPrefillThreads), S::kSharedBytes, stream, pdl, p);
+  return LaunchWithSharedMemory(PrefillKernel<T, D, kPaged>, grid, dim3(kPrefillThreads), kSharedBytes, stream, pdl, p);
+}
+
+// The prefill kernel (paged where p.indices is set, else ragged) on a grid of `ctas` x
+// num_kv_heads blocks, then, if `merge`, the merge of split requests' partials over the first
+// `merge_rows` query tokens.
+template <typename T, int D>
+cudaError_t BatchPrefill(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
+                         int device) {
+  if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
+  const cudaError_t status = p.indices != nullptr ? LaunchPrefill<T, D, true>(p, ctas, stream, pdl, device)
+                                                  : LaunchPrefill<T, D, false>(p, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
   PartialMergeParams m{};
   m.out = p.out;
