@@ -78,7 +78,8 @@ struct PrefillShape {
   static constexpr int kRowChunks = D / 8;                    // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;            // one K or V tile
-  static constexpr size_t kSharedBytes = size_t(kQBytes) + 4 * kKVBytes;  // Q, K x2, V x2
+  static constexpr int kPageIdBytes = 2 * kTileKV * 4;       // paged: the page ids of two tiles
+  static constexpr size_t kSharedBytes = size_t(kQBytes) + 4 * kKVBytes + kPageIdBytes;  // Q, K x2, V x2, ids
   static constexpr int kChunksPerThread = kTileKV * kRowChunks / kPrefillThreads;  // of K (or V) a tile
   static constexpr int kTokenStep = kPrefillThreads / kRowChunks;
   static_assert(kChunksPerThread * kPrefillThreads == kTileKV * kRowChunks);
@@ -119,6 +120,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   uint8_t* const q_tile = shared;
   uint8_t* const k_stages = shared + S::kQBytes;          // [2][kTileKV][D]
   uint8_t* const v_stages = k_stages + 2 * S::kKVBytes;   // [2][kTileKV][D]
+  int32_t* const tile_pages = reinterpret_cast<int32_t*>(v_stages + 2 * S::kKVBytes);  // [2][kTileKV]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y;
@@ -139,17 +141,12 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   const int all_see_up_to = p.causal ? first_token + delta : INT_MAX;
   const int all_see_from = p.window_left >= 0 ? last_token + delta - p.window_left : INT_MIN;
 
-  // This thread's rows: g and g + 8 of each of its warp's tiles; their diagonals.
+  // This thread's rows: g and g + 8 of each of its warp's tiles; a row's query token and the
+  // key on its diagonal.
   const int warp_row0 = warp * 16 * kMmaQ;
-  int diagonal[kMmaQ][2];
-#pragma unroll
-  for (int mq = 0; mq < kMmaQ; ++mq) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row_begin + warp_row0 + mq * 16 + lane / 4 + r * 8;
-      diagonal[mq][r] = int(p.group_divisor.Divide(uint32_t(row))) + delta;
-    }
-  }
+  auto token_of = [&](int mq, int r) {
+    return int(p.group_divisor.Divide(uint32_t(row_begin + warp_row0 + mq * 16 + lane / 4 + r * 8)));
+  };
 
   float o[kMmaQ][D / 8][4];
   float row_max[kMmaQ][2], row_sum[kMmaQ][2];
@@ -185,7 +182,18 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       k += int64_t(kv_offset + begin + first_row) * p.k_stride_page;
       v += int64_t(kv_offset + begin + first_row) * p.v_stride_page;
     }
+    // Paged: the page ids of a tile's tokens land in shared memory (cp.async, in the commit group of
+    // the K tile before), so a copy never waits on a global load; tile 0's are read directly.
     const int32_t* pages = p.indices + kv_offset;
+    auto fetch_page_ids = [&](int tile) {  // for tile `tile`, into tile_pages[tile % 2]
+      if constexpr (kPaged) {
+        if (tid < kTileKV) {
+          const int pos = begin + tile * kTileKV + tid;
+          const bool valid = pos < end;
+          CopyAsync4OrZero(tile_pages + (tile % 2) * kTileKV + tid, pages + (valid ? p.page_size.Divide(uint32_t(pos)) : 0), valid);
+        }
+      }
+    };
     auto copy = [&](const T* base, int64_t stride_page, int64_t stride_slot, uint8_t* stages, int tile) {
       uint8_t* dst = stages + (tile % 2) * S::kKVBytes;
       const int left = end - begin - tile * kTileKV - first_row;  // token i of this thread is valid when i * step < left
@@ -199,7 +207,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
           const int pos = begin + tile * kTileKV + token;
           const int index = int(p.page_size.Divide(uint32_t(pos)));
           const int slot = pos - index * int(p.page_size.divisor);
-          const int page = valid ? __ldg(pages + index) : 0;
+          const int page = tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token];
           src = base + int64_t(page) * stride_page + int64_t(slot) * stride_slot;
         } else {
           src = row0 + int64_t(i * S::kTokenStep) * stride_page;
@@ -210,6 +218,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       }
     };
     copy(k, p.k_stride_page, p.k_stride_slot, k_stages, 0);
+    fetch_page_ids(1);
     CommitAsyncGroup();
     copy(v, p.v_stride_page, p.v_stride_slot, v_stages, 0);
     CommitAsyncGroup();
@@ -231,7 +240,11 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     for (int tile = 0; tile < num_tiles; ++tile) {
       WaitAsyncGroups<1>();  // K of this tile (and Q) is in; its V may still be on the way
       __syncthreads();       // ... for every thread; every warp is done with the K stage refilled next
-      if (tile + 1 < num_tiles) copy(k, p.k_stride_page, p.k_stride_slot, k_stages, tile + 1);
+      if (tile + 1 < num_tiles) {
+        copy(k, p.k_stride_page, p.k_stride_slot, k_stages, tile + 1);
+        // Tile tile + 2's page ids go where tile tile's were: its V copy was issued last tile.
+        if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
+      }
       CommitAsyncGroup();
 
       // S = Q K^T: kMmaQ x kNT 16x8 tiles a warp, over D / 16 steps.
@@ -270,8 +283,9 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         int lo[2], hi[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          hi[r] = min(end - 1, p.causal ? diagonal[mq][r] : INT_MAX) - col0;
-          lo[r] = p.window_left >= 0 ? diagonal[mq][r] - p.window_left - col0 : INT_MIN;
+          const int diagonal = token_of(mq, r) + delta;
+          hi[r] = min(end - 1, p.causal ? diagonal : INT_MAX) - col0;
+          lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
@@ -361,7 +375,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int local = warp_row0 + mq * 16 + g + r * 8;
       const int packed = row_begin + local;
-      const int token = diagonal[mq][r] - delta;
+      const int token = token_of(mq, r);
       const int head = kv_head * p.group + (packed - token * p.group);
       float m = row_max[mq][r];
       const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
