@@ -1087,11 +1087,13 @@ def single_prefill_with_kv_cache(
     tiles = (qo_len * group + rows - 1) // rows
     # The tables on the device, by tensor ops (no copy from the host: tracers and CUDA graph
     # capture take them); tiles last to first, the most keys first under causal.
-    work = torch.zeros((tiles + 1, 8), dtype=torch.int32, device=device)
-    work.narrow(0, 0, 1).narrow(1, 0, 1).fill_(tiles)
-    items = work.narrow(0, 1, tiles)
-    items.narrow(1, 1, 1).copy_((torch.arange(tiles - 1, -1, -1, dtype=torch.int32, device=device) * rows).unsqueeze(1))
-    items.narrow(1, 3, 1).fill_(kv_len)
+    zeros = torch.zeros(tiles, dtype=torch.int32, device=device)
+    row_begin = (tiles - 1) * rows - torch.arange(0, tiles * rows, rows, dtype=torch.int32, device=device)
+    kv_end = torch.full_like(zeros, kv_len)
+    items = torch.stack((zeros, row_begin, zeros, kv_end, zeros, zeros, zeros, zeros), dim=1)
+    header = torch.zeros((1, 8), dtype=torch.int32, device=device)
+    header.narrow(1, 0, 1).fill_(tiles)
+    work = torch.cat((header, items))
     requests = torch.zeros((1, 8), dtype=torch.int32, device=device)
     requests.narrow(1, 1, 1).fill_(qo_len)
     requests.narrow(1, 3, 1).fill_(kv_len)
