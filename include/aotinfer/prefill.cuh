@@ -6,10 +6,10 @@
 // token r / group of query head kv_head * group + r % group, so the query heads that share a KV
 // head share every K and V byte read (group 1: plain query tiles). Each warp owns kMmaQ 16-row
 // tiles of the block's rows. Q lands in shared memory once; K and V tiles of kTileKV tokens stream
-// through a cp.async double buffer, K and V in separate commit groups so that the next K lands
-// while this tile's P V runs and the next V while the next scores run. Scores S = Q K^T and O += P
-// V run on mma.sync m16n8k16 with fp32 accumulators, fragments through ldmatrix (.trans for V);
-// the softmax is online, in base 2, the scale folded into one FMA before exp2.
+// through a cp.async double buffer: the next tile's K and V are copied while this one is computed,
+// one barrier a tile. Scores S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
+// accumulators, fragments through ldmatrix (.trans for V); the softmax is online, in base 2, the
+// scale folded into one FMA before exp2.
 //
 // Masks (causal aligned to the end: query i of q_len sees key j <= i + kv_len - q_len; window_left;
 // the end of the keys) are applied only on tiles that a mask cuts; tiles that every row masks are
@@ -218,9 +218,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       }
     };
     copy(k, p.k_stride_page, p.k_stride_slot, k_stages, 0);
-    fetch_page_ids(1);
-    CommitAsyncGroup();
     copy(v, p.v_stride_page, p.v_stride_slot, v_stages, 0);
+    fetch_page_ids(1);
     CommitAsyncGroup();
 
     const bool capped = p.soft_cap > 0.f;
@@ -238,11 +237,12 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     auto chunk_at = [&](int c) { return uint32_t(c ^ l7) * 16u; };
 
     for (int tile = 0; tile < num_tiles; ++tile) {
-      WaitAsyncGroups<1>();  // K of this tile (and Q) is in; its V may still be on the way
-      __syncthreads();       // ... for every thread; every warp is done with the K stage refilled next
+      WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
+      __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
       if (tile + 1 < num_tiles) {
         copy(k, p.k_stride_page, p.k_stride_slot, k_stages, tile + 1);
-        // Tile tile + 2's page ids go where tile tile's were: its V copy was issued last tile.
+        copy(v, p.v_stride_page, p.v_stride_slot, v_stages, tile + 1);
+        // Tile tile + 2's page ids go where tile tile's were, read when its copies were issued.
         if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
       }
       CommitAsyncGroup();
@@ -278,7 +278,6 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       const int col0 = tile_pos + (lane % 4) * 2;  // this thread's first key of the tile
 #pragma unroll
       for (int mq = 0; mq < kMmaQ; ++mq) {
-        float tile_max[2] = {-INFINITY, -INFINITY};
         // A row sees keys col0 + c for lo <= c <= hi (c: the column offset from col0).
         int lo[2], hi[2];
 #pragma unroll
@@ -298,28 +297,51 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
               x = c <= hi[e / 2] && c >= lo[e / 2] ? x : -INFINITY;
             }
             s[mq][nt][e] = x;
-            tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+          }
+        }
+        // Row maxima and sums as trees (chains of dependent adds would leave the warp waiting).
+        float partial[2][kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          partial[0][nt] = fmaxf(s[mq][nt][0], s[mq][nt][1]);
+          partial[1][nt] = fmaxf(s[mq][nt][2], s[mq][nt][3]);
+        }
+#pragma unroll
+        for (int width = kNT / 2; width >= 1; width /= 2) {
+#pragma unroll
+          for (int i = 0; i < width; ++i) {
+            partial[0][i] = fmaxf(partial[0][i], partial[0][i + width]);
+            partial[1][i] = fmaxf(partial[1][i], partial[1][i + width]);
           }
         }
         float alpha[2], base[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-          const float new_max = fmaxf(row_max[mq][r], tile_max[r] * scale);
+          float tile_max = partial[r][0];
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float new_max = fmaxf(row_max[mq][r], tile_max * scale);
           base[r] = SafeBase(new_max);
           alpha[r] = Exp2(row_max[mq][r] - base[r]);
           row_max[mq][r] = new_max;
-          row_sum[mq][r] *= alpha[r];
         }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mq][nt][e] = Exp2(fmaf(s[mq][nt][e], scale, -base[e / 2]));
-            row_sum[mq][e / 2] += s[mq][nt][e];
+          for (int e = 0; e < 4; ++e) s[mq][nt][e] = Exp2(fmaf(s[mq][nt][e], scale, -base[e / 2]));
+          partial[0][nt] = s[mq][nt][0] + s[mq][nt][1];
+          partial[1][nt] = s[mq][nt][2] + s[mq][nt][3];
+        }
+#pragma unroll
+        for (int width = kNT / 2; width >= 1; width /= 2) {
+#pragma unroll
+          for (int i = 0; i < width; ++i) {
+            partial[0][i] += partial[0][i + width];
+            partial[1][i] += partial[1][i + width];
           }
         }
+        row_sum[mq][0] = fmaf(row_sum[mq][0], alpha[0], partial[0][0]);
+        row_sum[mq][1] = fmaf(row_sum[mq][1], alpha[1], partial[1][0]);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           o[mq][n][0] *= alpha[0];
@@ -328,11 +350,6 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
           o[mq][n][3] *= alpha[1];
         }
       }
-
-      WaitAsyncGroups<1>();  // V of this tile is in; the next K may still be on the way
-      __syncthreads();       // ... for every thread; every warp is done with the V stage refilled next
-      if (tile + 1 < num_tiles) copy(v, p.v_stride_page, p.v_stride_slot, v_stages, tile + 1);
-      CommitAsyncGroup();
 
       // O += P V: P straight from the score registers, V through ldmatrix.trans.
       const uint32_t v_base = v_lane + (tile % 2) * S::kKVBytes;
@@ -358,7 +375,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         }
       }
     }
-    WaitAsyncGroups<0>();  // the (empty) groups past the last tile
+    WaitAsyncGroups<0>();  // the (empty) group past the last tile
   }
 
   // Finish each row: its sum over the quad, the sink (once, where the request is not split), the
