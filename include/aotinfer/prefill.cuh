@@ -64,6 +64,7 @@ struct PrefillParams {
 };
 
 constexpr int kPrefillWarps = 4;
+constexpr float kRescaleSlack = 8.f;  // log2 units: exp2 of a logit stays below 256 between rescales
 constexpr int kPrefillThreads = kPrefillWarps * 32;
 
 // Tiles of one head_dim: kMmaQ 16-row tiles a warp (two where registers allow: each K and V
@@ -314,17 +315,37 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
             partial[1][i] = fmaxf(partial[1][i], partial[1][i + width]);
           }
         }
-        float alpha[2], base[2];
+        // The running max moves only when a row's grows past it by kRescaleSlack (lazily: until
+        // then exp2 stays below 2^kRescaleSlack and the output, sum and LSE keep one base), and
+        // then for the whole warp: most tiles skip rescaling the output.
+        float tile_max[2];
+        bool grows = false;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float tile_max = partial[r][0];
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float new_max = fmaxf(row_max[mq][r], tile_max * scale);
-          base[r] = SafeBase(new_max);
-          alpha[r] = Exp2(row_max[mq][r] - base[r]);
-          row_max[mq][r] = new_max;
+          tile_max[r] = partial[r][0];
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          tile_max[r] *= scale;
+          grows |= tile_max[r] > row_max[mq][r] + kRescaleSlack;
         }
+        if (__any_sync(0xffffffffu, grows)) {
+          float alpha[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float new_max = fmaxf(row_max[mq][r], tile_max[r]);
+            alpha[r] = Exp2(row_max[mq][r] - SafeBase(new_max));
+            row_max[mq][r] = new_max;
+            row_sum[mq][r] *= alpha[r];
+          }
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            o[mq][n][0] *= alpha[0];
+            o[mq][n][1] *= alpha[0];
+            o[mq][n][2] *= alpha[1];
+            o[mq][n][3] *= alpha[1];
+          }
+        }
+        const float base[2] = {SafeBase(row_max[mq][0]), SafeBase(row_max[mq][1])};
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -340,15 +361,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
             partial[1][i] += partial[1][i + width];
           }
         }
-        row_sum[mq][0] = fmaf(row_sum[mq][0], alpha[0], partial[0][0]);
-        row_sum[mq][1] = fmaf(row_sum[mq][1], alpha[1], partial[1][0]);
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[mq][n][0] *= alpha[0];
-          o[mq][n][1] *= alpha[0];
-          o[mq][n][2] *= alpha[1];
-          o[mq][n][3] *= alpha[1];
-        }
+        row_sum[mq][0] += partial[0][0];
+        row_sum[mq][1] += partial[1][0];
       }
 
       // O += P V: P straight from the score registers, V through ldmatrix.trans.
