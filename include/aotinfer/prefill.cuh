@@ -174,7 +174,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 
     // Each thread copies chunk column `column` of tokens first_row + i * kTokenStep of every
     // tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart; paged: each token's page
-    // id from shared memory (tile 0's from global memory).
+    // looked up (from L1 after its first tile: a request's page ids are few and adjacent).
     const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks;
     const uint32_t dst_first = SwizzledOffset<S::kRowChunks>(first_row, column);
     const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + column * 8;
@@ -184,7 +184,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       v += int64_t(kv_offset + begin + first_row) * p.v_stride_page;
     }
     // Paged: the page ids of a tile's tokens land in shared memory (cp.async, in the commit group of
-    // the tile two before), so a copy never waits on a global load; tile 0's are read directly.
+    // the K tile before), so a copy never waits on a global load; tile 0's are read directly.
     const int32_t* pages = p.indices + kv_offset;
     auto fetch_page_ids = [&](int tile) {  // for tile `tile`, into tile_pages[tile % 2]
       if constexpr (kPaged) {
@@ -195,37 +195,31 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         }
       }
     };
-    // K and V of one tile: a token's place (its page and slot) found once for both.
-    auto copy = [&](int tile) {
-      const uint32_t stage = (tile % 2) * S::kKVBytes;
+    auto copy = [&](const T* base, int64_t stride_page, int64_t stride_slot, uint8_t* stages, int tile) {
+      uint8_t* dst = stages + (tile % 2) * S::kKVBytes;
       const int left = end - begin - tile * kTileKV - first_row;  // token i of this thread is valid when i * step < left
+      const T* row0 = base + (kPaged ? 0 : int64_t(tile) * kTileKV * stride_page);
 #pragma unroll
       for (int i = 0; i < S::kChunksPerThread; ++i) {
         const int token = first_row + i * S::kTokenStep;
         const bool valid = i * S::kTokenStep < left;
-        const T* k_src = k;
-        const T* v_src = v;
-        if (valid) {
-          if constexpr (kPaged) {
-            const int pos = begin + tile * kTileKV + token;
-            const int index = int(p.page_size.Divide(uint32_t(pos)));
-            const int64_t page = tile == 0 ? __ldg(pages + index) : tile_pages[(tile % 2) * kTileKV + token];
-            const int64_t slot = pos - index * int(p.page_size.divisor);
-            k_src += page * p.k_stride_page + slot * p.k_stride_slot;
-            v_src += page * p.v_stride_page + slot * p.v_stride_slot;
-          } else {
-            const int64_t row = tile * kTileKV + i * S::kTokenStep;
-            k_src += row * p.k_stride_page;
-            v_src += row * p.v_stride_page;
-          }
+        const T* src = base;
+        if constexpr (kPaged) {
+          const int pos = begin + tile * kTileKV + token;
+          const int index = int(p.page_size.Divide(uint32_t(pos)));
+          const int slot = pos - index * int(p.page_size.divisor);
+          const int page = tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token];
+          src = base + int64_t(page) * stride_page + int64_t(slot) * stride_slot;
+        } else {
+          src = row0 + int64_t(i * S::kTokenStep) * stride_page;
         }
-        const uint32_t at = stage + (S::kTokenStep % 8 == 0 ? dst_first + uint32_t(i * S::kTokenStep) * kRowBytes
-                                                            : SwizzledOffset<S::kRowChunks>(token, column));
-        CopyAsync16OrZero(k_stages + at, k_src, valid);
-        CopyAsync16OrZero(v_stages + at, v_src, valid);
+        const uint32_t at = S::kTokenStep % 8 == 0 ? dst_first + uint32_t(i * S::kTokenStep) * kRowBytes
+                                                   : SwizzledOffset<S::kRowChunks>(token, column);
+        CopyAsync16OrZero(dst + at, valid ? src : base, valid);
       }
     };
-    copy(0);
+    copy(k, p.k_stride_page, p.k_stride_slot, k_stages, 0);
+    copy(v, p.v_stride_page, p.v_stride_slot, v_stages, 0);
     fetch_page_ids(1);
     CommitAsyncGroup();
 
@@ -247,7 +241,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
       __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
       if (tile + 1 < num_tiles) {
-        copy(tile + 1);
+        copy(k, p.k_stride_page, p.k_stride_slot, k_stages, tile + 1);
+        copy(v, p.v_stride_page, p.v_stride_slot, v_stages, tile + 1);
         // Tile tile + 2's page ids go where tile tile's were, read when its copies were issued.
         if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
       }
