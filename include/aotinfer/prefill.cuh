@@ -174,7 +174,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 
     // Each thread copies chunk column `column` of tokens first_row + i * kTokenStep of every
     // tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart; paged: each token's page
-    // looked up (from L1 after its first tile: a request's page ids are few and adjacent).
+    // id from shared memory (tile 0's from global memory).
     const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks;
     const uint32_t dst_first = SwizzledOffset<S::kRowChunks>(first_row, column);
     const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + column * 8;
@@ -184,7 +184,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       v += int64_t(kv_offset + begin + first_row) * p.v_stride_page;
     }
     // Paged: the page ids of a tile's tokens land in shared memory (cp.async, in the commit group of
-    // the K tile before), so a copy never waits on a global load; tile 0's are read directly.
+    // the tile two before), so a copy never waits on a global load; tile 0's are read directly.
     const int32_t* pages = p.indices + kv_offset;
     auto fetch_page_ids = [&](int tile) {  // for tile `tile`, into tile_pages[tile % 2]
       if constexpr (kPaged) {
