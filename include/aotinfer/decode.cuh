@@ -15,7 +15,7 @@
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
 // split over several work items (the caller's plan decides) writes one partial output and LSE per
-// item; DecodeMergeKernel combines them. Sinks (per query head, in the logits' natural-log domain)
+// item; MergePartialsKernel (attention.cuh) combines them. Sinks (per query head, in the logits' natural-log domain)
 // add exp(sink) to the denominator only, once, where a request's output is finished.
 #pragma once
 
@@ -28,24 +28,13 @@
 #include <type_traits>
 
 #include "aotinfer/async_copy.cuh"
+#include "aotinfer/attention.cuh"
 #include "aotinfer/launch.cuh"
 #include "aotinfer/mma.cuh"
 #include "aotinfer/reduce.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
-
-// n / d for 0 <= n < 2^31 and a divisor d fixed at launch: a multiply-high, an add and a shift
-// instead of the 20-odd instructions of a division (a token's page, for every chunk copied).
-struct PageDivisor {
-  uint32_t divisor = 1, multiplier = 1, shift = 0;
-  PageDivisor() = default;
-  explicit PageDivisor(uint32_t d) : divisor(d) {
-    while ((1u << shift) < d) ++shift;  // ceil(log2(d))
-    multiplier = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t Divide(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
-};
 
 // One decode step; every pointer is on the same GPU, strides are in elements.
 struct DecodeParams {
@@ -79,8 +68,6 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;                       // query heads a block: the rows of a tile
 constexpr int kDecodeTileTokens = kDecodeWarps * 16;  // 16 tokens a warp
-constexpr int kDecodeMergeThreads = 128;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shapes of one instantiation: T the query's (and output's) type, KV the cache's, D the head dim,
 // kStages tiles in flight (DecodeStages: fewer where a GPU has less shared memory).
@@ -119,15 +106,6 @@ template <typename KV, int D>
 constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 3 : 2;
 template <typename KV, int D>
 constexpr int kDecodeStagesSmall = D <= 64 ? 4 : sizeof(KV) == 1 && D <= 128 ? 3 : D <= 128 ? 2 : 1;
-
-__device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
-__device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
 
 // Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
 template <typename KV>
@@ -498,85 +476,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   }
 }
 
-// Requests split over several items: out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink).
-// A block a (request, query head), grid (requests, heads): each warp folds every fourth partial
-// into a running max, sum and weighted output (D / 32 dims a lane), with kMergeBatch partials'
-// loads in flight at once, then the four warps' states are merged through shared memory.
-constexpr int kMergeBatch = 8;
-
-template <typename T, int D>
-__global__ void __launch_bounds__(kDecodeMergeThreads) DecodeMergeKernel(const DecodeParams p) {
-  constexpr int kWarps = kDecodeMergeThreads / 32, kDims = D / 32;
-  __shared__ __align__(16) float warp_out[kWarps][D];
-  __shared__ float warp_max[kWarps], warp_sum[kWarps];
-  const int request = blockIdx.x, head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  WaitForPriorGrids();
-  const int4 info = p.requests[request];
-  const int first = info.z, count = info.w;
-  if (count <= 1) return;  // written by its only item
-  const int64_t heads = p.num_qo_heads;
-  const float* lse = p.partial_lse + int64_t(first) * heads + head;  // partial i at lse[i * heads]
-  const float* x = p.partial_out + (int64_t(first) * heads + head) * D + lane * kDims;
-  float m = -INFINITY, sum = 0.f, acc[kDims] = {};
-  for (int i0 = warp; i0 < count; i0 += kWarps * kMergeBatch) {
-    float l[kMergeBatch], y[kMergeBatch][kDims];
-#pragma unroll
-    for (int j = 0; j < kMergeBatch; ++j) {
-      const int i = i0 + j * kWarps;
-      l[j] = i < count ? lse[i * heads] : -INFINITY;
-#pragma unroll
-      for (int d = 0; d < kDims; d += 2) {
-        const float2 v = i < count ? *reinterpret_cast<const float2*>(x + i * heads * D + d) : make_float2(0.f, 0.f);
-        y[j][d] = v.x;
-        y[j][d + 1] = v.y;
-      }
-    }
-    float batch_max = m;
-#pragma unroll
-    for (int j = 0; j < kMergeBatch; ++j) batch_max = fmaxf(batch_max, l[j]);
-    const float base = SafeBase(batch_max), alpha = Exp2(m - base);
-    sum *= alpha;
-#pragma unroll
-    for (int d = 0; d < kDims; ++d) acc[d] *= alpha;
-#pragma unroll
-    for (int j = 0; j < kMergeBatch; ++j) {
-      const float weight = Exp2(l[j] - base);
-      sum += weight;
-#pragma unroll
-      for (int d = 0; d < kDims; ++d) acc[d] += weight * y[j][d];
-    }
-    m = batch_max;
-  }
-  if (lane == 0) {
-    warp_max[warp] = m;
-    warp_sum[warp] = sum;
-  }
-#pragma unroll
-  for (int d = 0; d < kDims; d += 2) *reinterpret_cast<float2*>(&warp_out[warp][lane * kDims + d]) = make_float2(acc[d], acc[d + 1]);
-  __syncthreads();
-
-  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  float top = sink;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) top = fmaxf(top, warp_max[w]);
-  const float base = SafeBase(top);
-  float weight[kWarps], total = Exp2(sink - base);
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    weight[w] = Exp2(warp_max[w] - base);
-    total += weight[w] * warp_sum[w];
-  }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h;
-  for (int d = threadIdx.x; d < D; d += kDecodeMergeThreads) {
-    float y = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) y += weight[w] * warp_out[w][d];
-    out[d] = from_float<T>(y * inv);
-  }
-  if (p.lse != nullptr && threadIdx.x == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
-}
-
 template <typename T, typename KV, int D, int kStages>
 cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl) {
   const dim3 grid(unsigned(num_items), unsigned(p.num_kv_heads * p.head_blocks));
@@ -599,8 +498,17 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  const dim3 grid(unsigned(p.batch), unsigned(p.num_qo_heads));
-  return Launch(DecodeMergeKernel<T, D>, grid, dim3(kDecodeMergeThreads), stream, pdl, p);
+  PartialMergeParams m{};
+  m.out = p.out;
+  m.out_stride_n = p.out_stride_n;
+  m.out_stride_h = p.out_stride_h;
+  m.lse = p.lse;
+  m.partial_out = p.partial_out;
+  m.partial_lse = p.partial_lse;
+  m.sinks = p.sinks;
+  m.num_rows = p.batch;
+  m.num_qo_heads = p.num_qo_heads;
+  return MergePartials<T, D>(m, RowTablePartials{p.requests}, stream, pdl);
 }
 
 }  // namespace aotinfer

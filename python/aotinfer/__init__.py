@@ -13,6 +13,11 @@ from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cascade import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
+from .prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
 from .sampling import (
     min_p_sampling_from_probs,
     sampling_from_logits,
@@ -32,6 +37,8 @@ from .utils import BackendSupportedError
 __all__ = [
     "BackendSupportedError",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
     "NoCompatibleBuild",
     "__version__",
     "fused_add_rmsnorm",
@@ -50,6 +57,7 @@ __all__ = [
     "scale",
     "silu_and_mul",
     "single_decode_with_kv_cache",
+    "single_prefill_with_kv_cache",
     "softmax",
     "top_k_mask_logits",
     "top_k_renorm_probs",
