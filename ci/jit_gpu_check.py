@@ -50,12 +50,14 @@ def _cases(device):
     k, v = (torch.randn(1000, 8, 128, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
     va, vb = (torch.randn(57, 8, 128, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
     sa, sb = (torch.randn(57, 8, device=device, generator=g) for _ in range(2))
+    qp = torch.randn(300, 32, 128, device=device, dtype=torch.bfloat16, generator=g)
     return {
         "scale": (lambda: aotinfer.scale(x, 1.5), lambda: x.float() * 1.5),
         "norm": (lambda: aotinfer.rmsnorm(x, w, 1e-6), lambda: _rmsnorm(x, w)),
         "activation": (lambda: aotinfer.silu_and_mul(x2), lambda: _silu_and_mul(x2)),
         "decode": (lambda: aotinfer.single_decode_with_kv_cache(q, k, v), lambda: _decode(q, k, v)),
         "cascade": (lambda: aotinfer.merge_state(va, sa, vb, sb)[0], lambda: _merge(va, sa, vb, sb)),
+        "prefill": (lambda: aotinfer.single_prefill_with_kv_cache(qp, k, v, causal=True), lambda: _prefill(qp, k, v)),
     }
 
 
@@ -64,6 +66,15 @@ def _decode(q, k, v):
     keys, values = (t.float().repeat_interleave(4, dim=1) for t in (k, v))
     logits = torch.einsum("hd,nhd->hn", q.float(), keys) / q.shape[-1] ** 0.5
     return torch.einsum("hn,nhd->hd", logits.softmax(-1), values)
+
+
+def _prefill(q, k, v):
+    """Causal attention (aligned to the end) of 300 tokens (32 query heads) over 1000 keys of 8 KV
+    heads, in float32."""
+    keys, values = (t.float().repeat_interleave(4, dim=1) for t in (k, v))
+    logits = torch.einsum("qhd,khd->hqk", q.float(), keys) / q.shape[-1] ** 0.5
+    seen = torch.arange(k.shape[0], device=q.device)[None, :] <= torch.arange(q.shape[0], device=q.device)[:, None] + k.shape[0] - q.shape[0]
+    return torch.einsum("hqk,khd->qhd", logits.masked_fill(~seen, float("-inf")).softmax(-1), values)
 
 
 def _merge(va, sa, vb, sb):

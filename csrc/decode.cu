@@ -3,69 +3,19 @@
 // `requests` rows (page_begin, kv_len, first_partial, num_partials); this binding checks the
 // tensors, then launches the decode kernel and, when `merge`, the merge of split requests.
 #include "aotinfer/decode.cuh"
+#include "attention_checks.h"
 #include "tvm_ffi_utils.h"
 
 namespace {
 
+using aotinfer::CheckDtype;
+using aotinfer::CheckDtypeFp16;
+using aotinfer::CheckIndexTable;
+using aotinfer::CheckLastDimContiguous;
+using aotinfer::CheckOptionalFloat;
+using aotinfer::CheckRows16;
 using aotinfer::DtypeKey;
-
-// head_dim values with a kernel.
-bool SupportedHeadDim(int64_t d) { return d == 64 || d == 128 || d == 256; }
-
-void CheckDtypeFp16(const TensorView& x, const char* name) {
-  const uint32_t key = DtypeKey(x.dtype());
-  if (key != DtypeKey(kDLFloat, 16) && key != DtypeKey(kDLBfloat, 16)) {
-    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype float16 or bfloat16, got " << x.dtype();
-  }
-}
-
-void CheckDtype(const TensorView& x, DLDataType dtype, const char* name, const char* what) {
-  if (x.dtype() != dtype) AOTINFER_THROW(TypeError) << "Expected " << name << " to be " << what << ", got " << x.dtype();
-}
-
-// A table of int32 rows [n, width] (width 0: 1-D), contiguous.
-void CheckIndexTable(const TensorView& x, int64_t width, const char* name) {
-  CheckDtype(x, DLDataType{kDLInt, 32, 1}, name, "int32");
-  if (x.ndim() != (width ? 2 : 1) || (width && x.size(1) != width)) {
-    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [n" << (width ? ", " + std::to_string(width) : "")
-                              << "], got " << aotinfer::ShapeString(x.shape());
-  }
-  aotinfer::CheckContiguous(x, name);
-}
-
-// 16-byte rows of `elements` elements: where cp.async and vector stores can take them.
-void CheckRows16(const TensorView& x, int64_t elements_per_16_bytes, const char* name, int outer_dims) {
-  bool aligned = reinterpret_cast<uintptr_t>(aotinfer::data_ptr<char>(x)) % 16 == 0;
-  for (int i = 0; i < outer_dims; ++i) aligned = aligned && (x.size(i) <= 1 || x.stride(i) % elements_per_16_bytes == 0);
-  if (!aligned) {
-    AOTINFER_THROW(ValueError) << "Expected the rows of " << name << " to start on 16-byte boundaries, got strides "
-                              << aotinfer::ShapeString(x.strides());
-  }
-}
-
-void CheckLastDimContiguous(const TensorView& x, const char* name) {
-  if (x.size(-1) > 1 && x.stride(-1) != 1) {
-    AOTINFER_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got strides "
-                              << aotinfer::ShapeString(x.strides());
-  }
-}
-
-// An empty tensor (not requested) or a contiguous float32 tensor of `shape`.
-bool CheckOptionalFloat(const TensorView& x, std::initializer_list<int64_t> shape, const char* name) {
-  if (x.numel() == 0) return false;
-  CheckDtype(x, DLDataType{kDLFloat, 32, 1}, name, "float32");
-  bool same = size_t(x.ndim()) == shape.size();
-  int i = 0;
-  for (int64_t s : shape) same = same && x.size(i++) == s;
-  if (!same) {
-    std::string expected = "[";
-    for (int64_t s : shape) expected += (expected.size() > 1 ? ", " : "") + std::to_string(s);
-    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape " << expected << "] or no elements, got "
-                              << aotinfer::ShapeString(x.shape());
-  }
-  aotinfer::CheckContiguous(x, name);
-  return true;
-}
+using aotinfer::SupportedHeadDim;
 
 template <typename T, typename KV>
 cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, bool merge,

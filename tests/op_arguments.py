@@ -76,7 +76,9 @@ def make_arguments(template, device, dtype=torch.bfloat16, rank=None):
     by_param, by_key = {}, {}
     for key, spec in template.inputs.items():
         if isinstance(spec, Scalar):
-            value = SCALARS[spec.dtype]
+            value = SCALARS[spec.dtype] if spec.example is None else spec.example
+        elif spec.example is not None:  # values the op restricts (probabilities)
+            value = spec.example(shape_of(spec, sizes, rank), device, tensor_dtype(spec, dtype))
         else:
             value = torch.randn(shape_of(spec, sizes, rank), device=device).to(tensor_dtype(spec, dtype))
         by_param[spec.param or key] = value

@@ -32,6 +32,17 @@ __device__ __forceinline__ void CopyAsync16OrZero(void* dst, const void* src, bo
 #endif
 }
 
+// 4 bytes (an index) through L1, or 4 zero bytes when !valid (src is then not read).
+__device__ __forceinline__ void CopyAsync4OrZero(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t shared_dst = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_dst), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+#else
+  *static_cast<uint32_t*>(dst) = valid ? *static_cast<const uint32_t*>(src) : 0u;
+#endif
+}
+
 __device__ __forceinline__ void CommitAsyncGroup() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -8,12 +8,14 @@
 // size. Tiles of 64 tokens of K and V stream through a cp.async pipeline of kStages tiles in shared
 // memory, gathered page by page; each warp takes 16 tokens of a tile and keeps its own running max,
 // sum and output, and the four states are merged at the end. An fp8 cache lands in shared memory
-// as it is stored and is widened to the query's type before the tensor cores read it.
+// as it is stored and is widened to half (exactly) before the tensor cores read it; with an fp8
+// cache the tensor cores run in half, and a bfloat16 q is converted once a block (clamped to half's
+// range, +-65504).
 //
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
 // split over several work items (the caller's plan decides) writes one partial output and LSE per
-// item; DecodeMergeKernel combines them. Sinks (per query head, in the logits' natural-log domain)
+// item; MergePartialsKernel (attention.cuh) combines them. Sinks (per query head, in the logits' natural-log domain)
 // add exp(sink) to the denominator only, once, where a request's output is finished.
 #pragma once
 
@@ -26,24 +28,13 @@
 #include <type_traits>
 
 #include "aotinfer/async_copy.cuh"
+#include "aotinfer/attention.cuh"
 #include "aotinfer/launch.cuh"
 #include "aotinfer/mma.cuh"
 #include "aotinfer/reduce.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
-
-// n / d for 0 <= n < 2^31 and a divisor d fixed at launch: a multiply-high, an add and a shift
-// instead of the 20-odd instructions of a division (a token's page, for every chunk copied).
-struct PageDivisor {
-  uint32_t divisor = 1, multiplier = 1, shift = 0;
-  PageDivisor() = default;
-  explicit PageDivisor(uint32_t d) : divisor(d) {
-    while ((1u << shift) < d) ++shift;  // ceil(log2(d))
-    multiplier = uint32_t((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d) / d + 1);
-  }
-  __device__ __forceinline__ uint32_t Divide(uint32_t n) const { return (__umulhi(n, multiplier) + n) >> shift; }
-};
 
 // One decode step; every pointer is on the same GPU, strides are in elements.
 struct DecodeParams {
@@ -77,8 +68,6 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;                       // query heads a block: the rows of a tile
 constexpr int kDecodeTileTokens = kDecodeWarps * 16;  // 16 tokens a warp
-constexpr int kDecodeMergeThreads = 128;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Shapes of one instantiation: T the query's (and output's) type, KV the cache's, D the head dim,
 // kStages tiles in flight (DecodeStages: fewer where a GPU has less shared memory).
@@ -86,7 +75,12 @@ template <typename T, typename KV, int D, int kStagesIn>
 struct DecodeShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static constexpr bool kWiden = !std::is_same_v<T, KV>;  // an fp8 cache
+  // The tensor cores' input type: an fp8 cache widens to half, which holds every fp8 value exactly
+  // and takes one conversion instruction a pair (two fp8 to bfloat16 take four); q is converted
+  // to half once a block.
+  using MmaT = std::conditional_t<kWiden, half, T>;
   static constexpr int kStages = kStagesIn;
+  static constexpr int kOffsetTiles = kStages < 2 ? 2 : kStages;  // tiles whose token offsets are published
   static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (the tiles mma reads)
   static constexpr int kCachedRowChunks = D * int(sizeof(KV)) / 16;
   static constexpr int kElemsPerChunk = 16 / int(sizeof(KV));
@@ -95,8 +89,11 @@ struct DecodeShape {
   static constexpr int kQBytes = kDecodeRows * D * 2;
   static constexpr int kChunksPerThread = kDecodeTileTokens * kCachedRowChunks / kDecodeThreads;
   static constexpr int kTokenStep = kDecodeThreads / kCachedRowChunks;  // between a thread's tokens
-  // Q, the stages (K then V each), and for an fp8 cache one 16-bit tile that K, then V, is widened into.
-  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes + (kWiden ? kTileBytes : 0);
+  // An fp8 cache is widened into 16-bit tiles: K's and V's side by side (one barrier a tile), or,
+  // at head_dim 256, where shared memory would then hold one block an SM, one that K, then V, takes.
+  static constexpr int kWidenedTiles = !kWiden ? 0 : D <= 128 ? 2 : 1;
+  // Q, the stages (K then V each), and the widened tiles.
+  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes + size_t(kWidenedTiles) * kTileBytes;
   static constexpr size_t kSharedBytes = kQBytes + kStageBytes;
   static_assert(kChunksPerThread * kDecodeThreads == kDecodeTileTokens * kCachedRowChunks);
   // The merge of the warps' outputs reuses the stages: [warps][16 rows][D] floats.
@@ -110,23 +107,31 @@ constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 3 : 2;
 template <typename KV, int D>
 constexpr int kDecodeStagesSmall = D <= 64 ? 4 : sizeof(KV) == 1 && D <= 128 ? 3 : D <= 128 ? 2 : 1;
 
-__device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
-__device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
-
-// Eight KV elements (half of a 16-byte fp8 chunk) as eight T, packed in four registers.
-template <typename T, typename KV>
-__device__ __forceinline__ uint4 Widen8(uint2 raw) {
-  const KV* x = reinterpret_cast<const KV*>(&raw);
+// Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
+template <typename KV>
+__device__ __forceinline__ uint4 WidenToHalf8(uint2 raw) {
+  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
   uint4 r;
   uint32_t* w = reinterpret_cast<uint32_t*>(&r);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) w[i] = PackPair<T>(float(x[2 * i]), float(x[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], kFormat);
+    w[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  }
+  return r;
+}
+
+// A 16-byte chunk of 8 bfloat16 as 8 halves, clamped to half's finite range (the fp8 path's q).
+__device__ __forceinline__ uint4 BfloatToHalf8(uint4 raw) {
+  const nv_bfloat16* x = reinterpret_cast<const nv_bfloat16*>(&raw);
+  uint4 r;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = PackPair<half>(fminf(fmaxf(__bfloat162float(x[2 * i]), -65504.f), 65504.f),
+                          fminf(fmaxf(__bfloat162float(x[2 * i + 1]), -65504.f), 65504.f));
+  }
   return r;
 }
 
@@ -138,6 +143,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   uint8_t* const stages = shared + S::kQBytes;                                  // [kStages][K, V]
   uint8_t* const widened = stages + size_t(S::kStages) * 2 * S::kCachedTileBytes;  // fp8 only
   __shared__ float warp_max[kDecodeWarps][kDecodeRows], warp_sum[kDecodeWarps][kDecodeRows];
+  __shared__ longlong2 token_offsets[S::kOffsetTiles][kDecodeTileTokens];  // (K, V) of each token of a tile
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y / p.head_blocks;
@@ -156,7 +162,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
   const int num_tiles = end > begin ? (end - begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
 
-  // Q: 16 rows (query heads; zero past the group) of D, in the first commit group.
+  // Q: 16 rows (query heads; zero past the group) of D, a commit group of its own (older than
+  // every tile's, so waiting for a tile waits for it too).
   const T* q = static_cast<const T*>(p.q) + request * p.q_stride_n;
   for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
     const int r = c / S::kRowChunks, chunk = c % S::kRowChunks;
@@ -164,62 +171,80 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, chunk),
                       valid ? q + (qo_head0 + r) * p.q_stride_h + chunk * 8 : q, valid);
   }
+  CommitAsyncGroup();
+
+  // Where each token of a tile lives: threads 0..63 look up one token's page each, a tile ahead of
+  // publishing its K and V offsets (in elements; -1 past the end) to a ring of kOffsetTiles tables
+  // in shared memory; every copy then reads them there. One lookup a token, not one a 16-byte chunk.
+  const int32_t* pages = p.indices + info.x;
+  const bool looks_up = tid < kDecodeTileTokens;
+  auto look_up = [&](int tile, int& page, int& slot) {  // the page of this thread's token of `tile`
+    const int pos = begin + tile * kDecodeTileTokens + tid;
+    page = -1;
+    slot = 0;
+    if (looks_up && tile < num_tiles && pos < end) {
+      const int index = int(p.page_size.Divide(uint32_t(pos)));
+      slot = pos - index * int(p.page_size.divisor);
+      page = __ldg(pages + index);
+    }
+  };
+  auto publish = [&](int tile, int page, int slot) {  // a looked-up page as offsets, into tile's table
+    if (!looks_up) return;
+    const int64_t pg = page >= 0 ? page : 0;
+    token_offsets[tile % S::kOffsetTiles][tid] =
+        page >= 0 ? make_longlong2(pg * p.k_stride_page + slot * p.k_stride_slot, pg * p.v_stride_page + slot * p.v_stride_slot)
+                  : make_longlong2(-1, -1);
+  };
 
   // Each thread copies chunk column `column` of tokens first_token + i * kTokenStep of every tile,
-  // of K and of V; the pages of a tile are looked up one step before its copy is issued.
+  // of K and of V.
   const int column = tid % S::kCachedRowChunks, first_token = tid / S::kCachedRowChunks;
   const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
   const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
-  const int32_t* pages = p.indices + info.x;
-  int page[S::kChunksPerThread], slot[S::kChunksPerThread];
-  auto look_up = [&](int tile) {
-#pragma unroll
-    for (int i = 0; i < S::kChunksPerThread; ++i) {
-      const int pos = begin + tile * kDecodeTileTokens + first_token + i * S::kTokenStep;
-      page[i] = -1;
-      if (tile < num_tiles && pos < end) {
-        const int index = int(p.page_size.Divide(uint32_t(pos)));
-        slot[i] = pos - index * int(p.page_size.divisor);
-        page[i] = __ldg(pages + index);
-      }
-    }
-  };
   auto cached_offset = [&](int token) -> uint32_t {  // where a thread's chunk of `token` lands
     if constexpr (S::kWiden) return uint32_t(token * S::kCachedRowChunks + column) * 16u;
     else return SwizzledOffset<S::kRowChunks>(token, column);
   };
-  auto copy = [&](int tile) {
+  auto copy = [&](int tile) {  // its table published and a barrier passed since
     uint8_t* k_dst = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     uint8_t* v_dst = k_dst + S::kCachedTileBytes;
+    const longlong2* offsets = token_offsets[tile % S::kOffsetTiles];
 #pragma unroll
     for (int i = 0; i < S::kChunksPerThread; ++i) {
       const int token = first_token + i * S::kTokenStep;
-      const bool valid = page[i] >= 0;
-      const int64_t pg = valid ? page[i] : 0, sl = valid ? slot[i] : 0;
-      CopyAsync16OrZero(k_dst + cached_offset(token), k + pg * p.k_stride_page + sl * p.k_stride_slot, valid);
-      CopyAsync16OrZero(v_dst + cached_offset(token), v + pg * p.v_stride_page + sl * p.v_stride_slot, valid);
+      const longlong2 offset = offsets[token];
+      const bool valid = offset.x >= 0;
+      CopyAsync16OrZero(k_dst + cached_offset(token), k + (valid ? offset.x : 0), valid);
+      CopyAsync16OrZero(v_dst + cached_offset(token), v + (valid ? offset.y : 0), valid);
     }
   };
-  // An fp8 K or V tile, once landed: each thread widens the chunks it copied into the 16-bit tile
+  // An fp8 K or V tile, once landed: each thread widens the chunks it copied into a 16-bit tile
   // (every thread's chunks are in once the caller's barrier has passed; the caller syncs after).
-  auto widen = [&](const uint8_t* cached) {
+  auto widen = [&](const uint8_t* cached, uint8_t* widened) {
 #pragma unroll
     for (int i = 0; i < S::kChunksPerThread; ++i) {
       const int token = first_token + i * S::kTokenStep;
       const uint4 raw = *reinterpret_cast<const uint4*>(cached + cached_offset(token));
       *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column)) =
-          Widen8<T, KV>(make_uint2(raw.x, raw.y));
+          WidenToHalf8<KV>(make_uint2(raw.x, raw.y));
       *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column + 1)) =
-          Widen8<T, KV>(make_uint2(raw.z, raw.w));
+          WidenToHalf8<KV>(make_uint2(raw.z, raw.w));
     }
   };
 
-  look_up(0);
+  // Tables of the first kStages tiles (their lookups all in flight at once), the next tile's pages,
+  // then the copies of those tiles but the last (the loop's first).
+  int page[S::kStages], slot[S::kStages], next_page = -1, next_slot = 0;
+#pragma unroll
+  for (int t = 0; t < S::kStages; ++t) look_up(t, page[t], slot[t]);
+  look_up(S::kStages, next_page, next_slot);
+#pragma unroll
+  for (int t = 0; t < S::kStages; ++t) publish(t, page[t], slot[t]);
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s + 1 < S::kStages; ++s) {
     if (s < num_tiles) copy(s);
     CommitAsyncGroup();
-    look_up(s + 1);
   }
 
   // Per thread: rows g = lane / 4 and g + 8 of the warp's tiles.
@@ -228,25 +253,60 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const float cap_scale = p.soft_cap > 0.f ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
   const float cap_log2 = p.soft_cap * kLog2e;
   const uint32_t q_base = SharedAddress(q_tile);
+  auto load_q = [&](uint32_t (&a)[4], int kk) {
+    LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+  };
+  // Q's fragments stay in registers where they fit beside the output (and once Q has landed,
+  // with tile 0: not with a single stage, where Q's group is committed in the loop).
+  using MmaT = typename S::MmaT;
+  if constexpr (!std::is_same_v<MmaT, T>) {  // q to half, in place, once it has landed
+    WaitAsyncGroups<S::kStages - 1>();
+    __syncthreads();
+    for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
+      uint4* chunk = reinterpret_cast<uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, c % S::kRowChunks));
+      *chunk = BfloatToHalf8(*chunk);
+    }
+  }
+  constexpr bool kQInRegisters = D <= 128 && S::kStages >= 2;
+  uint32_t q_frag[kQInRegisters ? D / 16 : 1][4];
+  if constexpr (kQInRegisters) {
+    WaitAsyncGroups<S::kStages - 1>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_q(q_frag[kk], kk);
+  } else if constexpr (!std::is_same_v<MmaT, T>) {
+    __syncthreads();  // the converted q, for every warp
+  }
   for (int tile = 0; tile < num_tiles; ++tile) {
+    // Copy tile c, publish tile c + 1's table (its ring slot was last read before this barrier)
+    // and prefetch tile c + 2's pages.
     if constexpr (S::kStages == 1) {  // no tile ahead: copy, wait, compute
       __syncthreads();  // every warp is done with the previous tile
       copy(tile);
       CommitAsyncGroup();
-      look_up(tile + 1);
+      publish(tile + 1, next_page, next_slot);
+      look_up(tile + 2, next_page, next_slot);
       WaitAsyncGroups<0>();
       __syncthreads();
     } else {
       WaitAsyncGroups<S::kStages - 2>();
       __syncthreads();  // the tile is in for every thread; every warp is done with the stage refilled next
-      if (tile + S::kStages - 1 < num_tiles) copy(tile + S::kStages - 1);
+      const int c = tile + S::kStages - 1;
+      if (c < num_tiles) copy(c);
       CommitAsyncGroup();
-      look_up(tile + S::kStages);
+      publish(c + 1, next_page, next_slot);
+      look_up(c + 2, next_page, next_slot);
     }
     const uint8_t* k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     const uint8_t* v_tile = k_tile + S::kCachedTileBytes;
-    if constexpr (S::kWiden) {
-      widen(k_tile);
+    if constexpr (S::kWidenedTiles == 2) {
+      widen(k_tile, widened);
+      widen(v_tile, widened + S::kTileBytes);
+      __syncthreads();
+      k_tile = widened;
+      v_tile = widened + S::kTileBytes;
+    } else if constexpr (S::kWiden) {
+      widen(k_tile, widened);
       __syncthreads();
       k_tile = widened;
     }
@@ -256,25 +316,35 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     const uint32_t k_base = SharedAddress(k_tile);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4], b[4];
-      LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+      uint32_t a_loaded[4], b[4];
+      if constexpr (!kQInRegisters) load_q(a_loaded, kk);
+      const uint32_t(&a)[4] = kQInRegisters ? q_frag[kQInRegisters ? kk : 0] : a_loaded;
       LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
-      Mma16816<T>(s[0], a, b[0], b[1]);
-      Mma16816<T>(s[1], a, b[2], b[3]);
+      Mma16816<MmaT>(s[0], a, b[0], b[1]);
+      Mma16816<MmaT>(s[1], a, b[2], b[3]);
     }
 
     // Scale (or cap), mask positions past the end, and fold into each row's running softmax.
     const int warp_pos = begin + tile * kDecodeTileTokens + warp * 16;
     float tile_max[2] = {-INFINITY, -INFINITY};
+    if (p.soft_cap > 0.f) {  // one branch a tile, not one a score
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanhf(s[nt][e] * cap_scale);
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pos = warp_pos + nt * 8 + (lane % 4) * 2 + (e & 1);
-        float x = p.soft_cap > 0.f ? cap_log2 * tanhf(s[nt][e] * cap_scale) : s[nt][e] * p.scale_log2;
-        x = pos < end ? x : -INFINITY;
-        s[nt][e] = x;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        s[nt][e] = pos < end ? s[nt][e] : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
       }
     }
     float alpha[2];
@@ -295,31 +365,34 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
         row_sum[e / 2] += s[nt][e];
       }
     }
+    // Rescale the output only when some row's max moved (rarely, after the first tiles).
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
     }
 
-    if constexpr (S::kWiden) {  // V into the widened tile, once every warp is done with K there
+    if constexpr (S::kWidenedTiles == 1) {  // V into the widened tile, once every warp is done with K there
       __syncthreads();
-      widen(v_tile);
+      widen(v_tile, widened);
       __syncthreads();
       v_tile = widened;
     }
     const uint32_t v_base = SharedAddress(v_tile);
 
     // o += P V: P (16 rows x 16 tokens) straight from the score registers, V through ldmatrix.trans.
-    const uint32_t pa[4] = {PackPair<T>(s[0][0], s[0][1]), PackPair<T>(s[0][2], s[0][3]),
-                            PackPair<T>(s[1][0], s[1][1]), PackPair<T>(s[1][2], s[1][3])};
+    const uint32_t pa[4] = {PackPair<MmaT>(s[0][0], s[0][1]), PackPair<MmaT>(s[0][2], s[0][3]),
+                            PackPair<MmaT>(s[1][0], s[1][1]), PackPair<MmaT>(s[1][2], s[1][3])};
 #pragma unroll
     for (int np = 0; np < D / 16; ++np) {
       uint32_t b[4];
       LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
-      Mma16816<T>(o[2 * np], pa, b[0], b[1]);
-      Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+      Mma16816<MmaT>(o[2 * np], pa, b[0], b[1]);
+      Mma16816<MmaT>(o[2 * np + 1], pa, b[2], b[3]);
     }
   }
   AllowDependentGrids();
@@ -403,49 +476,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   }
 }
 
-// Requests split over several items: out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink).
-// A warp a (request, query head), grid (requests, heads / warps a block): its lanes take the
-// partials' LSEs 32 at a time, then sum the partial outputs, D / 32 dims a lane.
-template <typename T, int D>
-__global__ void __launch_bounds__(kDecodeMergeThreads) DecodeMergeKernel(const DecodeParams p) {
-  constexpr int kDims = D / 32;
-  const int request = blockIdx.x, lane = threadIdx.x % 32;
-  const int head = blockIdx.y * (kDecodeMergeThreads / 32) + threadIdx.x / 32;
-  WaitForPriorGrids();
-  if (head >= p.num_qo_heads) return;
-  const int4 info = p.requests[request];
-  const int first = info.z, count = info.w;
-  if (count <= 1) return;  // written by its only item
-  const int64_t heads = p.num_qo_heads;
-  const float* lse = p.partial_lse + int64_t(first) * heads + head;  // partial i at lse[i * heads]
-  const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  float m = sink;
-  for (int i = lane; i < count; i += 32) m = fmaxf(m, lse[i * heads]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const float base = SafeBase(m);
-  float total = 0.f;
-  for (int i = lane; i < count; i += 32) total += Exp2(lse[i * heads] - base);
-  total = WarpSum(total) + Exp2(sink - base);
-  const float* x = p.partial_out + (int64_t(first) * heads + head) * D + lane * kDims;
-  float acc[kDims] = {};
-#pragma unroll 4
-  for (int i = 0; i < count; ++i) {
-    const float weight = Exp2(lse[i * heads] - base);
-#pragma unroll
-    for (int d = 0; d < kDims; d += 2) {
-      const float2 y = *reinterpret_cast<const float2*>(x + i * heads * D + d);
-      acc[d] += weight * y.x;
-      acc[d + 1] += weight * y.y;
-    }
-  }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + lane * kDims;
-#pragma unroll
-  for (int d = 0; d < kDims; ++d) out[d] = from_float<T>(acc[d] * inv);
-  if (p.lse != nullptr && lane == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
-}
-
 template <typename T, typename KV, int D, int kStages>
 cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl) {
   const dim3 grid(unsigned(num_items), unsigned(p.num_kv_heads * p.head_blocks));
@@ -468,9 +498,17 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  constexpr int kHeadsPerBlock = kDecodeMergeThreads / 32;
-  const dim3 grid(unsigned(p.batch), unsigned((p.num_qo_heads + kHeadsPerBlock - 1) / kHeadsPerBlock));
-  return Launch(DecodeMergeKernel<T, D>, grid, dim3(kDecodeMergeThreads), stream, pdl, p);
+  PartialMergeParams m{};
+  m.out = p.out;
+  m.out_stride_n = p.out_stride_n;
+  m.out_stride_h = p.out_stride_h;
+  m.lse = p.lse;
+  m.partial_out = p.partial_out;
+  m.partial_lse = p.partial_lse;
+  m.sinks = p.sinks;
+  m.num_rows = p.batch;
+  m.num_qo_heads = p.num_qo_heads;
+  return MergePartials<T, D>(m, RowTablePartials{p.requests}, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -14,12 +14,32 @@ from .cascade import merge_state, merge_state_in_place, merge_states
 from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
+from .prefill import (
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    single_prefill_with_kv_cache,
+)
+from .sampling import (
+    min_p_sampling_from_probs,
+    sampling_from_logits,
+    sampling_from_probs,
+    softmax,
+    top_k_mask_logits,
+    top_k_renorm_probs,
+    top_k_sampling_from_probs,
+    top_k_top_p_sampling_from_logits,
+    top_k_top_p_sampling_from_probs,
+    top_p_renorm_probs,
+    top_p_sampling_from_probs,
+)
 from .scale import scale
 from .utils import BackendSupportedError
 
 __all__ = [
     "BackendSupportedError",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper",
     "NoCompatibleBuild",
     "__version__",
     "fused_add_rmsnorm",
@@ -33,11 +53,23 @@ __all__ = [
     "merge_state",
     "merge_state_in_place",
     "merge_states",
+    "min_p_sampling_from_probs",
     "rmsnorm",
     "rmsnorm_quant",
+    "sampling_from_logits",
+    "sampling_from_probs",
     "scale",
     "silu_and_mul",
     "single_decode_with_kv_cache",
+    "single_prefill_with_kv_cache",
+    "softmax",
+    "top_k_mask_logits",
+    "top_k_renorm_probs",
+    "top_k_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_renorm_probs",
+    "top_p_sampling_from_probs",
 ]
 
 _kernels.on_aotinfer_imported()

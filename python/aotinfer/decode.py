@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 
 from ._kernels import kernel
+from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
 from .api_logging import aotinfer_api
 from .trace.templates.decode import single_decode_with_kv_cache_trace
 from .trace.template import dtype_name
@@ -88,8 +89,6 @@ _MIN_CHUNK = 128
 # capture, and its output then does not depend on the GPU model): as for this many SMs (H100/H200).
 _SINGLE_DECODE_SMS = 132
 _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
-_INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's size: 512Ki rows of the int32 tables
-_ALIGN = 16
 
 
 # ---- argument checks (what the binding cannot name) --------------------------------------------
@@ -403,7 +402,7 @@ def _check_run(
     return True
 
 
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
     r"""Decode attention for a batch of requests over a paged KV cache (FlashInfer's wrapper).
 
     ``plan`` once per decode step, with the page table; then ``run`` once per layer with that
@@ -459,9 +458,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._backend = backend
         self._use_tensor_cores = bool(use_tensor_cores)
         self._use_cuda_graph = bool(use_cuda_graph)
-        _check_workspace(float_workspace_buffer, "float_workspace_buffer")
+        check_workspace(float_workspace_buffer, "float_workspace_buffer")
         self.device = float_workspace_buffer.device
-        int_workspace = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        int_workspace = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self._set_workspaces(float_workspace_buffer, int_workspace)
 
         if use_cuda_graph:
@@ -504,34 +503,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
     @property
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
-
-    def _set_workspaces(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
-        import torch
-
-        self._float_workspace_buffer = float_workspace_buffer
-        self._int_workspace_buffer = int_workspace_buffer
-        self._float_bytes = float_workspace_buffer.view(-1).view(torch.uint8)
-        self._int_bytes = int_workspace_buffer.view(-1).view(torch.uint8)
-        # The host side of the int32 tables: pinned (the copy to the GPU does not wait for it),
-        # in two halves used in turn, so a plan never writes the half whose copy may still be in
-        # flight from the plan before.
-        pinned = self.device.type == "cuda"
-        self._pin_memory_int_workspace_buffer = torch.empty(self._int_bytes.numel(), dtype=torch.uint8, pin_memory=pinned)
-        self._staging_events: List[Optional[Any]] = [None, None]
-        self._staging_half = 0
-
-    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
-        r"""Use new workspace buffers from the next ``plan`` on (FlashInfer's API): the float one
-        for partial results, the int one (bytes on the same GPU) for the work tables."""
-        _check_workspace(float_workspace_buffer, "float_workspace_buffer")
-        _check_workspace(int_workspace_buffer, "int_workspace_buffer")
-        if int_workspace_buffer.device != float_workspace_buffer.device:
-            raise ValueError(
-                f"Expected int_workspace_buffer on float_workspace_buffer's device {float_workspace_buffer.device}, "
-                f"got {int_workspace_buffer.device}"
-            )
-        self.device = float_workspace_buffer.device
-        self._set_workspaces(float_workspace_buffer, int_workspace_buffer)
 
     @aotinfer_api
     def plan(
@@ -699,7 +670,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         # run captured stay the same.
         slots = capacity if self._use_cuda_graph else partition.num_slots
         plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
-        plan.work, plan.requests = self._write_tables(partition, non_blocking)
+        plan.requests, plan.work = self._write_tables([partition.requests, partition.work], non_blocking)
         if self._use_cuda_graph:
             self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
             self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
@@ -729,52 +700,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._rope_theta = rope_theta
 
     begin_forward = plan
-
-    def _write_tables(self, partition: WorkPartition, non_blocking: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Copy the requests and work tables into the int workspace (one copy from the pinned
-        staging half not in flight); returns their views there."""
-        import torch
-
-        requests, work = partition.requests, partition.work
-        rows = requests.shape[0] + work.shape[0]
-        half_bytes = (self._pin_memory_int_workspace_buffer.numel() // 2) // _ALIGN * _ALIGN
-        if rows * 16 > min(half_bytes, self._int_bytes.numel()):
-            raise ValueError(
-                f"The int workspace holds {min(half_bytes, self._int_bytes.numel()) // 16} table rows, this plan needs "
-                f"{rows}: give reset_workspace_buffer a larger int_workspace_buffer"
-            )
-        half = self._staging_half
-        self._staging_half ^= 1
-        event = self._staging_events[half]
-        if event is not None:
-            event.synchronize()  # the copy of two plans ago, long done in practice
-        staging = self._pin_memory_int_workspace_buffer[half * half_bytes : half * half_bytes + rows * 16].view(torch.int32)
-        staging = staging.view(rows, 4)
-        staging[: requests.shape[0]].copy_(requests)
-        staging[requests.shape[0] :].copy_(work)
-        tables = self._int_bytes[: rows * 16].view(torch.int32).view(rows, 4)
-        tables.copy_(staging, non_blocking=non_blocking)
-        if self.device.type == "cuda" and non_blocking:
-            if event is None:
-                event = self._staging_events[half] = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-        return tables[requests.shape[0] :], tables[: requests.shape[0]]
-
-    def _partial_views(self, slots: int, num_heads: int, head_dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """float32 ``[slots, heads, head_dim]`` and ``[slots, heads]`` views of the float workspace."""
-        import torch
-
-        out_bytes = slots * num_heads * head_dim * 4
-        lse_begin = -(-out_bytes // _ALIGN) * _ALIGN
-        need = lse_begin + slots * num_heads * 4
-        if need > self._float_bytes.numel():
-            raise ValueError(
-                f"float_workspace_buffer holds {self._float_bytes.numel()} bytes, this plan needs {need} for the partial "
-                f"results of {slots} split chunks: give the wrapper a larger one"
-            )
-        partial_out = self._float_bytes[:out_bytes].view(torch.float32).view(slots, num_heads, head_dim)
-        partial_lse = self._float_bytes[lse_begin:need].view(torch.float32).view(slots, num_heads)
-        return partial_out, partial_lse
 
     @aotinfer_api
     @backend_requirement(backend_checks={}, common_check=_check_run)
@@ -926,14 +851,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def end_forward(self) -> None:
         r"""Deprecated and does nothing (FlashInfer's)."""
-
-
-def _check_workspace(buffer: Any, name: str) -> None:
-    check_tensor(buffer, name)
-    if not buffer.is_contiguous():
-        raise ValueError(f"Expected {name} to be contiguous")
-    if buffer.numel() and buffer.data_ptr() % _ALIGN:
-        raise ValueError(f"{name} must be {_ALIGN}-byte aligned, got data_ptr % {_ALIGN} = {buffer.data_ptr() % _ALIGN}")
 
 
 # ---- single request ----------------------------------------------------------------------------

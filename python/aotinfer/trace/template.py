@@ -19,8 +19,10 @@ the shapes and dtypes off those arguments and returns the definition:
   the first axis (or, with fewer dimensions, as if they were 1): rmsnorm's ``[tokens, heads,
   hidden]`` is ``batch_size = tokens * heads`` rows of ``hidden_size``. ``dtype``: the one dtype
   the op takes for it whatever the others' (a float32 log-sum-exp, a bool mask); ``dtypes``: the
-  dtypes it takes, when not all of float16, bfloat16 and float32.
-- ``Scalar(dtype)``: a scalar parameter.
+  dtypes it takes, when not all of float16, bfloat16 and float32. ``example(shape, device,
+  dtype)``: a valid input where the op restricts its values (probabilities), for tests.
+- ``Scalar(dtype, example=)``: a scalar parameter; ``example``: a valid value where the op
+  restricts its range (top_p in (0, 1]), for tests.
 The reference is a plain torch function taking the inputs by key and returning the outputs in
 order; its source is written into the definition.
 """
@@ -67,8 +69,10 @@ class Tensor:
         ranks: Any = None,
         dtype: Optional[str] = None,
         dtypes: Optional[Sequence[str]] = None,
+        example: Optional[Callable] = None,
     ) -> None:
         self.dim_names = list(dim_names)
+        self.example = example
         self.dtype = dtype
         self.dtypes = tuple(dtypes) if dtypes is not None else None
         self.param = param
@@ -93,8 +97,9 @@ class Tensor:
 
 class Scalar:
     def __init__(self, dtype: str, param: Optional[str] = None, optional: bool = False,
-                 description: Optional[str] = None) -> None:
+                 description: Optional[str] = None, example: Any = None) -> None:
         self.dtype = dtype
+        self.example = example
         self.param = param
         self.optional = optional
         self.description = description
@@ -174,7 +179,9 @@ class TraceTemplate:
 
         outputs = {}
         for key, spec in self.outputs.items():
-            if spec.dtype_from is not None:
+            if spec.dtype is not None:  # a fixed dtype (int32 token ids)
+                dtype = spec.dtype
+            elif spec.dtype_from is not None:
                 dtype = inputs.get(spec.dtype_from, {}).get("dtype") or "unknown"
             else:
                 value = arguments.get(self.param_of(key, spec))

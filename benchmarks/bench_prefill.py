@@ -1,0 +1,131 @@
+"""Batch prefill attention: TFLOP/s beside torch's scaled_dot_product_attention (flash backend),
+and paged beside ragged KV.
+
+    python benchmarks/bench_prefill.py [--quick]
+
+FLOPs = 4 x query heads x head_dim x (query, key) pairs attended, causal pairs counted exactly.
+Each case is checked against torch SDPA (float32 math on the same inputs, for a few heads)
+before it is timed; times are medians of CUDA-event timings after warm-up (aotinfer.testing).
+Single sequences run through the ragged wrapper (planned once); SDPA gets K and V with every
+query head's copy (its flash backend has no GQA), made before timing. The batch case: 16
+sequences of 512-4096 tokens (causal prefill), once against a paged cache (page 16, pages
+scattered over a pool of twice the pages used) and once against the same keys contiguous.
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import aotinfer
+from aotinfer.testing import bench_gpu_time
+
+WORKSPACE = 256 << 20
+
+
+def flops(heads, head_dim, pairs):
+    return 4 * heads * head_dim * pairs
+
+
+def pairs_of(q_len, kv_len, causal):
+    if not causal:
+        return q_len * kv_len
+    # query t sees keys 0 .. t + kv_len - q_len
+    return sum(max(0, min(kv_len, t + kv_len - q_len + 1)) for t in range(q_len))
+
+
+def check_against_sdpa(out, q, k, v, causal, heads_checked=2):
+    group = q.shape[1] // k.shape[1]
+    qs = q[:, :heads_checked].float().transpose(0, 1)
+    ks = k.float().repeat_interleave(group, 1)[:, :heads_checked].transpose(0, 1)
+    vs = v.float().repeat_interleave(group, 1)[:, :heads_checked].transpose(0, 1)
+    want = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal).transpose(0, 1)
+    torch.testing.assert_close(out[:, :heads_checked].float(), want, rtol=2e-2, atol=2e-2)
+
+
+def single(seq, heads, kv_heads, head_dim, causal, dtype=torch.bfloat16):
+    q = torch.randn(seq, heads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
+    indptr = torch.tensor([0, seq], dtype=torch.int32, device="cuda")
+    wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"))
+    wrapper.plan(indptr, indptr, heads, kv_heads, head_dim, causal=causal, q_data_type=dtype)
+    out = torch.empty_like(q)
+    run = lambda: wrapper.run(q, k, v, out=out)  # noqa: E731
+    out.fill_(float("nan"))
+    run()
+    check_against_sdpa(out, q, k, v, causal)
+    ours, _ = bench_gpu_time(run, cold_l2_cache=False)
+
+    group = heads // kv_heads
+    qs = q.transpose(0, 1).unsqueeze(0)  # [1, heads, seq, dim]
+    ks = k.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0)
+    vs = v.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        theirs, _ = bench_gpu_time(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal), cold_l2_cache=False)
+    n = flops(heads, head_dim, pairs_of(seq, seq, causal))
+    label = f"{seq}x{seq} {heads}/{kv_heads} heads d{head_dim} {'causal' if causal else 'full'}"
+    print(f"  {label:<40} ours {n / ours / 1e12:6.1f} TFLOP/s ({ours * 1e3:7.3f} ms)   "
+          f"SDPA flash {n / theirs / 1e12:6.1f} TFLOP/s   ours/SDPA {theirs / ours:5.2f}")
+    return n / ours / 1e12
+
+
+def batch_paged_vs_ragged(heads=32, kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(512, 4097, (16,), generator=gen).tolist()
+    total = sum(lengths)
+    qo_indptr = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+    q = torch.randn(total, heads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(total, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(total, kv_heads, head_dim, device="cuda", dtype=dtype)
+    # The same keys in scattered pages.
+    pages = [-(-n // page_size) for n in lengths]
+    pool = 2 * sum(pages)
+    order = torch.randperm(pool, generator=gen)[: sum(pages)].to(torch.int32)
+    k_cache = torch.zeros(pool, page_size, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    page_indptr = torch.tensor([0] + pages, dtype=torch.int64).cumsum(0).to(torch.int32)
+    for b, n in enumerate(lengths):
+        ids = order[page_indptr[b] : page_indptr[b + 1]].long().cuda()
+        for cache, src in ((k_cache, k), (v_cache, v)):
+            rows = torch.zeros(pages[b] * page_size, kv_heads, head_dim, device="cuda", dtype=dtype)
+            rows[:n] = src[qo_indptr[b] : qo_indptr[b + 1]]
+            cache[ids] = rows.view(pages[b], page_size, kv_heads, head_dim)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lengths, pages)], dtype=torch.int32)
+
+    workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+    ragged = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace)
+    ragged.plan(qo_indptr.cuda(), qo_indptr.cuda(), heads, kv_heads, head_dim, causal=True, q_data_type=dtype)
+    paged = aotinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"))
+    paged.plan(qo_indptr.cuda(), page_indptr.cuda(), order.cuda(), last.cuda(), heads, kv_heads, head_dim, page_size,
+               causal=True, q_data_type=dtype)  # fmt: skip
+    out_r, out_p = torch.empty_like(q), torch.empty_like(q)
+    run_r = lambda: ragged.run(q, k, v, out=out_r)  # noqa: E731
+    run_p = lambda: paged.run(q, (k_cache, v_cache), out=out_p)  # noqa: E731
+    run_r(), run_p()
+    b0 = slice(0, lengths[0])
+    check_against_sdpa(out_r[b0], q[b0], k[b0], v[b0], True)
+    torch.testing.assert_close(out_p, out_r, rtol=0, atol=0)
+    t_r, _ = bench_gpu_time(run_r, cold_l2_cache=False)
+    t_p, _ = bench_gpu_time(run_p, cold_l2_cache=False)
+    n = sum(flops(heads, head_dim, pairs_of(x, x, True)) for x in lengths)
+    print(f"  16 sequences of 512-4096 (total {total}), {heads}/{kv_heads} heads d{head_dim} causal, page {page_size}:")
+    print(f"    ragged {n / t_r / 1e12:6.1f} TFLOP/s ({t_r * 1e3:.3f} ms)   paged {n / t_p / 1e12:6.1f} TFLOP/s "
+          f"({t_p * 1e3:.3f} ms)   paged/ragged throughput {t_r / t_p:5.3f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the d128 8192 cases and the batch only")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
+    cases = [(32, 32, 128), (32, 8, 128)] + ([] if args.quick else [(32, 32, 64), (16, 16, 256)])
+    for heads, kv_heads, head_dim in cases:
+        for causal in (True, False):
+            single(8192, heads, kv_heads, head_dim, causal)
+    batch_paged_vs_ragged()
+
+
+if __name__ == "__main__":
+    main()

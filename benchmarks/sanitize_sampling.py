@@ -1,0 +1,23 @@
+"""A small call of every sampling kernel, for compute-sanitizer (memcheck, racecheck): split rows,
+unsplit rows, the multi-pass path, misaligned rows, 16-bit logits."""
+import torch
+
+import aotinfer
+
+torch.manual_seed(0)
+for rows, vocab in ((2, 1001), (200, 4099)):
+    probs = torch.softmax(torch.randn(rows, vocab, device="cuda") * 2, -1)
+    logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16)
+    aotinfer.top_k_top_p_sampling_from_probs(probs, 20, 0.8)
+    aotinfer.top_k_top_p_sampling_from_probs(probs, 20, 0.8, filter_apply_order="joint")
+    aotinfer.top_p_sampling_from_probs(probs[:, 1:], 0.5)
+    aotinfer.min_p_sampling_from_probs(probs, 0.1)
+    aotinfer.sampling_from_logits(logits)
+    aotinfer.top_k_renorm_probs(probs, 7)
+    aotinfer.top_p_renorm_probs(probs, 0.7)
+    aotinfer.top_k_mask_logits(logits, 9)
+    aotinfer.softmax(logits, 0.7)
+flat = torch.full((2, 20000), 1 / 20000, device="cuda")
+aotinfer.top_k_top_p_sampling_from_probs(flat, 15000, 0.5)
+torch.cuda.synchronize()
+print("sanitize_sampling: done")

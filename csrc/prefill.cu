@@ -1,0 +1,162 @@
+// Binding of batch prefill attention (include/aotinfer/prefill.cuh). The plan (python/aotinfer/
+// prefill.py) has written the work partition: `work` (row 0: the number of items; then a row
+// (request, row_begin, kv_begin, kv_end, chunk, -, -, -) an item) and `requests` rows (q_begin,
+// q_len, kv_offset, kv_len, first_partial, num_partials, -, -); this binding checks the tensors,
+// then launches the prefill kernel on `ctas` x num_kv_heads blocks and, when `merge`, the merge of
+// split requests.
+#include "aotinfer/prefill.cuh"
+#include "attention_checks.h"
+#include "tvm_ffi_utils.h"
+
+namespace {
+
+using aotinfer::CheckDtypeFp16;
+using aotinfer::CheckIndexTable;
+using aotinfer::CheckLastDimContiguous;
+using aotinfer::CheckOptionalFloat;
+using aotinfer::CheckRows16;
+using aotinfer::SupportedHeadDim;
+
+template <typename T>
+cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, int ctas, bool merge, int merge_rows,
+                     cudaStream_t stream, bool pdl, int device) {
+  switch (head_dim) {
+    case 64: return aotinfer::BatchPrefill<T, 64>(p, ctas, merge, merge_rows, stream, pdl, device);
+    case 128: return aotinfer::BatchPrefill<T, 128>(p, ctas, merge, merge_rows, stream, pdl, device);
+    default: return aotinfer::BatchPrefill<T, 256>(p, ctas, merge, merge_rows, stream, pdl, device);
+  }
+}
+
+}  // namespace
+
+// Prefill attention of q ([tokens, num_qo_heads, head_dim]) against k and v: ragged, 3-D
+// [kv_tokens, num_kv_heads, head_dim] (any strides of the first two dimensions) with `indices`
+// empty; or paged, 4-D (kv_layout 0: [pages, page_size, kv_heads, head_dim], 1: [pages, kv_heads,
+// page_size, head_dim]) with `indices` the page ids. Over the planned work items.
+void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
+                   TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
+                   TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
+                   bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
+  // 1. Validate: inputs, scalars, then outputs; devices last.
+  aotinfer::CheckDim(3, q, "q");
+  CheckDtypeFp16(q, "q");
+  CheckLastDimContiguous(q, "q");
+  const int64_t total_q = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
+  if (!SupportedHeadDim(head_dim)) {
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << head_dim << " (q of shape "
+                              << aotinfer::ShapeString(q.shape()) << ")";
+  }
+  CheckRows16(q, 8, "q", 2);
+  if (kv_layout != 0 && kv_layout != 1) {
+    AOTINFER_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
+  }
+  const bool paged = k.ndim() == 4;
+  if (!paged && k.ndim() != 3) {
+    AOTINFER_THROW(ValueError) << "Expected k to have 3 dimensions (ragged) or 4 (paged), got " << k.ndim()
+                              << " (shape " << aotinfer::ShapeString(k.shape()) << ")";
+  }
+  aotinfer::CheckSameShape(v, k, "v", "k");
+  aotinfer::CheckSameDtype(k, q, "k", "q");
+  aotinfer::CheckSameDtype(v, q, "v", "q");
+  const int head_axis = !paged ? 1 : kv_layout == 0 ? 2 : 1, slot_axis = kv_layout == 0 ? 1 : 2;
+  const int64_t num_kv_heads = k.size(head_axis), page_size = paged ? k.size(slot_axis) : 1;
+  if (k.size(-1) != head_dim) {
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of k to be head_dim " << head_dim << ", got shape "
+                              << aotinfer::ShapeString(k.shape());
+  }
+  if (num_kv_heads == 0 || num_qo_heads % num_kv_heads != 0) {
+    AOTINFER_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
+                              << num_kv_heads << ")";
+  }
+  if (paged && page_size == 0) AOTINFER_THROW(ValueError) << "Expected a page_size of 1 or more, got k of shape " << aotinfer::ShapeString(k.shape());
+  CheckLastDimContiguous(k, "k");
+  CheckLastDimContiguous(v, "v");
+  CheckRows16(k, 8, "k", k.ndim() - 1);
+  CheckRows16(v, 8, "v", v.ndim() - 1);
+  CheckIndexTable(indices, 0, "indices");
+  if (!paged && indices.numel() != 0) {
+    AOTINFER_THROW(ValueError) << "Expected no indices with a ragged (3-D) k, got " << indices.numel();
+  }
+  CheckIndexTable(work, 8, "work");
+  CheckIndexTable(requests, 8, "requests");
+  if (work.size(0) < 1) AOTINFER_THROW(ValueError) << "Expected work to have its count row, got no rows";
+  const int64_t batch = requests.size(0);
+  const bool has_sinks = CheckOptionalFloat(sinks, {num_qo_heads}, "sinks");
+  if (!(sm_scale > 0.0) || !(logits_soft_cap >= 0.0) || window_left < -1) {
+    AOTINFER_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
+                              << ", " << logits_soft_cap << " and " << window_left;
+  }
+  if (ctas < 0 || ctas > 0x7fffffff) AOTINFER_THROW(ValueError) << "Expected ctas in [0, 2^31), got " << ctas;
+  aotinfer::CheckEnablePdl(enable_pdl);
+  aotinfer::CheckSameShape(out, q, "out", "q");
+  aotinfer::CheckSameDtype(out, q, "out", "q");
+  CheckLastDimContiguous(out, "out");
+  CheckRows16(out, 8, "out", 2);
+  const bool has_lse = CheckOptionalFloat(lse, {total_q, num_qo_heads}, "lse");
+  const int64_t slots = partial_lse.numel() ? partial_lse.size(0) : 0;
+  const bool has_partials = CheckOptionalFloat(partial_lse, {slots, num_qo_heads}, "partial_lse");
+  if (has_partials != CheckOptionalFloat(partial_out, {slots, num_qo_heads, head_dim}, "partial_out")) {
+    AOTINFER_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
+  }
+  const TensorView* on_gpu[] = {&q, &k, &v, &work, &requests, &out};
+  const char* names[] = {"q", "k", "v", "work", "requests", "out"};
+  for (int i = 0; i < 6; ++i) {
+    aotinfer::CheckCuda(*on_gpu[i], names[i]);
+    aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
+  }
+  if (paged) aotinfer::CheckSameDevice(indices, q, "indices", "q");
+  if (has_sinks) aotinfer::CheckSameDevice(sinks, q, "sinks", "q");
+  if (has_lse) aotinfer::CheckSameDevice(lse, q, "lse", "q");
+  if (has_partials) {
+    aotinfer::CheckSameDevice(partial_out, q, "partial_out", "q");
+    aotinfer::CheckSameDevice(partial_lse, q, "partial_lse", "q");
+  }
+  if (total_q > 0x7fffffff || num_kv_heads > 0xffff || batch > 0x7fffffff) {
+    AOTINFER_THROW(ValueError) << "Expected fewer query tokens (" << total_q << "), KV heads or requests";
+  }
+
+  aotinfer::PrefillParams p{};
+  p.out = aotinfer::data_ptr<char>(out);
+  p.out_stride_n = out.stride(0);
+  p.out_stride_h = out.stride(1);
+  p.lse = has_lse ? aotinfer::data_ptr<float>(lse) : nullptr;
+  p.partial_out = has_partials ? aotinfer::data_ptr<float>(partial_out) : nullptr;
+  p.partial_lse = has_partials ? aotinfer::data_ptr<float>(partial_lse) : nullptr;
+  p.q = aotinfer::data_ptr<char>(q);
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.k = aotinfer::data_ptr<char>(k);
+  p.v = aotinfer::data_ptr<char>(v);
+  p.k_stride_page = k.stride(0);
+  p.k_stride_slot = paged ? k.stride(slot_axis) : 0;
+  p.k_stride_head = k.stride(head_axis);
+  p.v_stride_page = v.stride(0);
+  p.v_stride_slot = paged ? v.stride(slot_axis) : 0;
+  p.v_stride_head = v.stride(head_axis);
+  p.indices = paged ? aotinfer::data_ptr<int32_t>(indices) : nullptr;
+  p.work = aotinfer::data_ptr<int4>(work);
+  p.requests = aotinfer::data_ptr<int4>(requests);
+  p.sinks = has_sinks ? aotinfer::data_ptr<float>(sinks) : nullptr;
+  p.batch = int(batch);
+  p.num_qo_heads = int(num_qo_heads);
+  p.num_kv_heads = int(num_kv_heads);
+  p.group = int(num_qo_heads / num_kv_heads);
+  p.group_divisor = aotinfer::PageDivisor(uint32_t(p.group));
+  p.page_size = aotinfer::PageDivisor(uint32_t(page_size));
+  p.scale_log2 = float(sm_scale * 1.4426950408889634);
+  p.soft_cap = float(logits_soft_cap);
+  p.window_left = int(window_left);
+  p.causal = causal;
+  if (batch == 0 || ctas == 0 || total_q == 0) return;
+
+  // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
+  const int device = q.device().device_id;
+  aotinfer::DeviceGuard guard(device);
+  cudaStream_t stream = aotinfer::get_stream(q.device());
+  const bool pdl = aotinfer::UsePdl(enable_pdl, device);
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
+    CHECK_LAUNCH(Dispatch<T>(p, head_dim, int(ctas), merge, int(total_q), stream, pdl, device), "batch_prefill");
+    return true;
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill, batch_prefill);

@@ -1,0 +1,246 @@
+// Bindings of sampling (include/aotinfer/sampling.cuh): sample (every filter, from probabilities or
+// logits), renorm (top-k / top-p renormalization), top_k_mask_logits and softmax.
+//
+// Per-row parameters come as a tensor of one value per output row, or as a scalar: a negative
+// scalar (top_k_val, top_p_val, min_p_val, temperature_val) says "read the tensor", which must then
+// have shape [batch]; otherwise the tensor is not read. seed and offset tensors with no elements
+// say "use seed_val / offset_val"; otherwise they hold 1 or batch int64 values, read on the GPU,
+// so that a CUDA graph replays with whatever they hold then.
+#include "aotinfer/sampling.cuh"
+#include "tvm_ffi_utils.h"
+
+#include <vector>
+
+namespace {
+
+using Tensors = std::vector<std::pair<const TensorView*, const char*>>;
+
+// A [rows, vocab] tensor with a contiguous last dimension; returns its row stride.
+int64_t CheckRows(const TensorView& x, const char* name) {
+  aotinfer::CheckDim(2, x, name);
+  if (x.size(1) > 1 && x.stride(1) != 1) {
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of " << name << " to be contiguous, got strides "
+                              << aotinfer::ShapeString(x.strides());
+  }
+  return x.size(0) > 1 ? x.stride(0) : x.size(1);
+}
+
+void CheckFloat32(const TensorView& x, const char* name) {
+  if (x.dtype() != DLDataType{kDLFloat, 32, 1}) {
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype float32, got " << x.dtype();
+  }
+}
+
+bool IsInt(const TensorView& x, int bits) {
+  return (x.dtype().code == kDLInt || x.dtype().code == kDLUInt) && x.dtype().bits == bits && x.dtype().lanes == 1;
+}
+
+// A per-row parameter: the tensor (dtype, shape [batch]) where `scalar` < 0 says to read it.
+template <typename T>
+aotinfer::RowParam<T> RowParamOf(const TensorView& values, double scalar, int64_t batch, const char* name,
+                                 DLDataType dtype, const char* dtype_name, Tensors& on_gpu) {
+  if (scalar >= 0) return aotinfer::RowParam<T>{nullptr, static_cast<T>(scalar)};
+  if (values.dtype() != dtype) {
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype " << dtype_name << ", got " << values.dtype();
+  }
+  if (values.ndim() != 1 || values.size(0) != batch) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [" << batch << "] (one value per row), got "
+                              << aotinfer::ShapeString(values.shape());
+  }
+  aotinfer::CheckContiguous(values, name);
+  on_gpu.push_back({&values, name});
+  return aotinfer::RowParam<T>{aotinfer::data_ptr<T>(values), T(0)};
+}
+
+// seed or offset: no elements (the scalar), or 1 or batch 64-bit integers.
+const int64_t* RandomStateOf(const TensorView& values, int64_t batch, const char* name, int* stride, Tensors& on_gpu) {
+  *stride = 0;
+  if (values.numel() == 0) return nullptr;
+  if (!IsInt(values, 64)) {
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int64 or uint64, got " << values.dtype();
+  }
+  if (values.ndim() != 1 || (values.size(0) != 1 && values.size(0) != batch)) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [1] or [" << batch << "], got "
+                              << aotinfer::ShapeString(values.shape());
+  }
+  *stride = values.size(0) == 1 ? 0 : int(values.stride(0));
+  on_gpu.push_back({&values, name});
+  return aotinfer::data_ptr<int64_t>(values);
+}
+
+void CheckOnDevice(const Tensors& tensors) {
+  for (const auto& [t, name] : tensors) aotinfer::CheckCuda(*t, name);
+  for (const auto& [t, name] : tensors) aotinfer::CheckSameDevice(*t, *tensors.front().first, name, tensors.front().second);
+}
+
+template <typename Launch>
+void Run(const TensorView& on, int64_t enable_pdl, const char* op, Launch&& launch) {
+  const int device = on.device().device_id;
+  aotinfer::DeviceGuard guard(device);
+  cudaStream_t stream = aotinfer::get_stream(on.device());
+  CHECK_LAUNCH(launch(device, stream, aotinfer::UsePdl(enable_pdl, device)), op);
+}
+
+}  // namespace
+
+// out[i] = a token drawn from row indices[i] (i without indices) of probs (or of softmax(logits)
+// where from_logits), after the filter: 0 none, 1 top-k, 2 top-p, 3 min-p, 4 top-k then top-p,
+// 5 top-k and top-p jointly.
+void sample(TensorView out, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p, TensorView min_p,
+            TensorView seed, TensorView offset, int64_t filter, bool from_logits, int64_t top_k_val, double top_p_val,
+            double min_p_val, int64_t seed_val, int64_t offset_val, int64_t enable_pdl) {
+  const char* probs_name = from_logits ? "logits" : "probs";
+  const int64_t row_stride = CheckRows(probs, probs_name);
+  CheckFloat32(probs, probs_name);
+  Tensors on_gpu{{&probs, probs_name}};
+  aotinfer::CheckDim(1, out, "out");
+  const int64_t batch = out.size(0);
+  if (indices.numel() > 0) {
+    if (!IsInt(indices, 32) && !IsInt(indices, 64)) {
+      AOTINFER_THROW(TypeError) << "Expected indices to have dtype int32 or int64, got " << indices.dtype();
+    }
+    if (indices.ndim() != 1 || indices.size(0) != batch) {
+      AOTINFER_THROW(ValueError) << "Expected indices to have shape [" << batch << "], got "
+                                << aotinfer::ShapeString(indices.shape());
+    }
+    aotinfer::CheckContiguous(indices, "indices");
+    on_gpu.push_back({&indices, "indices"});
+  } else if (batch != 0 && batch != probs.size(0)) {  // (indices with no elements: batch 0)
+    AOTINFER_THROW(ValueError) << "Expected out to have shape [" << probs.size(0) << "] (the rows of " << probs_name
+                              << "), got " << aotinfer::ShapeString(out.shape());
+  }
+  if (filter < 0 || filter > 5 || (from_logits && filter != 0)) {
+    AOTINFER_THROW(ValueError) << "Expected filter to be 0 to 5 (0 from logits), got " << filter;
+  }
+  aotinfer::SamplingParams p{};
+  p.top_k = RowParamOf<int>(top_k, double(top_k_val), batch, "top_k", DLDataType{kDLInt, 32, 1}, "int32", on_gpu);
+  p.top_p = RowParamOf<float>(top_p, top_p_val, batch, "top_p", DLDataType{kDLFloat, 32, 1}, "float32", on_gpu);
+  p.min_p = RowParamOf<float>(min_p, min_p_val, batch, "min_p", DLDataType{kDLFloat, 32, 1}, "float32", on_gpu);
+  p.seed_values = RandomStateOf(seed, batch, "seed", &p.seed_stride, on_gpu);
+  p.offset_values = RandomStateOf(offset, batch, "offset", &p.offset_stride, on_gpu);
+  aotinfer::CheckEnablePdl(enable_pdl);
+  if (!IsInt(out, 32) && !IsInt(out, 64)) {
+    AOTINFER_THROW(TypeError) << "Expected out to have dtype int32 or int64, got " << out.dtype();
+  }
+  aotinfer::CheckContiguous(out, "out");
+  on_gpu.push_back({&out, "out"});
+  CheckOnDevice(on_gpu);
+  if (batch == 0) return;
+  if (probs.size(1) == 0 || probs.size(1) > 0x7FFFFFFF) {
+    AOTINFER_THROW(ValueError) << "Expected " << probs_name << " to have 1 to 2^31 - 1 columns, got " << probs.size(1);
+  }
+  p.probs = aotinfer::data_ptr<float>(probs);
+  p.row_stride = row_stride;
+  p.vocab = probs.size(1);
+  p.batch = batch;
+  p.num_dist_rows = probs.size(0);
+  p.indices = indices.numel() > 0 ? static_cast<const void*>(aotinfer::data_ptr<char>(indices)) : nullptr;
+  p.indices_int64 = indices.numel() > 0 && IsInt(indices, 64);
+  p.out = aotinfer::data_ptr<char>(out);
+  p.out_int64 = IsInt(out, 64);
+  p.filter = static_cast<aotinfer::Filter>(filter);
+  p.from_logits = from_logits;
+  p.seed = seed_val;
+  p.offset = offset_val;
+  Run(probs, enable_pdl, from_logits ? "sampling_from_logits" : "sampling",
+      [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Sample(p, device, stream, pdl); });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
+
+// out = probs with the elements outside the top-k (filter 1) or top-p (filter 2) set zeroed, the
+// rest divided by their sum.
+void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p, int64_t filter, int64_t top_k_val,
+            double top_p_val, int64_t enable_pdl) {
+  const int64_t in_stride = CheckRows(probs, "probs");
+  CheckFloat32(probs, "probs");
+  Tensors on_gpu{{&probs, "probs"}};
+  const int64_t rows = probs.size(0);
+  if (filter != 1 && filter != 2) AOTINFER_THROW(ValueError) << "Expected filter to be 1 or 2, got " << filter;
+  aotinfer::RenormParams p{};
+  p.filter = static_cast<aotinfer::Filter>(filter);
+  if (filter == 1) {
+    p.top_k = RowParamOf<int>(top_k, double(top_k_val), rows, "top_k", DLDataType{kDLInt, 32, 1}, "int32", on_gpu);
+  } else {
+    p.top_p = RowParamOf<float>(top_p, top_p_val, rows, "top_p", DLDataType{kDLFloat, 32, 1}, "float32", on_gpu);
+  }
+  aotinfer::CheckEnablePdl(enable_pdl);
+  aotinfer::CheckSameShape(out, probs, "out", "probs");
+  aotinfer::CheckSameDtype(out, probs, "out", "probs");
+  const int64_t out_stride = CheckRows(out, "out");
+  on_gpu.push_back({&out, "out"});
+  CheckOnDevice(on_gpu);
+  if (probs.numel() == 0) return;
+  p.input = aotinfer::data_ptr<float>(probs);
+  p.in_stride = in_stride;
+  p.out = aotinfer::data_ptr<float>(out);
+  p.out_stride = out_stride;
+  p.vocab = probs.size(1);
+  p.rows = rows;
+  Run(probs, enable_pdl, filter == 1 ? "top_k_renorm_probs" : "top_p_renorm_probs",
+      [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Renorm(p, device, stream, pdl); });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(renorm, renorm);
+
+// out = logits where among the top k of the row, else -inf.
+void top_k_mask_logits(TensorView out, TensorView logits, TensorView top_k, int64_t top_k_val, int64_t enable_pdl) {
+  const int64_t in_stride = CheckRows(logits, "logits");
+  aotinfer::CheckDtypeFp32Fp16(logits, "logits");
+  Tensors on_gpu{{&logits, "logits"}};
+  const int64_t rows = logits.size(0);
+  aotinfer::RenormParams p{};
+  p.filter = aotinfer::Filter::kTopK;
+  p.top_k = RowParamOf<int>(top_k, double(top_k_val), rows, "top_k", DLDataType{kDLInt, 32, 1}, "int32", on_gpu);
+  aotinfer::CheckEnablePdl(enable_pdl);
+  aotinfer::CheckSameShape(out, logits, "out", "logits");
+  aotinfer::CheckSameDtype(out, logits, "out", "logits");
+  const int64_t out_stride = CheckRows(out, "out");
+  on_gpu.push_back({&out, "out"});
+  CheckOnDevice(on_gpu);
+  if (logits.numel() == 0) return;
+  p.in_stride = in_stride;
+  p.out_stride = out_stride;
+  p.vocab = logits.size(1);
+  p.rows = rows;
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(logits.dtype(), T, [&] {
+    p.input = aotinfer::data_ptr<T>(logits);
+    p.out = aotinfer::data_ptr<T>(out);
+    Run(logits, enable_pdl, "top_k_mask_logits",
+        [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::MaskLogits<T>(p, device, stream, pdl); });
+    return true;
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_k_mask_logits, top_k_mask_logits);
+
+// out (float32) = softmax(logits / temperature) over each row.
+void softmax(TensorView out, TensorView logits, TensorView temperature, double temperature_val, int64_t enable_pdl) {
+  const int64_t in_stride = CheckRows(logits, "logits");
+  aotinfer::CheckDtypeFp32Fp16(logits, "logits");
+  Tensors on_gpu{{&logits, "logits"}};
+  const int64_t rows = logits.size(0);
+  aotinfer::SoftmaxParams p{};
+  p.temperature = RowParamOf<float>(temperature, temperature_val, rows, "temperature", DLDataType{kDLFloat, 32, 1},
+                                    "float32", on_gpu);
+  aotinfer::CheckEnablePdl(enable_pdl);
+  aotinfer::CheckDim(2, out, "out");
+  if (out.size(0) != rows || out.size(1) != logits.size(1)) {
+    AOTINFER_THROW(ValueError) << "Expected out to have shape " << aotinfer::ShapeString(logits.shape()) << ", got "
+                              << aotinfer::ShapeString(out.shape());
+  }
+  CheckFloat32(out, "out");
+  const int64_t out_stride = CheckRows(out, "out");
+  on_gpu.push_back({&out, "out"});
+  CheckOnDevice(on_gpu);
+  if (logits.numel() == 0) return;
+  p.in_stride = in_stride;
+  p.out = aotinfer::data_ptr<float>(out);
+  p.out_stride = out_stride;
+  p.vocab = logits.size(1);
+  p.rows = rows;
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(logits.dtype(), T, [&] {
+    p.logits = aotinfer::data_ptr<T>(logits);
+    Run(logits, enable_pdl, "softmax",
+        [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Softmax<T>(p, device, stream, pdl); });
+    return true;
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(softmax, softmax);

@@ -1,0 +1,500 @@
+// Batch prefill attention: each request's queries against its keys and values, held contiguous
+// (ragged: [tokens, kv_heads, head_dim] from an offset) or in pages (a page table), on tensor cores.
+//
+// A block of 4 warps takes one work item -- a request, a tile of kTileQ query rows and a range of
+// key positions -- for one KV head. Query rows are packed GQA-style: row r of a request is query
+// token r / group of query head kv_head * group + r % group, so the query heads that share a KV
+// head share every K and V byte read (group 1: plain query tiles). Each warp owns kMmaQ 16-row
+// tiles of the block's rows. Q lands in shared memory once; K and V tiles of kTileKV tokens stream
+// through a cp.async double buffer: the next tile's K and V are copied while this one is computed,
+// one barrier a tile. Scores S = Q K^T and O += P V run on mma.sync m16n8k16 with fp32
+// accumulators, fragments through ldmatrix (.trans for V); the softmax is online, in base 2, the
+// scale folded into one FMA before exp2.
+//
+// Masks (causal aligned to the end: query i of q_len sees key j <= i + kv_len - q_len; window_left;
+// the end of the keys) are applied only on tiles that a mask cuts; tiles that every row masks are
+// never visited. A request whose keys were split over several items (the caller's plan decides)
+// writes float32 partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "aotinfer/async_copy.cuh"
+#include "aotinfer/attention.cuh"
+#include "aotinfer/launch.cuh"
+#include "aotinfer/mma.cuh"
+#include "aotinfer/vec.cuh"
+
+namespace aotinfer {
+
+// One prefill launch; every pointer is on the same GPU, strides are in elements.
+struct PrefillParams {
+  void* out;                     // [total_q, num_qo_heads, head_dim] of T
+  int64_t out_stride_n, out_stride_h;
+  float* lse;                    // [total_q, num_qo_heads], base 2; null: not written
+  float* partial_out;            // [slots, num_qo_heads, head_dim]
+  float* partial_lse;            // [slots, num_qo_heads]
+  const void* q;                 // [total_q, num_qo_heads, head_dim] of T
+  int64_t q_stride_n, q_stride_h;
+  // KV element (token position pos of a request, head, d). Paged: at page indices[kv_offset +
+  // pos / page_size], slot pos % page_size; ragged (indices null): at token kv_offset + pos, so
+  // stride_page is the token stride and stride_slot is unused.
+  const void* k;
+  const void* v;
+  int64_t k_stride_page, k_stride_slot, k_stride_head;
+  int64_t v_stride_page, v_stride_slot, v_stride_head;
+  const int32_t* indices;
+  const int4* work;              // [1 + items][2]: row 0 (items, -); then (request, row_begin, kv_begin, kv_end), (chunk, -)
+  const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, -, -)
+  const float* sinks;            // [num_qo_heads] or null
+  int batch;
+  int num_qo_heads, num_kv_heads;
+  int group;                     // num_qo_heads / num_kv_heads
+  PageDivisor group_divisor;
+  PageDivisor page_size;
+  float scale_log2;              // sm_scale * log2(e)
+  float soft_cap;                // 0: off
+  int window_left;               // < 0: off
+  bool causal;
+};
+
+constexpr int kPrefillWarps = 4;
+constexpr float kRescaleSlack = 8.f;  // log2 units: exp2 of a logit stays below 256 between rescales
+constexpr int kPrefillThreads = kPrefillWarps * 32;
+
+// Tiles of one head_dim: kMmaQ 16-row tiles a warp (two where registers allow: each K and V
+// fragment read feeds two tiles), kTileKV tokens a K/V tile; all three fit 96 KB of shared memory,
+// so every arch from sm80 (sm86, sm89 and sm120 allow 99 KB a block) runs one configuration.
+template <typename T, int D>
+struct PrefillShape {
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
+  static constexpr int kMmaQ = D <= 128 ? 2 : 1;
+  static constexpr int kTileQ = kPrefillWarps * 16 * kMmaQ;  // query rows a block
+  static constexpr int kTileKV = D <= 128 ? 64 : 32;
+  static constexpr int kRowChunks = D / 8;                    // 16-byte chunks a row
+  static constexpr int kQBytes = kTileQ * D * 2;
+  static constexpr int kKVBytes = kTileKV * D * 2;            // one K or V tile
+  static constexpr int kPageIdBytes = 2 * kTileKV * 4;       // paged: the page ids of two tiles
+  static constexpr size_t kSharedBytes = size_t(kQBytes) + 4 * kKVBytes + kPageIdBytes;  // Q, K x2, V x2, ids
+  static constexpr int kChunksPerThread = kTileKV * kRowChunks / kPrefillThreads;  // of K (or V) a tile
+  static constexpr int kTokenStep = kPrefillThreads / kRowChunks;
+  static_assert(kChunksPerThread * kPrefillThreads == kTileKV * kRowChunks);
+};
+
+__device__ __forceinline__ float TanhApprox(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Where a split request's partials are: query token t (of the request) has partials first_partial
+// + t * num_partials + chunk. Row n of the merge is a query token of the batch, found among the
+// requests by binary search on q_begin.
+struct PrefillPartials {
+  const int4* requests;
+  int batch;
+  __device__ __forceinline__ int2 operator()(int row) const {
+    if (batch == 0) return make_int2(0, 0);
+    int lo = 0, hi = batch;  // the last request with q_begin <= row: the empty ones before it end there
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (requests[2 * mid].x <= row) lo = mid;
+      else hi = mid;
+    }
+    const int4 info = requests[2 * lo];
+    if (row < info.x || row >= info.x + info.y) return make_int2(0, 0);  // padding rows
+    const int4 split = requests[2 * lo + 1];
+    return make_int2(split.x + (row - info.x) * split.y, split.y);
+  }
+};
+
+template <typename T, int D, bool kPaged>
+__device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, int chunk, uint8_t* shared) {
+  using S = PrefillShape<T, D>;
+  constexpr int kMmaQ = S::kMmaQ, kTileKV = S::kTileKV, kNT = kTileKV / 8;
+  constexpr uint32_t kRowBytes = S::kRowChunks * 16;
+  uint8_t* const q_tile = shared;
+  uint8_t* const k_stages = shared + S::kQBytes;          // [2][kTileKV][D]
+  uint8_t* const v_stages = k_stages + 2 * S::kKVBytes;   // [2][kTileKV][D]
+  int32_t* const tile_pages = reinterpret_cast<int32_t*>(v_stages + 2 * S::kKVBytes);  // [2][kTileKV]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int kv_head = blockIdx.y;
+  const int request = item.x, row_begin = item.y;
+  const int4 info = p.requests[2 * request];
+  const int4 split = p.requests[2 * request + 1];
+  const int q_begin = info.x, q_len = info.y, kv_offset = info.z, kv_len = info.w;
+  const int rows = min(S::kTileQ, q_len * p.group - row_begin);
+  const int delta = kv_len - q_len;  // query i's diagonal: key i + delta
+  const int first_token = int(p.group_divisor.Divide(uint32_t(row_begin)));
+  const int last_token = int(p.group_divisor.Divide(uint32_t(row_begin + rows - 1)));
+  int begin = max(item.z, 0);
+  int end = min(item.w, kv_len);
+  if (p.causal) end = min(end, last_token + delta + 1);
+  if (p.window_left >= 0) begin = max(begin, first_token + delta - p.window_left);
+  const int num_tiles = end > begin ? (end - begin + kTileKV - 1) / kTileKV : 0;
+  // Below these bounds no row of the block is masked (but for the keys' end).
+  const int all_see_up_to = p.causal ? first_token + delta : INT_MAX;
+  const int all_see_from = p.window_left >= 0 ? last_token + delta - p.window_left : INT_MIN;
+
+  // This thread's rows: g and g + 8 of each of its warp's tiles; a row's query token and the
+  // key on its diagonal.
+  const int warp_row0 = warp * 16 * kMmaQ;
+  auto token_of = [&](int mq, int r) {
+    return int(p.group_divisor.Divide(uint32_t(row_begin + warp_row0 + mq * 16 + lane / 4 + r * 8)));
+  };
+
+  float o[kMmaQ][D / 8][4];
+  float row_max[kMmaQ][2], row_sum[kMmaQ][2];
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mq][n][0] = o[mq][n][1] = o[mq][n][2] = o[mq][n][3] = 0.f;
+    row_max[mq][0] = row_max[mq][1] = -INFINITY;
+    row_sum[mq][0] = row_sum[mq][1] = 0.f;
+  }
+
+  if (num_tiles > 0) {
+    // Q rows (zero past the request's rows), in the first commit group with K of tile 0.
+    const T* q = static_cast<const T*>(p.q);
+    for (int c = tid; c < S::kTileQ * S::kRowChunks; c += kPrefillThreads) {
+      const int r = c / S::kRowChunks, column = c % S::kRowChunks;
+      const bool valid = r < rows;
+      const int packed = row_begin + min(r, rows - 1);
+      const int token = int(p.group_divisor.Divide(uint32_t(packed)));
+      const int head = kv_head * p.group + (packed - token * p.group);
+      CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, column),
+                        q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
+    }
+
+    // Each thread copies chunk column `column` of tokens first_row + i * kTokenStep of every
+    // tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart; paged: each token's page
+    // id from shared memory (tile 0's from global memory).
+    const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks;
+    const uint32_t dst_first = SwizzledOffset<S::kRowChunks>(first_row, column);
+    const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + column * 8;
+    const T* v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + column * 8;
+    if constexpr (!kPaged) {
+      k += int64_t(kv_offset + begin + first_row) * p.k_stride_page;
+      v += int64_t(kv_offset + begin + first_row) * p.v_stride_page;
+    }
+    // Paged: the page ids of a tile's tokens land in shared memory (cp.async, in the commit group of
+    // the tile two before), so a copy never waits on a global load; tile 0's are read directly.
+    const int32_t* pages = p.indices + kv_offset;
+    auto fetch_page_ids = [&](int tile) {  // for tile `tile`, into tile_pages[tile % 2]
+      if constexpr (kPaged) {
+        if (tid < kTileKV) {
+          const int pos = begin + tile * kTileKV + tid;
+          const bool valid = pos < end;
+          CopyAsync4OrZero(tile_pages + (tile % 2) * kTileKV + tid, pages + (valid ? p.page_size.Divide(uint32_t(pos)) : 0), valid);
+        }
+      }
+    };
+    auto copy = [&](const T* base, int64_t stride_page, int64_t stride_slot, uint8_t* stages, int tile) {
+      uint8_t* dst = stages + (tile % 2) * S::kKVBytes;
+      const int left = end - begin - tile * kTileKV - first_row;  // token i of this thread is valid when i * step < left
+      const T* row0 = base + (kPaged ? 0 : int64_t(tile) * kTileKV * stride_page);
+#pragma unroll
+      for (int i = 0; i < S::kChunksPerThread; ++i) {
+        const int token = first_row + i * S::kTokenStep;
+        const bool valid = i * S::kTokenStep < left;
+        const T* src = base;
+        if constexpr (kPaged) {
+          const int pos = begin + tile * kTileKV + token;
+          const int index = int(p.page_size.Divide(uint32_t(pos)));
+          const int slot = pos - index * int(p.page_size.divisor);
+          const int page = tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token];
+          src = base + int64_t(page) * stride_page + int64_t(slot) * stride_slot;
+        } else {
+          src = row0 + int64_t(i * S::kTokenStep) * stride_page;
+        }
+        const uint32_t at = S::kTokenStep % 8 == 0 ? dst_first + uint32_t(i * S::kTokenStep) * kRowBytes
+                                                   : SwizzledOffset<S::kRowChunks>(token, column);
+        CopyAsync16OrZero(dst + at, valid ? src : base, valid);
+      }
+    };
+    copy(k, p.k_stride_page, p.k_stride_slot, k_stages, 0);
+    copy(v, p.v_stride_page, p.v_stride_slot, v_stages, 0);
+    fetch_page_ids(1);
+    CommitAsyncGroup();
+
+    const bool capped = p.soft_cap > 0.f;
+    const float cap_scale = capped ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
+    const float cap_log2 = p.soft_cap * kLog2e;
+    const float scale = capped ? 1.f : p.scale_log2;  // logits (base 2) = scale * what S holds
+
+    // ldmatrix addresses: every fragment row a lane gives is = lane (mod 8), so its chunk c sits
+    // at c ^ (lane % 8); tiles further down add whole rows.
+    const int l7 = lane % 8;
+    const uint32_t q_lane = SharedAddress(q_tile) + uint32_t(warp_row0 + (lane / 8) % 2 * 8 + l7) * kRowBytes;
+    const uint32_t k_lane = SharedAddress(k_stages) + uint32_t(lane / 16 * 8 + l7) * kRowBytes;
+    const uint32_t v_lane = SharedAddress(v_stages) + uint32_t((lane / 8) % 2 * 8 + l7) * kRowBytes;
+    const int q_half = lane / 16, k_half = (lane / 8) % 2;
+    auto chunk_at = [&](int c) { return uint32_t(c ^ l7) * 16u; };
+
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
+      __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
+      if (tile + 1 < num_tiles) {
+        copy(k, p.k_stride_page, p.k_stride_slot, k_stages, tile + 1);
+        copy(v, p.v_stride_page, p.v_stride_slot, v_stages, tile + 1);
+        // Tile tile + 2's page ids go where tile tile's were, read when its copies were issued.
+        if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
+      }
+      CommitAsyncGroup();
+
+      // S = Q K^T: kMmaQ x kNT 16x8 tiles a warp, over D / 16 steps.
+      float s[kMmaQ][kNT][4];
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) s[mq][nt][0] = s[mq][nt][1] = s[mq][nt][2] = s[mq][nt][3] = 0.f;
+      }
+      const uint32_t k_base = k_lane + (tile % 2) * S::kKVBytes;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[kMmaQ][4];
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) LoadMatrixX4(a[mq], q_lane + mq * 16 * kRowBytes + chunk_at(2 * kk + q_half));
+#pragma unroll
+        for (int nj = 0; nj < kTileKV / 16; ++nj) {
+          uint32_t b[4];
+          LoadMatrixX4(b, k_base + nj * 16 * kRowBytes + chunk_at(2 * kk + k_half));
+#pragma unroll
+          for (int mq = 0; mq < kMmaQ; ++mq) {
+            Mma16816<T>(s[mq][2 * nj], a[mq], b[0], b[1]);
+            Mma16816<T>(s[mq][2 * nj + 1], a[mq], b[2], b[3]);
+          }
+        }
+      }
+
+      // Cap, mask where a mask cuts this tile, and fold into each row's running softmax.
+      const int tile_pos = begin + tile * kTileKV;
+      const bool masked = tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
+      const int col0 = tile_pos + (lane % 4) * 2;  // this thread's first key of the tile
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
+        // A row sees keys col0 + c for lo <= c <= hi (c: the column offset from col0).
+        int lo[2], hi[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int diagonal = token_of(mq, r) + delta;
+          hi[r] = min(end - 1, p.causal ? diagonal : INT_MAX) - col0;
+          lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[mq][nt][e];
+            if (capped) x = cap_log2 * TanhApprox(x * cap_scale);
+            if (masked) {
+              const int c = nt * 8 + (e & 1);
+              x = c <= hi[e / 2] && c >= lo[e / 2] ? x : -INFINITY;
+            }
+            s[mq][nt][e] = x;
+          }
+        }
+        // Row maxima and sums as trees (chains of dependent adds would leave the warp waiting).
+        float partial[2][kNT];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          partial[0][nt] = fmaxf(s[mq][nt][0], s[mq][nt][1]);
+          partial[1][nt] = fmaxf(s[mq][nt][2], s[mq][nt][3]);
+        }
+#pragma unroll
+        for (int width = kNT / 2; width >= 1; width /= 2) {
+#pragma unroll
+          for (int i = 0; i < width; ++i) {
+            partial[0][i] = fmaxf(partial[0][i], partial[0][i + width]);
+            partial[1][i] = fmaxf(partial[1][i], partial[1][i + width]);
+          }
+        }
+        // The running max moves only when a row's grows past it by kRescaleSlack (lazily: until
+        // then exp2 stays below 2^kRescaleSlack and the output, sum and LSE keep one base), and
+        // then for the whole warp: most tiles skip rescaling the output.
+        float tile_max[2];
+        bool grows = false;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          tile_max[r] = partial[r][0];
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+          tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+          tile_max[r] *= scale;
+          grows |= tile_max[r] > row_max[mq][r] + kRescaleSlack;
+        }
+        if (__any_sync(0xffffffffu, grows)) {
+          float alpha[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float new_max = fmaxf(row_max[mq][r], tile_max[r]);
+            alpha[r] = Exp2(row_max[mq][r] - SafeBase(new_max));
+            row_max[mq][r] = new_max;
+            row_sum[mq][r] *= alpha[r];
+          }
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            o[mq][n][0] *= alpha[0];
+            o[mq][n][1] *= alpha[0];
+            o[mq][n][2] *= alpha[1];
+            o[mq][n][3] *= alpha[1];
+          }
+        }
+        const float base[2] = {SafeBase(row_max[mq][0]), SafeBase(row_max[mq][1])};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mq][nt][e] = Exp2(fmaf(s[mq][nt][e], scale, -base[e / 2]));
+          partial[0][nt] = s[mq][nt][0] + s[mq][nt][1];
+          partial[1][nt] = s[mq][nt][2] + s[mq][nt][3];
+        }
+#pragma unroll
+        for (int width = kNT / 2; width >= 1; width /= 2) {
+#pragma unroll
+          for (int i = 0; i < width; ++i) {
+            partial[0][i] += partial[0][i + width];
+            partial[1][i] += partial[1][i + width];
+          }
+        }
+        row_sum[mq][0] += partial[0][0];
+        row_sum[mq][1] += partial[1][0];
+      }
+
+      // O += P V: P straight from the score registers, V through ldmatrix.trans.
+      const uint32_t v_base = v_lane + (tile % 2) * S::kKVBytes;
+#pragma unroll
+      for (int j = 0; j < kTileKV / 16; ++j) {
+        uint32_t pa[kMmaQ][4];
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          pa[mq][0] = PackPair<T>(s[mq][2 * j][0], s[mq][2 * j][1]);
+          pa[mq][1] = PackPair<T>(s[mq][2 * j][2], s[mq][2 * j][3]);
+          pa[mq][2] = PackPair<T>(s[mq][2 * j + 1][0], s[mq][2 * j + 1][1]);
+          pa[mq][3] = PackPair<T>(s[mq][2 * j + 1][2], s[mq][2 * j + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+          uint32_t b[4];
+          LoadMatrixX4Trans(b, v_base + j * 16 * kRowBytes + chunk_at(2 * np + q_half));
+#pragma unroll
+          for (int mq = 0; mq < kMmaQ; ++mq) {
+            Mma16816<T>(o[mq][2 * np], pa[mq], b[0], b[1]);
+            Mma16816<T>(o[mq][2 * np + 1], pa[mq], b[2], b[3]);
+          }
+        }
+      }
+    }
+    WaitAsyncGroups<0>();  // the (empty) group past the last tile
+  }
+
+  // Finish each row: its sum over the quad, the sink (once, where the request is not split), the
+  // LSE; then the output, through shared memory (16-byte stores) or as float32 partials.
+  const bool final = split.y <= 1;
+  const int g = lane / 4, t = lane % 4;
+  __syncthreads();  // every warp is done reading Q: its tile takes the output
+#pragma unroll
+  for (int mq = 0; mq < kMmaQ; ++mq) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mq][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int local = warp_row0 + mq * 16 + g + r * 8;
+      const int packed = row_begin + local;
+      const int token = token_of(mq, r);
+      const int head = kv_head * p.group + (packed - token * p.group);
+      float m = row_max[mq][r];
+      const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+      const float base = SafeBase(fmaxf(m, sink));
+      const float total = sum * Exp2(m - base) + Exp2(sink - base);
+      const float inv = total > 0.f ? Exp2(m - base) / total : 0.f;
+      const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
+      const bool valid = local < rows;
+      if (final) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *reinterpret_cast<uint32_t*>(q_tile + SwizzledOffset<S::kRowChunks>(local, n) + 4 * t) =
+              PackPair<T>(o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
+        }
+        if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token) * p.num_qo_heads + head] = lse;
+      } else if (valid) {
+        const int64_t slot = int64_t(split.x) + int64_t(token) * split.y + chunk;
+        float* out = p.partial_out + (slot * p.num_qo_heads + head) * D + 2 * t;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
+        }
+        if (t == 0) p.partial_lse[slot * p.num_qo_heads + head] = lse;
+      }
+    }
+  }
+  if (final) {
+    __syncthreads();
+    T* out = static_cast<T*>(p.out);
+    for (int c = tid; c < rows * S::kRowChunks; c += kPrefillThreads) {
+      const int r = c / S::kRowChunks, column = c % S::kRowChunks;
+      const int packed = row_begin + r;
+      const int token = int(p.group_divisor.Divide(uint32_t(packed)));
+      const int head = kv_head * p.group + (packed - token * p.group);
+      *reinterpret_cast<uint4*>(out + int64_t(q_begin + token) * p.out_stride_n + int64_t(head) * p.out_stride_h + column * 8) =
+          *reinterpret_cast<const uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(r, column));
+    }
+  }
+  __syncthreads();  // shared memory is free for the next item
+}
+
+// Blocks stride over the work items (one each, unless a CUDA graph's fixed grid is smaller than
+// the plan's items); grid.y: the KV heads.
+template <typename T, int D, bool kPaged>
+__global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
+  extern __shared__ __align__(128) uint8_t shared[];
+  WaitForPriorGrids();
+  const int num_items = p.work[0].x;
+  for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
+    const int4 item = p.work[2 + 2 * i];
+    if (item.x < 0) continue;  // idle
+    PrefillItem<T, D, kPaged>(p, item, p.work[3 + 2 * i].x, shared);
+  }
+  AllowDependentGrids();
+}
+
+template <typename T, int D, bool kPaged>
+cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
+  constexpr size_t kSharedBytes = PrefillShape<T, D>::kSharedBytes;
+  // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
+  if (BlocksPerSm<PrefillKernel<T, D, kPaged>>(kPrefillThreads, kSharedBytes, device) == 0) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(unsigned(ctas), unsigned(p.num_kv_heads));
+  return LaunchWithSharedMemory(PrefillKernel<T, D, kPaged>, grid, dim3(kPrefillThreads), kSharedBytes, stream, pdl, p);
+}
+
+// The prefill kernel (paged where p.indices is set, else ragged) on a grid of `ctas` x
+// num_kv_heads blocks, then, if `merge`, the merge of split requests' partials over the first
+// `merge_rows` query tokens.
+template <typename T, int D>
+cudaError_t BatchPrefill(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
+                         int device) {
+  if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
+  const cudaError_t status = p.indices != nullptr ? LaunchPrefill<T, D, true>(p, ctas, stream, pdl, device)
+                                                  : LaunchPrefill<T, D, false>(p, ctas, stream, pdl, device);
+  if (status != cudaSuccess || !merge) return status;
+  PartialMergeParams m{};
+  m.out = p.out;
+  m.out_stride_n = p.out_stride_n;
+  m.out_stride_h = p.out_stride_h;
+  m.lse = p.lse;
+  m.partial_out = p.partial_out;
+  m.partial_lse = p.partial_lse;
+  m.sinks = p.sinks;
+  m.num_rows = merge_rows;
+  m.num_qo_heads = p.num_qo_heads;
+  return MergePartials<T, D>(m, PrefillPartials{p.requests, p.batch}, stream, pdl);
+}
+
+}  // namespace aotinfer

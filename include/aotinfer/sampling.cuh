@@ -1,0 +1,1123 @@
+// Sampling from probabilities and logits without sorting the vocabulary: top-k, top-p, min-p and
+// their combinations, the top-k / top-p renormalizations, top-k masking of logits, and softmax.
+//
+// One block of kSamplingThreads threads per output row. Every filter keeps the elements at or above
+// one threshold value t (top-k: the k-th largest; top-p: the smallest value whose upper set holds
+// top_p of the mass; min-p: min_p * max; their combinations: the larger threshold), so finding t
+// is a selection, done as a radix search on the floats' bit patterns, which order like the values:
+//
+//   1. one pass builds a histogram of the row over the top 12 bits of the key (count and mass per
+//      bin; a bin never spans two exponents, so its mass is an exact integer sum of mantissas and
+//      the result does not depend on the order of the atomics);
+//   2. a scan of the bins from the top gives the bin(s) where the threshold lies;
+//   3. a second pass gathers that bin's elements (at most kCandidates) into shared memory, where
+//      the same histograms over the lower bits find t exactly, and, in the same pass, runs the
+//      sampling race over the elements above the bin, which the filter keeps whatever t is.
+//
+// A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
+// bits (a flat distribution at vocab 256k), each one pass more.
+//
+// One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
+// (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
+// and the blocks merge their histograms, their candidates' histograms and the race's winner
+// through distributed shared memory, in integer sums and fixed orders, so the tokens do not depend
+// on the split. The launchers split only the plain races (see kSearchRowParts for why).
+//
+// Sampling is an exponential race: token i wins with key p_i / E_i, E_i ~ Exp(1) independent per
+// element, which picks i with probability p_i / sum(p) over the kept set, in one pass, with no
+// normalization and no prefix sum; for logits, x_i - log(E_i) (Gumbel-max). E_i comes from
+// Philox4x32-10 keyed by the seed, with counter (element / 4, output row, offset): the same seed
+// and offset give the same tokens, whatever the launch, and the winner is the same on every run
+// (ties go to the lower index).
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "aotinfer/launch.cuh"
+#include "aotinfer/vec.cuh"
+
+namespace aotinfer {
+
+constexpr int kSamplingThreads = 1024;
+constexpr int kSamplingWarps = kSamplingThreads / 32;
+constexpr int kSamplingBins = 4096;    // 12 bits of the key per histogram level
+constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted in shared memory
+constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
+constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
+constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
+
+// ---- the blocks of a row ----------------------------------------------------------------------------
+
+// The blocks that share a row: the thread block cluster on sm90+ (one block where launched without
+// one), one block below.
+__device__ __forceinline__ int RowParts() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return int(cooperative_groups::this_cluster().num_blocks());
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ int RowPart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return int(cooperative_groups::this_cluster().block_rank());
+#else
+  return 0;
+#endif
+}
+// A barrier over every thread of the row's blocks (their shared memory writes visible to all).
+__device__ __forceinline__ void SyncRow() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (RowParts() == 1) {
+    __syncthreads();  // cheaper than the cluster barrier of a row that is not split
+  } else {
+    cooperative_groups::this_cluster().sync();
+  }
+#else
+  __syncthreads();
+#endif
+}
+// `ptr` in the shared memory of block `part` of the row.
+template <typename T>
+__device__ __forceinline__ T* PartShared(T* ptr, int part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(ptr, part);
+#else
+  return ptr;
+#endif
+}
+
+// ---- Philox4x32-10 --------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint4 Philox4x32(uint4 c, uint32_t k0, uint32_t k1) {
+#pragma unroll
+  for (int round = 0; round < 10; ++round) {
+    const uint32_t lo0 = 0xD2511F53u * c.x, hi0 = __umulhi(0xD2511F53u, c.x);
+    const uint32_t lo1 = 0xCD9E8D57u * c.z, hi1 = __umulhi(0xCD9E8D57u, c.z);
+    c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return c;
+}
+
+// The random stream of one output row: four 32-bit words per group of four elements.
+struct RowRandom {
+  uint32_t seed_lo, seed_hi, row, offset_lo, offset_hi;
+
+  __device__ __forceinline__ uint4 group(int64_t group_index) const {
+    return Philox4x32(make_uint4(uint32_t(group_index), row, offset_lo, offset_hi ^ uint32_t(group_index >> 32)),
+                      seed_lo, seed_hi);
+  }
+  __device__ __forceinline__ uint32_t word(int64_t index) const {
+    const uint4 r = group(index >> 2);
+    const int lane = int(index & 3);
+    return lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
+  }
+};
+
+// E ~ Exp(1) from 32 random bits: -log(1 - d), d uniform in (0, 1) on a 2^-24 grid. The race is
+// decided by the small E (d near 0), where the hardware's log2 of 1 - d loses its relative
+// accuracy, so d < 1/16 takes the series d + d^2/2 + ... + d^5/5 instead; both keep E within a few
+// 1e-6 of its value, relatively.
+__device__ __forceinline__ float Exponential(uint32_t bits) {
+  const float d = (float(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
+  if (d < 0.0625f) return d * (1.f + d * (0.5f + d * (1.f / 3.f + d * (0.25f + d * 0.2f))));
+  return -0.69314718f * __log2f(1.f - d);
+}
+
+// ---- keys: the bit patterns that order like the values --------------------------------------------
+
+// Probabilities: the float's bits; only positive finite values take part (0 for the rest).
+__device__ __forceinline__ uint32_t ProbKey(float p) {
+  return (p > 0.f && p <= FLT_MAX) ? __float_as_uint(p) : 0u;
+}
+// Logits: every non-NaN float, negatives flipped so that the unsigned order is the float order (0
+// for NaN, below -inf's key).
+__device__ __forceinline__ uint32_t LogitKey(float x) {
+  if (x != x) return 0u;
+  const uint32_t bits = __float_as_uint(x);
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+__device__ __forceinline__ float LogitFromKey(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? key & 0x7FFFFFFFu : ~key);
+}
+
+// The mass of a bin of probabilities as an exact integer: the mantissa (with its implicit bit) in
+// units of the exponent's last place. Bins never span exponents, so one scale converts the sum.
+__device__ __forceinline__ uint32_t MantissaOf(uint32_t key) {
+  return (key & 0x7FFFFFu) | ((key & 0x7F800000u) ? 0x800000u : 0u);
+}
+// The sums are kept as two 32-bit halves (12 bits each, so a bin of 2^20 elements cannot overflow).
+__device__ __forceinline__ double MassOf(uint32_t hi_sum, uint32_t lo_sum, uint32_t any_key_of_bin) {
+  const int exponent = int((any_key_of_bin >> 23) & 0xFF);
+  const int scale = (exponent ? exponent : 1) - 150;  // value = mantissa * 2^scale
+  const double mantissa_sum = double(hi_sum) * 4096.0 + double(lo_sum);  // exact: < 2^53
+  return mantissa_sum * __longlong_as_double(int64_t(scale + 1023) << 52);
+}
+
+// ---- block-wide reductions ----------------------------------------------------------------------
+
+struct Best {  // the race's leader: the largest key, the lower index on ties
+  float key;
+  int index;
+};
+__device__ __forceinline__ Best Better(Best a, Best b) {
+  return (b.key > a.key || (b.key == a.key && b.index < a.index)) ? b : a;
+}
+
+struct SamplingShared {
+  uint32_t count[kSamplingBins];           // histogram: elements per bin ...
+  uint32_t mass_hi[kSamplingBins];         // ... and the sums of their mantissas' top and low 12
+  uint32_t mass_lo[kSamplingBins];         // bits (32-bit atomics: 64-bit ones are loops); after the scan:
+  uint32_t cum_count[kSamplingBins];       // elements in this bin and above
+  double cum_mass[kSamplingBins];          // mass of this bin and above
+  uint32_t cand_key[kCandidates];
+  int cand_index[kCandidates];
+  double scratch_d[kSamplingWarps];
+  float scratch_f[kSamplingWarps];
+  int scratch_i[kSamplingWarps];
+  int num_candidates;
+  int found;                               // a bin or position found by a block-wide search
+  float part_value;                        // this block's share of a row-wide reduction
+  unsigned long long part_sum;
+  Best part_best;
+};
+
+__device__ __forceinline__ float BlockMax(float v, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) sh.scratch_f[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = sh.scratch_f[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  return v;
+}
+
+__device__ __forceinline__ float BlockSum(float v, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) sh.scratch_f[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = sh.scratch_f[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  return v;
+}
+
+__device__ __forceinline__ Best BlockBest(Best b, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    b = Better(b, Best{__shfl_xor_sync(0xffffffffu, b.key, o), __shfl_xor_sync(0xffffffffu, b.index, o)});
+  }
+  if (threadIdx.x % 32 == 0) {
+    sh.scratch_f[threadIdx.x / 32] = b.key;
+    sh.scratch_i[threadIdx.x / 32] = b.index;
+  }
+  __syncthreads();
+  b = Best{sh.scratch_f[threadIdx.x % 32], sh.scratch_i[threadIdx.x % 32]};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    b = Better(b, Best{__shfl_xor_sync(0xffffffffu, b.key, o), __shfl_xor_sync(0xffffffffu, b.index, o)});
+  }
+  __syncthreads();
+  return b;
+}
+
+// Row-wide reductions: each block's result, merged in part order (the same for every split).
+__device__ __forceinline__ float RowMax(float v, SamplingShared& sh) {
+  v = BlockMax(v, sh);
+  if (threadIdx.x == 0) sh.part_value = v;
+  SyncRow();
+  for (int r = 0; r < RowParts(); ++r) v = fmaxf(v, *PartShared(&sh.part_value, r));
+  SyncRow();
+  return v;
+}
+__device__ __forceinline__ float RowSum(float v, SamplingShared& sh) {
+  v = BlockSum(v, sh);
+  if (threadIdx.x == 0) sh.part_value = v;
+  SyncRow();
+  v = 0.f;
+  for (int r = 0; r < RowParts(); ++r) v += *PartShared(&sh.part_value, r);
+  SyncRow();
+  return v;
+}
+// The race's winner over the row (valid in every thread).
+__device__ __forceinline__ Best RowBest(Best b, SamplingShared& sh) {
+  b = BlockBest(b, sh);
+  if (threadIdx.x == 0) sh.part_best = b;
+  SyncRow();
+  for (int r = 0; r < RowParts(); ++r) b = Better(b, *PartShared(&sh.part_best, r));
+  SyncRow();
+  return b;
+}
+
+// Exclusive prefix sum of doubles over the block in thread order (a fixed order: deterministic).
+__device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double other = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += other;
+  }
+  if (lane == 31) sh.scratch_d[warp] = incl;
+  __syncthreads();
+  double warp_base = 0;
+  for (int w = 0; w < warp; ++w) warp_base += sh.scratch_d[w];
+  __syncthreads();
+  return warp_base + incl - v;
+}
+
+// ---- reading a row --------------------------------------------------------------------------------
+
+// f(values, count, first_index) for consecutive groups of kVec elements (count < kVec only at the
+// row's end), kSamplingUnroll 16-byte loads in flight per thread. kVec == 1 where the row is not
+// 16-byte aligned.
+template <typename T, int kVec, typename F>
+__device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
+  const int64_t all_groups = n / kVec;
+  const int parts = RowParts(), part = RowPart();  // this block's slice of the row
+  const int64_t groups = all_groups * (part + 1) / parts;
+  int64_t g = all_groups * part / parts + threadIdx.x;
+  constexpr int kStep = kSamplingThreads * kSamplingUnroll;
+  for (; g + (kSamplingUnroll - 1) * kSamplingThreads < groups; g += kStep) {
+    Vec<T, kVec> v[kSamplingUnroll];
+#pragma unroll
+    for (int u = 0; u < kSamplingUnroll; ++u) v[u].load(row + (g + u * kSamplingThreads) * kVec);
+#pragma unroll
+    for (int u = 0; u < kSamplingUnroll; ++u) {
+      float x[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) x[e] = to_float(v[u][e]);
+      f(x, kVec, (g + u * kSamplingThreads) * kVec);
+    }
+  }
+  for (; g < groups; g += kSamplingThreads) {
+    Vec<T, kVec> v;
+    v.load(row + g * kVec);
+    float x[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) x[e] = to_float(v[e]);
+    f(x, kVec, g * kVec);
+  }
+  const int64_t tail = all_groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
+  if (kVec > 1 && part == parts - 1 && tail < n) {
+    float x[kVec];
+    x[0] = to_float(row[tail]);
+    f(x, 1, tail);
+  }
+}
+
+// ---- the threshold search -------------------------------------------------------------------------
+
+// What a filter asks: keep the upper set of the row that holds at least `k` elements (kCount) or at
+// least `mass` of probability (kMass).
+enum class Need { kCount, kMass };
+
+// Histogram levels: the bits of the key each one splits on.
+__device__ __forceinline__ int LevelShift(int level) { return level == 0 ? 20 : level == 1 ? 8 : 0; }
+
+// Clear the histogram of `bins` bins.
+__device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
+  for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
+    sh.count[b] = 0;
+    sh.mass_hi[b] = 0;
+    sh.mass_lo[b] = 0;
+  }
+}
+
+// Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift).
+__device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint32_t lo, uint32_t hi, int shift,
+                                          bool with_mass) {
+  if (key >= lo && key <= hi && key != 0u) {
+    const int b = int((key >> shift) - (lo >> shift));
+    atomicAdd(&sh.count[b], 1u);
+    if (with_mass) {
+      const uint32_t mantissa = MantissaOf(key);
+      atomicAdd(&sh.mass_hi[b], mantissa >> 12);
+      atomicAdd(&sh.mass_lo[b], mantissa & 0xFFFu);
+    }
+  }
+}
+
+// Turns the histogram of `bins` bins (lowest key of bin b: (base + b) << shift) into cumulative
+// counts and masses from the top bin down. Every thread calls it.
+__device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, uint32_t base, int shift, bool with_mass) {
+  // Thread t owns bins [bins - 4(t+1), bins - 4t): the top four are thread 0's.
+  // The histograms of every block of the row, summed (integers: any order gives the same).
+  constexpr int kPer = kSamplingBins / kSamplingThreads;
+  const int parts = RowParts();
+  SyncRow();
+  uint32_t count = 0;
+  double mass = 0;
+  uint32_t c[kPer];
+  double m[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
+    uint32_t bin_count = 0, hi = 0, lo = 0;
+    if (b >= 0 && parts == 1) {  // plain shared-memory loads
+      bin_count = sh.count[b];
+      hi = with_mass ? sh.mass_hi[b] : 0u;
+      lo = with_mass ? sh.mass_lo[b] : 0u;
+    } else if (b >= 0) {
+      // Unrolled to the largest split, so that the remote loads are in flight together.
+#pragma unroll
+      for (int r = 0; r < kMaxRowParts; ++r) {
+        if (r < parts) {
+          bin_count += *PartShared(&sh.count[b], r);
+          if (with_mass) {
+            hi += *PartShared(&sh.mass_hi[b], r);
+            lo += *PartShared(&sh.mass_lo[b], r);
+          }
+        }
+      }
+    }
+    c[j] = bin_count;
+    m[j] = (with_mass && bin_count) ? MassOf(hi, lo, (base + uint32_t(b)) << shift) : 0.0;
+    count += c[j];
+    mass += m[j];
+  }
+  const double mass_above = BlockExclusiveSum(mass, sh);
+  const double count_above = BlockExclusiveSum(double(count), sh);
+  uint32_t running_count = uint32_t(count_above);
+  double running_mass = mass_above;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
+    running_count += c[j];
+    running_mass += m[j];
+    if (b >= 0) {
+      sh.cum_count[b] = running_count;
+      sh.cum_mass[b] = running_mass;
+    }
+  }
+  SyncRow();  // every block has read the others' histograms before any clears its own
+}
+
+// The highest bin whose cumulative value (this bin and above) reaches `target` with at least one
+// element; -1 where none does. Needs ScanBinsFromTop first.
+__device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need need, double target) {
+  if (threadIdx.x == 0) sh.found = -1;
+  __syncthreads();
+  for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
+    const bool reached = need == Need::kCount ? double(sh.cum_count[b]) >= target : sh.cum_mass[b] >= target;
+    if (reached && sh.cum_count[b] > 0) atomicMax(&sh.found, b);
+  }
+  __syncthreads();
+  const int b = sh.found;
+  __syncthreads();
+  return b;
+}
+
+// The smallest of `v` over the block.
+__device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) sh.scratch_i[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = sh.scratch_i[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  return v;
+}
+
+// Sorts the gathered candidates by key, largest first, ties by index (a bitonic sort over the next
+// power of two, padded with key 0, which no element has).
+__device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
+  const int n = sh.num_candidates;
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = n + threadIdx.x; i < size; i += kSamplingThreads) {
+    sh.cand_key[i] = 0u;
+    sh.cand_index[i] = INT32_MAX;
+  }
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += kSamplingThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const uint32_t ki = sh.cand_key[i], kp = sh.cand_key[partner];
+          const int ii = sh.cand_index[i], ip = sh.cand_index[partner];
+          const bool i_first = ki > kp || (ki == kp && ii < ip);  // i precedes partner in the order
+          if (i_first == ((i & k) != 0)) {
+            sh.cand_key[i] = kp;
+            sh.cand_key[partner] = ki;
+            sh.cand_index[i] = ip;
+            sh.cand_index[partner] = ii;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// CandidateThreshold (below) over candidates sorted by SortCandidates: the k-th key, or the first
+// whose prefix of mass (in the sorted order: the same on every run) reaches the target.
+__device__ __forceinline__ uint32_t SortedThreshold(SamplingShared& sh, Need need, double target,
+                                                       uint32_t above_count, double above_mass) {
+  const int n = sh.num_candidates;
+  if (need == Need::kCount) {
+    const double position = target - double(above_count);  // 1-based position of the k-th largest
+    if (position < 1 || position > n) return 0u;
+    return sh.cand_key[int(position) - 1];
+  }
+  // Mass: prefix sums in a fixed order (each thread a contiguous chunk), so the same on every run.
+  const int chunk = (n + kSamplingThreads - 1) / kSamplingThreads;
+  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
+  double local = 0;
+  for (int i = begin; i < end; ++i) local += __uint_as_float(sh.cand_key[i]);
+  double running = above_mass + BlockExclusiveSum(local, sh);
+  int first = INT32_MAX;
+  for (int i = begin; i < end; ++i) {
+    running += __uint_as_float(sh.cand_key[i]);
+    if (running >= target) {
+      first = i;
+      break;
+    }
+  }
+  first = BlockMinInt(first, sh);
+  return first == INT32_MAX ? 0u : sh.cand_key[first];
+}
+
+// Over the gathered candidates (keys in [lo, hi], after `above_count` elements and `above_mass` of
+// mass that lie above hi), the key at which the upper set first reaches `target`; 0 where the
+// candidates do not reach it. The same radix search as over the row, on shared memory: histograms
+// of the candidates over the bits below each level, so no order of the candidates matters (their
+// order is the atomics', different on every run), and the blocks of a split row merge them. Up to
+// kSortedCandidates in an unsplit row are sorted instead (fewer barriers). Mass is only asked of
+// probabilities.
+__device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need need, double target,
+                                                       uint32_t above_count, double above_mass, uint32_t lo,
+                                                       uint32_t hi) {
+  if (RowParts() == 1 && sh.num_candidates <= kSortedCandidates) {  // few, in one block: sorting is quicker
+    SortCandidates(sh);
+    return SortedThreshold(sh, need, target, above_count, above_mass);
+  }
+  const int n = sh.num_candidates;
+  const bool with_mass = need == Need::kMass;
+  for (int level = 0; level < 3; ++level) {
+    const int shift = LevelShift(level);
+    const uint32_t base = lo >> shift;
+    const int bins = int((hi >> shift) - base) + 1;
+    ClearBins(sh, bins);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
+    __syncthreads();
+    ScanBinsFromTop(sh, bins, base, shift, with_mass);
+    const double wanted = with_mass ? target - above_mass : target - double(above_count);
+    const int b = CrossingBin(sh, bins, need, wanted);
+    if (b < 0) return 0u;
+    if (b + 1 < bins) {
+      above_count += sh.cum_count[b + 1];
+      above_mass += sh.cum_mass[b + 1];
+    }
+    const uint32_t bin_lo = (base + uint32_t(b)) << shift;
+    lo = max(lo, bin_lo);
+    hi = min(hi, bin_lo + ((1u << shift) - 1u));
+    __syncthreads();
+  }
+  return lo;  // one key
+}
+
+// The mass of the candidates with keys >= t (probabilities, keys <= hi), exactly: mantissas as
+// fixed point below hi's exponent, summed in 64-bit integers, so in any order.
+__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi) {
+  const int top = int((hi >> 23) & 0xFF);
+  unsigned long long local = 0;
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+    const uint32_t key = sh.cand_key[i];
+    if (key >= t) {
+      const int exponent = max(int((key >> 23) & 0xFF), 1);
+      const int shift = exponent - max(top, 1) + 27;  // the largest mantissa becomes < 2^51
+      local += shift >= 0 ? (unsigned long long)MantissaOf(key) << shift : MantissaOf(key) >> min(-shift, 31);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) local += __shfl_xor_sync(0xffffffffu, local, o);
+  if (threadIdx.x % 32 == 0) sh.scratch_d[threadIdx.x / 32] = __longlong_as_double((long long)local);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long block = 0;
+    for (int w = 0; w < kSamplingWarps; ++w) block += (unsigned long long)__double_as_longlong(sh.scratch_d[w]);
+    sh.part_sum = block;
+  }
+  SyncRow();
+  unsigned long long total = 0;
+  for (int r = 0; r < RowParts(); ++r) total += *PartShared(&sh.part_sum, r);
+  SyncRow();
+  const int scale = max(top, 1) - 150 - 27;
+  return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
+}
+
+// Gathers the elements with keys in [lo, hi] into the candidates (in any order: they are sorted).
+template <typename T, int kVec, typename KeyOf>
+__device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of,
+                                                 uint32_t lo, uint32_t hi) {
+  if (threadIdx.x == 0) sh.num_candidates = 0;
+  __syncthreads();
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    for (int e = 0; e < count; ++e) {
+      const uint32_t key = key_of(x[e]);
+      if (key >= lo && key <= hi && key != 0u) {
+        const int slot = atomicAdd(&sh.num_candidates, 1);
+        sh.cand_key[slot] = key;
+        sh.cand_index[slot] = int(first + e);
+      }
+    }
+  });
+  __syncthreads();
+}
+
+// The exact threshold of one row over one or more histogram passes: the smallest key kept by "the
+// upper set of keys >= floor reaches `target`" (target times the total mass above floor where
+// `fraction`), and the mass kept (with_mass). Where the whole set does not reach it, floor.
+struct Threshold {
+  uint32_t key;
+  double kept_mass;
+};
+
+template <typename T, int kVec, typename KeyOf>
+__device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of, Need need,
+                                   double target, bool fraction, uint32_t floor, bool with_mass) {
+  uint32_t lo = max(floor, 1u), hi = 0xFFFFFFFFu;
+  uint32_t above_count = 0;
+  double above_mass = 0;
+  for (int level = 0;; ++level) {
+    const int shift = LevelShift(level);
+    const uint32_t base = lo >> shift;
+    const int bins = int((hi >> shift) - base) + 1;
+    ClearBins(sh, bins);
+    __syncthreads();
+    ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
+      for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), lo, hi, shift, with_mass);
+    });
+    __syncthreads();
+    ScanBinsFromTop(sh, bins, base, shift, with_mass);
+    if (level == 0 && fraction) target *= sh.cum_mass[0];
+    const double wanted = need == Need::kCount ? target - above_count : target - above_mass;
+    const int b = CrossingBin(sh, bins, need, wanted);
+    if (b < 0) {  // everything in range is kept (only at level 0)
+      const Threshold all{lo, above_mass + sh.cum_mass[0]};
+      __syncthreads();
+      return all;
+    }
+    if (b + 1 < bins) {
+      above_count += sh.cum_count[b + 1];
+      above_mass += sh.cum_mass[b + 1];
+    }
+    const uint32_t in_bin = sh.cum_count[b] - (b + 1 < bins ? sh.cum_count[b + 1] : 0u);
+    const double bin_mass = sh.cum_mass[b] - (b + 1 < bins ? sh.cum_mass[b + 1] : 0.0);
+    const uint32_t bin_lo = (base + uint32_t(b)) << shift;
+    lo = max(lo, bin_lo);
+    hi = min(hi, bin_lo + ((1u << shift) - 1u));
+    __syncthreads();
+    if (shift == 0) return Threshold{lo, above_mass + bin_mass};  // one key: all of it is kept
+    if (in_bin <= uint32_t(kCandidates)) {
+      GatherCandidates<T, kVec>(row, n, sh, key_of, lo, hi);
+      const uint32_t t = CandidateThreshold(sh, need, target, above_count, above_mass, lo, hi);
+      const uint32_t key = t == 0u ? lo : t;
+      const double kept = with_mass ? above_mass + CandidateMassFrom(sh, key, hi) : 0.0;
+      return Threshold{key, kept};
+    }
+  }
+}
+
+// ---- parameters --------------------------------------------------------------------------------------
+
+enum class Filter : int { kNone = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopKFirst = 4, kJoint = 5 };
+
+// A per-row parameter: the tensor's element for the output row when given, else the scalar.
+template <typename T>
+struct RowParam {
+  const T* values;  // null: the scalar for every row
+  T scalar;
+  __device__ __forceinline__ T at(int64_t row) const { return values ? values[row] : scalar; }
+};
+
+struct SamplingParams {
+  const float* probs;  // or logits (from_logits)
+  int64_t row_stride;
+  int64_t vocab;
+  int64_t batch;        // output rows
+  int64_t num_dist_rows;  // rows of probs
+  const void* indices;  // null, int32 or int64 [batch]: the distribution row of each output row
+  bool indices_int64;
+  void* out;            // int32 or int64 [batch]
+  bool out_int64;
+  Filter filter;
+  bool from_logits;     // Gumbel-max over logits, no filter
+  RowParam<int> top_k;
+  RowParam<float> top_p;
+  RowParam<float> min_p;
+  const int64_t* seed_values;  // null: seed for every row; else [1] or [batch] (seed_stride 0 or 1)
+  const int64_t* offset_values;
+  int seed_stride, offset_stride;
+  int64_t seed, offset;
+};
+
+__device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
+  if (!p.indices) return row;
+  return p.indices_int64 ? static_cast<const int64_t*>(p.indices)[row] : static_cast<const int32_t*>(p.indices)[row];
+}
+
+
+// ---- sampling ---------------------------------------------------------------------------------------
+
+// The race over one group of elements: those with keys >= t_key take part (key 0: never).
+template <bool kLogits>
+__device__ __forceinline__ void Race(const float* x, int count, int64_t first, const RowRandom& rng, uint32_t t_key,
+                                     Best& best) {
+  auto kept = [&](float v) {
+    const uint32_t key = kLogits ? LogitKey(v) : ProbKey(v);
+    return key >= t_key && key != 0u;
+  };
+  auto race_key = [&](float v, uint32_t bits) {
+    const float e = Exponential(bits);
+    return kLogits ? v - __logf(e) : __fdividef(v, e);
+  };
+  bool any = false;
+  for (int e = 0; e < count; ++e) any |= kept(x[e]);
+  if (!any) return;  // no random numbers for groups the filter drops
+  if (count == 4 && (first & 3) == 0) {
+    const uint4 r = rng.group(first >> 2);
+    const uint32_t words[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (kept(x[e])) best = Better(best, Best{race_key(x[e], words[e]), int(first + e)});
+    }
+  } else {
+    for (int e = 0; e < count; ++e) {
+      if (kept(x[e])) best = Better(best, Best{race_key(x[e], rng.word(first + e)), int(first + e)});
+    }
+  }
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
+  const int64_t out_row = blockIdx.x / RowParts();
+  WaitForPriorGrids();
+  const int64_t dist_row = DistributionRow(p, out_row);
+  if (dist_row < 0 || dist_row >= p.num_dist_rows) {  // an index out of range: no distribution to read
+    if (threadIdx.x == 0) {
+      if (p.out_int64) static_cast<int64_t*>(p.out)[out_row] = -1;
+      else static_cast<int32_t*>(p.out)[out_row] = -1;
+    }
+    return;
+  }
+  const float* row = p.probs + dist_row * p.row_stride;
+  const int64_t n = p.vocab;
+  const int64_t seed = p.seed_values ? p.seed_values[out_row * p.seed_stride] : p.seed;
+  const int64_t offset = p.offset_values ? p.offset_values[out_row * p.offset_stride] : p.offset;
+  const RowRandom rng{uint32_t(seed), uint32_t(uint64_t(seed) >> 32), uint32_t(out_row), uint32_t(offset),
+                      uint32_t(uint64_t(offset) >> 32)};
+  auto prob_key = [](float v) { return ProbKey(v); };
+  Best best{-INFINITY, INT32_MAX};
+  const Filter filter = p.filter;
+
+  if (p.from_logits) {
+    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+      Race<true>(x, count, first, rng, 1u, best);
+    });
+  } else if (filter == Filter::kNone || filter == Filter::kMinP) {
+    uint32_t t_key = 1u;
+    if (filter == Filter::kMinP) {
+      float m = 0.f;
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) m = fmaxf(m, x[e]);
+      });
+      t_key = max(1u, ProbKey(p.min_p.at(out_row) * RowMax(m, sh)));
+    }
+    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+      Race<false>(x, count, first, rng, t_key, best);
+    });
+  } else {
+    const bool use_k = filter != Filter::kTopP;
+    const bool use_p = filter != Filter::kTopK;
+    const int k = use_k ? p.top_k.at(out_row) : 0;
+    const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
+    // 1. The level-0 histogram: count and mass per bin of the top 12 bits.
+    ClearBins(sh, kSamplingBins);
+    __syncthreads();
+    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+      for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, use_p);
+    });
+    __syncthreads();
+    ScanBinsFromTop(sh, kSamplingBins, 0, 20, use_p);
+    const uint32_t total_count = sh.cum_count[0];
+    const double total_mass = sh.cum_mass[0];
+    const bool k_active = use_k && k > 0 && uint32_t(k) < total_count;
+    const bool p_active = use_p && top_p < 1.f;
+    const bool k_then_p = filter == Filter::kTopKFirst && k_active && p_active;
+    const double p_target = double(top_p) * total_mass;
+    // 2. The bins [lo_bin, hi_bin] that hold every threshold that decides the kept set.
+    const int bin_k = k_active ? CrossingBin(sh, kSamplingBins, Need::kCount, double(k)) : -1;
+    int lo_bin = bin_k, hi_bin = bin_k;
+    if (k_then_p) {
+      // Top-p over the mass top-k keeps, which is at least the mass above bin_k: its threshold lies
+      // between bin_k and the bin where top_p of that lower bound is reached.
+      const double kept_at_least = bin_k + 1 < kSamplingBins ? sh.cum_mass[bin_k + 1] : 0.0;
+      hi_bin = max(bin_k, CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * kept_at_least));
+    } else if (p_active) {  // top-p alone, or joint: the larger of the two thresholds
+      lo_bin = hi_bin = max(bin_k, CrossingBin(sh, kSamplingBins, Need::kMass, p_target));
+    }
+    const uint32_t in_range =
+        lo_bin >= 0 ? sh.cum_count[lo_bin] - (hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u) : 0u;
+    if (lo_bin >= 0 && in_range <= uint32_t(kCandidates)) {
+      // 3. One more pass: the race over the elements above the range, the range gathered.
+      const uint32_t range_lo = uint32_t(lo_bin) << 20, range_hi = (uint32_t(hi_bin) << 20) | 0xFFFFFu;
+      const uint32_t above_count = hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u;
+      const double above_mass = hi_bin + 1 < kSamplingBins ? sh.cum_mass[hi_bin + 1] : 0.0;
+      __syncthreads();
+      if (threadIdx.x == 0) sh.num_candidates = 0;
+      __syncthreads();
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+        for (int e = 0; e < count; ++e) {
+          const uint32_t key = ProbKey(x[e]);
+          if (key >= range_lo && key <= range_hi && key != 0u) {
+            const int slot = atomicAdd(&sh.num_candidates, 1);
+            sh.cand_key[slot] = key;
+            sh.cand_index[slot] = int(first + e);
+          }
+        }
+        Race<false>(x, count, first, rng, range_hi + 1u, best);
+      });
+      __syncthreads();
+      uint32_t t = 1u;
+      uint32_t t_k = 0u;
+      if (k_active) {
+        t_k = CandidateThreshold(sh, Need::kCount, double(k), above_count, above_mass, range_lo, range_hi);
+        t = max(t, t_k);
+      }
+      if (p_active) {
+        const double target =
+            k_then_p ? double(top_p) * (above_mass + CandidateMassFrom(sh, t_k, range_hi)) : p_target;
+        t = max(t, CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, range_lo, range_hi));
+      }
+      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+        const uint32_t key = sh.cand_key[i];
+        if (key >= t) {
+          const int index = sh.cand_index[i];
+          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+        }
+      }
+    } else {
+      // The general path (no filter left, or a threshold's bin too full to gather): exact
+      // thresholds over more passes, then the race.
+      __syncthreads();
+      uint32_t t = 1u;
+      if (k_active) {
+        const Threshold tk = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kCount, double(k), false, 1u, k_then_p);
+        t = tk.key;
+        if (p_active) {
+          const Threshold tp = k_then_p
+              ? FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p) * tk.kept_mass, false, tk.key, true)
+              : FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
+          t = max(t, tp.key);
+        }
+      } else if (p_active) {
+        t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true).key;
+      }
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+        Race<false>(x, count, first, rng, t, best);
+      });
+    }
+  }
+  best = RowBest(best, sh);
+  if (threadIdx.x == 0 && RowPart() == 0) {
+    const int64_t token = best.index == INT32_MAX ? 0 : best.index;  // nothing to sample: token 0
+    if (p.out_int64) {
+      static_cast<int64_t*>(p.out)[out_row] = token;
+    } else {
+      static_cast<int32_t*>(p.out)[out_row] = int32_t(token);
+    }
+  }
+  AllowDependentGrids();
+}
+
+// ---- renormalization and masking -------------------------------------------------------------------
+
+struct RenormParams {
+  const void* input;  // probs (float32) or logits (T)
+  int64_t in_stride;
+  void* out;          // input's type
+  int64_t out_stride;
+  int64_t vocab;
+  int64_t rows;
+  Filter filter;      // kTopK or kTopP (renorm), kTopK (mask)
+  RowParam<int> top_k;
+  RowParam<float> top_p;
+};
+
+// out = p / (kept mass) where the filter keeps p, else 0.
+template <int kVec>
+__global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p) {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
+  const int64_t r = blockIdx.x / RowParts();
+  WaitForPriorGrids();
+  const float* row = static_cast<const float*>(p.input) + r * p.in_stride;
+  float* out = static_cast<float*>(p.out) + r * p.out_stride;
+  const int64_t n = p.vocab;
+  auto prob_key = [](float v) { return ProbKey(v); };
+  Threshold t;
+  if (p.filter == Filter::kTopK) {
+    const int k = p.top_k.at(r);
+    t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kCount, k > 0 ? double(k) : INFINITY, false, 1u, true);
+  } else {
+    const float top_p = p.top_p.at(r);
+    t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, top_p < 1.f ? double(top_p) : INFINITY, true, 1u,
+                                   true);
+  }
+  const float scale = t.kept_mass > 0 ? float(1.0 / t.kept_mass) : 0.f;
+  ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    auto renormed = [&](float v) {
+      const uint32_t key = ProbKey(v);
+      return (key >= t.key && key != 0u) ? v * scale : 0.f;
+    };
+    if (count == kVec) {
+      Vec<float, kVec> v;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[e] = renormed(x[e]);
+      v.store(out + first);
+    } else {
+      for (int e = 0; e < count; ++e) out[first + e] = renormed(x[e]);
+    }
+  });
+  AllowDependentGrids();
+}
+
+// out = x where x is among the top k logits of its row (ties at the k-th value kept), else -inf.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParams p) {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
+  const int64_t r = blockIdx.x / RowParts();
+  WaitForPriorGrids();
+  const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
+  T* out = static_cast<T*>(p.out) + r * p.out_stride;
+  const int64_t n = p.vocab;
+  const int k = p.top_k.at(r);
+  uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
+  if (k > 0 && k < n) {
+    t_key = FindThreshold<T, kVec>(row, n, sh, [](float v) { return LogitKey(v); }, Need::kCount, double(k), false, 1u,
+                                   false).key;
+  }
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    if (count == kVec) {
+      const auto v = Vec<T, kVec>::from_floats([&](int e) { return LogitKey(x[e]) >= t_key ? x[e] : -INFINITY; });
+      v.store(out + first);
+    } else {
+      for (int e = 0; e < count; ++e) out[first + e] = from_float<T>(LogitKey(x[e]) >= t_key ? x[e] : -INFINITY);
+    }
+  });
+  AllowDependentGrids();
+}
+
+// ---- softmax ------------------------------------------------------------------------------------------
+
+struct SoftmaxParams {
+  const void* logits;  // T [rows, vocab]
+  int64_t in_stride;
+  float* out;          // float32 [rows, vocab]
+  int64_t out_stride;
+  int64_t vocab;
+  int64_t rows;
+  RowParam<float> temperature;
+};
+
+// Running (max, sum of exp2(y - max)) pairs, merged.
+__device__ __forceinline__ float2 MergeMaxSum(float2 a, float2 b) {
+  const float m = fmaxf(a.x, b.x);
+  if (m == -INFINITY) return make_float2(m, 0.f);
+  return make_float2(m, a.y * exp2f(a.x - m) + b.y * exp2f(b.x - m));
+}
+
+// out = exp(x / temperature) / sum over the row, in float32: one pass for the running max and sum,
+// one that writes.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams p) {
+  __shared__ float2 partial[kSamplingWarps];
+  const int64_t r = blockIdx.x / RowParts();
+  WaitForPriorGrids();
+  const T* row = static_cast<const T*>(p.logits) + r * p.in_stride;
+  float* out = p.out + r * p.out_stride;
+  const int64_t n = p.vocab;
+  const float scale = 1.4426950408889634f / p.temperature.at(r);  // log2(e) / temperature
+  float2 acc = make_float2(-INFINITY, 0.f);
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
+    float m = -INFINITY;
+    for (int e = 0; e < count; ++e) m = fmaxf(m, x[e] * scale);
+    if (m == -INFINITY) return;
+    float s = 0.f;
+    for (int e = 0; e < count; ++e) s += exp2f(x[e] * scale - m);
+    acc = MergeMaxSum(acc, make_float2(m, s));
+  });
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
+  }
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
+  __syncthreads();
+  acc = partial[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
+  }
+  __shared__ float2 part_acc;  // merged over the row's blocks in part order
+  if (threadIdx.x == 0) part_acc = acc;
+  SyncRow();
+  acc = make_float2(-INFINITY, 0.f);
+  for (int part = 0; part < RowParts(); ++part) acc = MergeMaxSum(acc, *PartShared(&part_acc, part));
+  SyncRow();
+  const float m = acc.x;
+  const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    float y[kVec];
+    for (int e = 0; e < count; ++e) y[e] = m == -INFINITY ? 0.f : exp2f(x[e] * scale - m) * inv_sum;
+    if (count == kVec && kVec >= 4) {
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4) {
+        Vec<float, 4> v;
+        v[0] = y[e], v[1] = y[e + 1], v[2] = y[e + 2], v[3] = y[e + 3];
+        v.store(out + first + e);
+      }
+    } else {
+      for (int e = 0; e < count; ++e) out[first + e] = y[e];
+    }
+  });
+  AllowDependentGrids();
+}
+
+// ---- launchers ------------------------------------------------------------------------------------
+
+// The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
+// grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
+template <auto kKernel>
+int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
+  const DeviceFacts& facts = GetDeviceFacts(device);
+  if (facts.major < 9) return 1;
+  static int fits[kMaxDevices][4] = {};  // by log2(parts): 0 not asked, 1 runs, 2 does not
+  int parts = 1;
+  while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
+  for (; parts > 1; parts /= 2) {
+    int& known = fits[device][parts == 2 ? 1 : parts == 4 ? 2 : 3];
+    if (known == 0) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(parts));
+      config.blockDim = dim3(kSamplingThreads);
+      config.dynamicSmemBytes = shared_bytes;
+      cudaLaunchAttribute attribute;
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = unsigned(parts);
+      attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+      config.attrs = &attribute;
+      config.numAttrs = 1;
+      int clusters = 0;
+      const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
+      cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
+      known = ok ? 1 : 2;
+    }
+    if (known == 1) break;
+  }
+  return parts;
+}
+
+// kernel<<<rows * parts, kSamplingThreads, shared_bytes, stream>>>(p) in clusters of `parts`
+// blocks, with the PDL attribute when `pdl`.
+template <typename Params>
+cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t shared_bytes, cudaStream_t stream,
+                        bool pdl, const Params& p) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(rows * parts));
+  config.blockDim = dim3(kSamplingThreads);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2];
+  int count = 0;
+  if (parts > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = unsigned(parts);
+    attributes[count].val.clusterDim.y = attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (pdl) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attributes;
+  config.numAttrs = count;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+// Launches kernel<kVec> (16-byte vectors) where every row starts 16-byte aligned, else kernel<1>,
+// each row over RowPartsFor blocks.
+template <auto kVectorKernel, auto kScalarKernel, typename Params>
+cudaError_t LaunchRows(const Params& p, int64_t rows, bool aligned, size_t shared_bytes, int device,
+                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > 0x7FFFFFFF / kMaxRowParts) return cudaErrorInvalidConfiguration;
+  if (aligned) {
+    if (BlocksPerSm<kVectorKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
+    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device), shared_bytes,
+                       stream, pdl, p);
+  }
+  if (BlocksPerSm<kScalarKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
+  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device), shared_bytes, stream,
+                     pdl, p);
+}
+
+// Whether every row of a tensor of T starting at `base` with `stride` elements between rows starts
+// 16-byte aligned.
+template <typename T>
+bool RowsAligned(const void* base, int64_t stride) {
+  return Aligned16(base) && stride % kVec16<T> == 0;
+}
+
+// Rows searched by histograms merge them across the blocks of a split at every level, through
+// distributed shared memory: on the H200 that cost more than the split saved (top-k + top-p at
+// vocab 128256: 53 us unsplit, 186 us over 8 blocks at batch 1; 55 against 79 us over 2 at batch
+// 64), so they are not split; a plain race (no filter, min-p, logits) is (42 -> 16 us at batch 1).
+constexpr int kSearchRowParts = 1;
+
+inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
+  const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
+  return LaunchRows<SamplingKernel<4>, SamplingKernel<1>>(p, p.batch, RowsAligned<float>(p.probs, p.row_stride),
+                                                          sizeof(SamplingShared), device, stream, pdl,
+                                                          race_only ? kMaxRowParts : kSearchRowParts);
+}
+
+inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
+  const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
+  return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
+                                                      kSearchRowParts);
+}
+
+template <typename T>
+cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
+  const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
+  return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
+                                                                             device, stream, pdl, kSearchRowParts);
+}
+
+template <typename T>
+cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl) {
+  const bool aligned = RowsAligned<T>(p.logits, p.in_stride) && RowsAligned<float>(p.out, p.out_stride) &&
+                       p.out_stride % kVec16<T> == 0;
+  return LaunchRows<SoftmaxKernel<T, kVec16<T>>, SoftmaxKernel<T, 1>>(p, p.rows, aligned, 0, device, stream, pdl);
+}
+
+}  // namespace aotinfer

@@ -1,0 +1,1125 @@
+"""Batch prefill attention, with FlashInfer's API (module ``flashinfer.prefill``):
+``BatchPrefillWithRaggedKVCacheWrapper`` (keys and values contiguous, e.g. a prompt's new tokens
+against themselves), ``BatchPrefillWithPagedKVCacheWrapper`` (against a paged KV cache: prompts,
+chunked prefill, appends) and ``single_prefill_with_kv_cache``.
+
+Request ``i`` has queries ``q[qo_indptr[i]:qo_indptr[i + 1]]`` (``q_len`` tokens) and ``kv_len``
+keys: ragged, rows ``kv_indptr[i]:kv_indptr[i + 1]`` of K and V; paged, pages
+``paged_kv_indices[paged_kv_indptr[i]:paged_kv_indptr[i + 1]]`` holding ``page_size * (pages - 1)
++ last_page_len[i]`` tokens. Logits are ``sm_scale * q.k`` (optionally soft-capped, ``cap *
+tanh(x / cap)``); ``causal`` is aligned to the end, as FlashInfer's: query ``t`` sees key ``j``
+when ``j <= t + kv_len - q_len``; ``window_left >= 0`` also limits it to ``j >= t + kv_len - q_len
+- window_left``. The softmax runs in float32 and the log-sum-exp returned is base 2
+(``log2(sum(exp(logit)))``, FlashInfer's convention, which aotinfer.cascade merges). A query that
+sees no key gives zeros and ``-inf`` (causal with ``q_len > kv_len``: the first queries).
+
+The design choice, as in aotinfer.decode: ``plan`` makes every host decision and ``run`` none.
+``plan`` reads the index arrays on the host, cuts each request's query rows into tiles (with
+grouped-query attention the ``group`` query heads of a KV head are packed into the rows: row ``r``
+is token ``r // group`` of head ``r % group``), splits the keys of long requests into chunks when
+the tiles alone would leave the GPU idle, and writes two int32 tables into the workspace:
+
+    requests  [batch, 8]      (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
+                              kv_offset: the first KV row (ragged) or page-table entry (paged);
+                              num_partials > 1: split, query token t's partial i is slot
+                              first_partial + t * num_partials + i
+    work      [1 + items, 8]  row 0: (items, 0, ...); then (request, row_begin, kv_begin, kv_end,
+                              chunk, 0, 0, 0) an item, the most costly first; request -1: idle
+
+``run`` only launches the kernel (a CTA per item and KV head) and, when something was split, the
+merge of the partials, so a CUDA graph can capture it.
+
+FlashInfer behaviours followed, and the decisions they settle:
+
+- ``plan`` copies ``qo_indptr``, the KV ``indptr`` and ``last_page_len`` to the host (a
+  synchronization when they are on the GPU, as in FlashInfer) and leaves the page indices on the
+  GPU (copied into the caller's buffer under ``use_cuda_graph``).
+- ``causal`` with ``q_len > kv_len``: the batch wrappers run it (the first ``q_len - kv_len``
+  queries see nothing); ``single_prefill_with_kv_cache`` refuses it, as FlashInfer's does.
+- ``forward`` (deprecated) takes ``causal``, ``window_left``, ``logits_soft_cap`` and ``sm_scale``
+  and keeps them for later calls, as FlashInfer's does (SGLang passes them there); the plan does
+  not depend on them.
+- ``custom_mask`` / ``packed_custom_mask`` (and the wrappers' mask buffers), position encodings
+  other than ``"NONE"``, ``head_dim_vo != head_dim_qk``, ``use_fp16_qk_reduction=True`` and fp8
+  KV caches raise NotImplementedError naming the argument; they are never ignored.
+- ``k_scale`` (and ``q_scale``) multiply ``sm_scale``; ``v_scale`` multiplies the output.
+- Sinks (``run(sinks=...)`` of the paged wrapper, float32 per query head) are natural-log logits
+  added once to each query's softmax denominator; the log-sum-exp includes them.
+- ``fixed_split_size`` is in pages (tokens for ragged KV); ``disable_split_kv=True`` gives each
+  query tile one item (batch-invariant, deterministic output).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ._kernels import kernel
+from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
+from .api_logging import aotinfer_api
+from .decode import (
+    _BACKENDS,
+    _check_head_dim,
+    _check_heads,
+    _check_int32,
+    _check_kv_layout,
+    _check_optional_reals,
+    _check_pos_encoding_mode,
+    _check_soft_cap,
+    _check_window_left,
+    _dtype,
+    _KV_LAYOUTS,
+    _num_sms,
+    _Q_DTYPES,
+    num_chunks,
+    smallest_chunk,
+    unpack_kv_cache,
+)
+from .trace.template import dtype_name
+from .trace.templates.prefill import single_prefill_with_kv_cache_trace
+from .utils import backend_requirement, check_enable_pdl, check_int, check_tensor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, List, Optional, Tuple, Union
+
+    import torch
+
+_batch_prefill = kernel("prefill", "batch_prefill")
+
+_CTAS_PER_SM = 2  # 96 KB of shared memory a CTA: two fit an SM of sm80/sm90/sm100
+_GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
+_WORK_WIDTH = 8
+
+
+def tile_rows(head_dim: int) -> int:
+    """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh)."""
+    return 128 if head_dim <= 128 else 64
+
+
+# ---- argument checks (what the binding cannot name) --------------------------------------------
+
+
+def _refuse_masks(**masks: Any) -> None:
+    for name, value in masks.items():
+        if value is not None:
+            raise NotImplementedError(f"{name} is not implemented: custom masks come in a later release; pass {name}=None")
+
+
+def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size) -> None:
+    _check_head_dim(head_dim_qk)
+    if head_dim_vo is not None:
+        check_int(head_dim_vo, "head_dim_vo", 1)
+        if head_dim_vo != head_dim_qk:
+            raise NotImplementedError(f"head_dim_vo={head_dim_vo} different from head_dim_qk={head_dim_qk} is not implemented")
+    if use_fp16_qk_reduction:
+        raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
+    if fixed_split_size is not None:
+        check_int(fixed_split_size, "fixed_split_size", 1)
+
+
+def _check_dtypes(q_data_type, kv_data_type, o_data_type) -> "torch.dtype":
+    q_dtype = _dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
+    if dtype_name(q_dtype) not in _Q_DTYPES:
+        raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {dtype_name(q_dtype)}")
+    if kv_data_type is not None:
+        kv_dtype = _dtype(kv_data_type, "kv_data_type")
+        if kv_dtype != q_dtype:
+            raise NotImplementedError(
+                f"kv_data_type={dtype_name(kv_dtype)} is not implemented: prefill takes K and V of q's dtype "
+                f"({dtype_name(q_dtype)})"
+            )
+    if o_data_type is not None and _dtype(o_data_type, "o_data_type") != q_dtype:
+        raise NotImplementedError(
+            f"o_data_type={dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has q's dtype "
+            f"({dtype_name(q_dtype)})"
+        )
+    return q_dtype
+
+
+def _indptr_on_host(indptr: Any, name: str, batch: Optional[int] = None) -> "torch.Tensor":
+    """An int32 indptr as int64 on the host, checked: non-decreasing from 0."""
+    import torch
+
+    _check_int32(indptr, name)
+    if indptr.numel() < 1 or (batch is not None and indptr.numel() != batch + 1):
+        expected = "batch_size + 1" if batch is None else f"batch_size + 1 = {batch + 1}"
+        raise ValueError(f"Expected {name} to have {expected} elements, got {indptr.numel()}")
+    host = indptr.to("cpu", torch.int64)
+    if int(host[0]) != 0 or bool((host[1:] < host[:-1]).any()):
+        raise ValueError(f"Expected {name} to start at 0 and never decrease, got {host.tolist()}")
+    return host
+
+
+# ---- the work partition (host only) ------------------------------------------------------------
+
+
+class PrefillPartition:
+    """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
+
+    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
+
+    def __init__(self, work, requests, num_items, num_slots, chunk):
+        self.work = work  # [1 + items, 8]: the count row, then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
+        self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
+        self.num_items = num_items
+        self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
+        self.chunk = chunk  # KV tokens per chunk; 0: nothing split
+
+
+def partition_prefill(
+    q_begin: List[int],
+    q_len: List[int],
+    kv_offset: List[int],
+    kv_len: List[int],
+    *,
+    group: int,
+    head_dim: int,
+    num_kv_heads: int,
+    num_sms: int,
+    page_size: int = 1,
+    causal: bool = False,
+    window_left: int = -1,
+    disable_split_kv: bool = False,
+    fixed_split_size: Optional[int] = None,
+) -> PrefillPartition:
+    """Cut each request's query rows into tiles and, where the tiles leave the GPU idle, its keys
+    into chunks (see the module doc). The chunk size: ``disable_split_kv``: none;
+    ``fixed_split_size``: that many pages (chunks from position 0, so a request's output depends on
+    the request alone); otherwise none when the tiles fill the GPU (2 CTAs an SM), else the
+    smallest (a multiple of 64 tokens and of the page size, at least 128) that keeps the items
+    within it. Items are ordered by their cost (rows x keys attended under ``causal`` and
+    ``window_left``), most costly first: the tail of a ragged batch starts early."""
+    import torch
+
+    rows_per_tile = tile_rows(head_dim)
+    tiles = [-(-q * group // rows_per_tile) for q in q_len]
+    fill = max(1, -(-_CTAS_PER_SM * num_sms // max(num_kv_heads, 1)))
+    if disable_split_kv or (fixed_split_size is None and sum(tiles) >= fill):
+        chunk = 0
+    elif fixed_split_size is not None:
+        chunk = fixed_split_size * page_size
+    else:
+        longest = max(kv_len) if kv_len else 0
+
+        def count(c):
+            return sum(t * num_chunks(0, k, c) for t, k in zip(tiles, kv_len))
+
+        chunk = smallest_chunk(longest, longest, fill, page_size, count)
+
+    items, request_rows, num_slots = [], [], 0
+    for b, (ql, kl) in enumerate(zip(q_len, kv_len)):
+        n = num_chunks(0, kl, chunk) if chunk else 1
+        delta = kl - ql
+        first = num_slots if n > 1 else 0
+        if n > 1:
+            num_slots += ql * n
+        request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, 0, 0))
+        for j in range(tiles[b]):
+            r0, r1 = j * rows_per_tile, min((j + 1) * rows_per_tile, ql * group) - 1
+            t0, t1 = r0 // group, r1 // group
+            for i in range(n):
+                kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if n > 1 else (0, kl)
+                lo, hi = kv_begin, kv_end
+                if causal:
+                    hi = min(hi, t1 + delta + 1)
+                if window_left >= 0:
+                    lo = max(lo, t0 + delta - window_left)
+                items.append(((r1 - r0 + 1) * max(hi - lo, 0), (b, r0, kv_begin, kv_end, i, 0, 0, 0)))
+    items.sort(key=lambda item: -item[0])  # stable
+    work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row in items], dtype=torch.int32)
+    requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
+    return PrefillPartition(work, requests, len(items), num_slots, chunk)
+
+
+# ---- the wrappers ------------------------------------------------------------------------------
+
+
+class _Plan:
+    """What plan decided, for run: the tables on the device and the shapes they were made for."""
+
+    __slots__ = (
+        "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype",
+        "work", "requests", "indices", "partial_out", "partial_lse", "merge", "ctas", "empty", "partition",
+    )  # fmt: skip
+
+
+def _run_prefill(
+    batch_prefill, wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return_lse, enable_pdl, sinks, sm_scale, v_scale
+):
+    """The launch both wrappers' ``run`` make (the binding passed in, so tracers see it)."""
+    import torch
+
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=wrapper.device)
+    if lse is None and return_lse:
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=wrapper.device)
+    batch_prefill.fn(
+        out,
+        plan.empty if lse is None else lse,
+        plan.partial_out,
+        plan.partial_lse,
+        q,
+        k,
+        v,
+        plan.indices,
+        plan.work,
+        plan.requests,
+        plan.empty if sinks is None else sinks,
+        kv_layout_code,
+        sm_scale,
+        wrapper._logits_soft_cap or 0.0,
+        wrapper._window_left,
+        wrapper._causal,
+        plan.ctas,
+        plan.merge,
+        -1 if enable_pdl is None else enable_pdl,
+    )
+    if v_scale is not None and v_scale != 1.0:
+        out.mul_(v_scale)
+    return (out, lse) if return_lse else out
+
+
+def _check_run_common(wrapper, q, out_or_none, enable_pdl) -> None:
+    check_enable_pdl(enable_pdl)
+    plan = wrapper._plan
+    if plan is None:
+        return  # run says it
+    check_tensor(q, "q")
+    if q.dim() != 3 or q.shape[1] != plan.num_qo_heads or q.shape[2] != plan.head_dim or q.shape[0] < plan.total_q:
+        raise ValueError(
+            f"Expected q to have shape [at least qo_indptr[-1] = {plan.total_q}, num_qo_heads = {plan.num_qo_heads}, "
+            f"head_dim = {plan.head_dim}] as planned, got {list(q.shape)}"
+        )
+    if q.dtype != plan.q_dtype:
+        raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {plan.q_dtype} specified in plan")
+
+
+class _BatchPrefillWrapper(AttentionWorkspace):
+    """What the ragged and paged wrappers share: workspaces, CUDA-graph buffers, the attention
+    options (set by plan, overridden by forward), the partition and the tables."""
+
+    def _init_common(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf):
+        import torch
+
+        _check_kv_layout(kv_layout)
+        if backend not in _BACKENDS:
+            raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
+        _refuse_masks(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
+        self._kv_layout = kv_layout
+        self._kv_layout_code = _KV_LAYOUTS[kv_layout]
+        self._backend = backend
+        self._use_cuda_graph = bool(use_cuda_graph)
+        check_workspace(float_workspace_buffer, "float_workspace_buffer")
+        self.device = float_workspace_buffer.device
+        self._set_workspaces(float_workspace_buffer, torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device))
+        self._causal = False
+        self._pos_encoding_mode = "NONE"
+        self._window_left = -1
+        self._logits_soft_cap: Optional[float] = None
+        self._sm_scale: Optional[float] = None
+        self._rope_scale: Optional[float] = None
+        self._rope_theta: Optional[float] = None
+        self._plan: Optional[_Plan] = None
+
+    def _check_graph_buffers(self, buffers: dict) -> None:
+        import torch
+
+        for name, buffer in buffers.items():
+            if not isinstance(buffer, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor when use_cuda_graph=True, got {type(buffer).__name__}")
+            _check_int32(buffer, name)
+            if buffer.device != self.device:
+                raise ValueError(f"Expected {name} on the workspace's device {self.device}, got {buffer.device}")
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def _plan_common(
+        self, qo_host, kv_offset, kv_len, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
+        window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, fixed_split_size, disable_split_kv,
+        non_blocking, indices, total_kv,
+    ) -> None:  # fmt: skip
+        import torch
+
+        batch = qo_host.numel() - 1
+        q_len = (qo_host[1:] - qo_host[:-1]).tolist()
+        kv_len_list = kv_len.tolist()
+        if self._use_cuda_graph and batch != self._fixed_batch_size:
+            raise ValueError(
+                f"The batch size is fixed under use_cuda_graph: got {batch}, the buffers given to the wrapper hold "
+                f"{self._fixed_batch_size}"
+            )
+        partition = partition_prefill(
+            qo_host[:-1].tolist(), q_len, kv_offset.tolist(), kv_len_list,
+            group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
+            num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
+            disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size,
+        )  # fmt: skip
+
+        # The partial results, the tables and the page ids on the device (what can fail first: a
+        # plan that raises leaves the wrapper as it was). Under CUDA graphs every view keeps its
+        # address and shape from plan to plan: the work table its capacity, the partials the
+        # whole float workspace, the grid a fixed number of CTAs (items are taken in strides).
+        plan = _Plan()
+        if self._use_cuda_graph:
+            capacity = min(_GRAPH_WORK_ROWS, self._table_bytes() // (4 * _WORK_WIDTH) - batch - 1)
+            if partition.num_items > capacity:
+                raise ValueError(
+                    f"this plan needs {partition.num_items} work items, more than the {capacity} a CUDA graph's plan "
+                    "holds: use fewer tokens, a larger fixed_split_size or disable_split_kv=True"
+                )
+            slots = self._partial_capacity(num_qo_heads, head_dim)
+            if partition.num_slots > slots:
+                raise ValueError(
+                    f"float_workspace_buffer holds the partial results of {slots} (query token, chunk) pairs, this plan "
+                    f"needs {partition.num_slots}: give the wrapper a larger one or pass disable_split_kv=True"
+                )
+            plan.ctas = max(1, -(-_CTAS_PER_SM * _num_sms(self.device) // num_kv_heads))
+        else:
+            capacity, slots = partition.num_items, partition.num_slots
+            plan.ctas = partition.num_items
+        plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
+        requests, work = self._write_tables([partition.requests, partition.work], non_blocking)
+        if self._use_cuda_graph:
+            begin = work.data_ptr() - self._int_bytes.data_ptr()
+            work = self._int_bytes[begin : begin + (capacity + 1) * 4 * _WORK_WIDTH].view(torch.int32).view(-1, _WORK_WIDTH)
+        plan.requests, plan.work = requests, work
+        plan.indices = indices
+        plan.merge = self._use_cuda_graph or partition.num_slots > 0
+        plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
+        plan.partition = partition
+        plan.batch_size, plan.total_q, plan.total_kv = batch, int(qo_host[-1]), total_kv
+        plan.num_qo_heads, plan.num_kv_heads, plan.head_dim = num_qo_heads, num_kv_heads, head_dim
+        plan.page_size, plan.q_dtype = page_size, q_dtype
+
+        self._plan = plan
+        self._causal = bool(causal)
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+
+    def _set_options(self, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta) -> None:
+        """The options of the deprecated ``forward``: they replace the planned ones from now on."""
+        _check_pos_encoding_mode(pos_encoding_mode)
+        if use_fp16_qk_reduction:
+            raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
+        _check_window_left(window_left)
+        _check_soft_cap(logits_soft_cap)
+        _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        self._causal = bool(causal)
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+
+    def _sm_scale_for(self, plan: _Plan, *scales: Optional[float]) -> float:
+        sm_scale = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(plan.head_dim)
+        for scale in scales:
+            if scale is not None:
+                sm_scale *= scale
+        return sm_scale
+
+    def end_forward(self) -> None:
+        r"""Deprecated and does nothing (FlashInfer's)."""
+
+
+def _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
+                        use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+                        fixed_split_size, custom_mask, packed_custom_mask) -> None:  # fmt: skip
+    _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    _check_pos_encoding_mode(pos_encoding_mode)
+    _check_heads(num_qo_heads, num_kv_heads)
+    _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size)
+    if not isinstance(causal, bool):
+        raise TypeError(f"Expected causal to be a bool, got {type(causal).__name__}")
+    _check_window_left(window_left)
+    _check_soft_cap(logits_soft_cap)
+    _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+
+
+def _check_ragged_run(self, q, k, v, *, out=None, lse=None, return_lse=False, enable_pdl=None) -> bool:
+    _check_run_common(self, q, out, enable_pdl)
+    plan = self._plan
+    if plan is not None:
+        check_tensor(k, "k")
+        check_tensor(v, "v")
+        rows = k.shape[0 if self._kv_layout == "NHD" else 1] if k.dim() == 3 else None
+        if rows is None or rows < plan.total_kv:
+            layout = "[kv_tokens, num_kv_heads, head_dim]" if self._kv_layout == "NHD" else "[num_kv_heads, kv_tokens, head_dim]"
+            raise ValueError(f"Expected k of shape {layout} with at least kv_indptr[-1] = {plan.total_kv} tokens, got {list(k.shape)}")
+        if k.dtype != plan.q_dtype:
+            raise ValueError(f"The dtype of k {k.dtype} does not match the kv_data_type {plan.q_dtype} specified in plan")
+    return True
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
+    r"""Prefill attention for a batch of requests whose keys and values are contiguous rows
+    (FlashInfer's wrapper): ``plan`` once per batch with ``qo_indptr`` and ``kv_indptr``, then
+    ``run`` once per layer. See the module doc for the math and how the work is split.
+
+    >>> workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    >>> wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+    >>> wrapper.plan(qo_indptr, kv_indptr, 32, 8, 128, causal=True, q_data_type=torch.bfloat16)
+    >>> out = wrapper.run(q, k, v)  # q: [tokens, 32, 128]; k, v: [kv_tokens, 8, 128]
+    """
+
+    @aotinfer_api
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional[torch.Tensor] = None,
+        kv_indptr_buf: Optional[torch.Tensor] = None,
+        custom_mask_buf: Optional[torch.Tensor] = None,
+        mask_indptr_buf: Optional[torch.Tensor] = None,
+        backend: str = "auto",
+    ) -> None:
+        r"""
+        Parameters
+        ----------
+        float_workspace_buffer : torch.Tensor
+            Holds the partial results of split sequences: a contiguous, 16-byte aligned buffer of
+            any dtype on the GPU that runs (128 MB is plenty; ``plan`` says when it is too small).
+        kv_layout : str
+            ``"NHD"`` (K and V ``[kv_tokens, heads, dim]``) or ``"HND"`` (``[heads, kv_tokens, dim]``).
+        use_cuda_graph : bool
+            ``run`` launches a fixed grid over tables that keep their place: a captured ``run``
+            replays correctly after ``plan`` with new lengths of the same batch size.
+        qo_indptr_buf, kv_indptr_buf : torch.Tensor
+            With ``use_cuda_graph``: int32 GPU buffers of ``batch_size + 1`` elements, which
+            ``plan`` fills. The batch size is fixed by them.
+        custom_mask_buf, mask_indptr_buf : torch.Tensor
+            Custom masks are not implemented: None (else NotImplementedError).
+        backend : str
+            FlashInfer's ``"auto"``, ``"fa2"``, ``"fa3"``, ``"trtllm-gen"`` or ``"cute-dsl"``; all
+            run aotinfer's kernel.
+        """
+        self._init_common(float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf)
+        if self._use_cuda_graph:
+            self._check_graph_buffers({"qo_indptr_buf": qo_indptr_buf, "kv_indptr_buf": kv_indptr_buf})
+            self._fixed_batch_size = qo_indptr_buf.numel() - 1
+            if kv_indptr_buf.numel() != qo_indptr_buf.numel():
+                raise ValueError(
+                    f"Expected kv_indptr_buf to have qo_indptr_buf's {qo_indptr_buf.numel()} elements, got {kv_indptr_buf.numel()}"
+                )
+        else:
+            self._fixed_batch_size = 0
+        self._qo_indptr_buf = qo_indptr_buf
+        self._kv_indptr_buf = kv_indptr_buf
+
+    @aotinfer_api
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        head_dim_vo: Optional[int] = None,
+        custom_mask: Optional[torch.Tensor] = None,
+        packed_custom_mask: Optional[torch.Tensor] = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: Union[str, torch.dtype] = "float16",
+        kv_data_type: Optional[Union[str, torch.dtype]] = None,
+        o_data_type: Optional[Union[str, torch.dtype]] = None,
+        non_blocking: bool = True,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None:
+        r"""Plan prefill attention over contiguous K and V: read the lengths, split the work,
+        write the tables.
+
+        Parameters
+        ----------
+        qo_indptr : torch.Tensor
+            int32 ``[batch_size + 1]``: request ``i``'s queries are ``q[qo_indptr[i]:qo_indptr[i + 1]]``.
+        kv_indptr : torch.Tensor
+            int32 ``[batch_size + 1]``: its keys and values are rows ``kv_indptr[i]:kv_indptr[i + 1]``.
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads; ``num_qo_heads`` a multiple of ``num_kv_heads``.
+        head_dim_qk : int
+            64, 128 or 256.
+        head_dim_vo : Optional[int]
+            None or ``head_dim_qk``.
+        custom_mask, packed_custom_mask : Optional[torch.Tensor]
+            Not implemented: None (else NotImplementedError).
+        causal : bool
+            Causal mask aligned to the end (see the module doc).
+        pos_encoding_mode : str
+            ``"NONE"`` (``"ROPE_LLAMA"`` and ``"ALIBI"`` raise NotImplementedError).
+        use_fp16_qk_reduction : bool
+            False (True raises NotImplementedError).
+        window_left : int
+            Sliding window: each query sees at most ``window_left + 1`` keys back; -1: all.
+        logits_soft_cap : Optional[float]
+            ``cap * tanh(logit / cap)`` on the scaled logits; None or 0: off.
+        sm_scale : Optional[float]
+            Logit scale; None: ``1 / sqrt(head_dim)``.
+        rope_scale, rope_theta : Optional[float]
+            Unused (no position encoding).
+        q_data_type, kv_data_type, o_data_type : str or torch.dtype
+            float16 (FlashInfer's default) or bfloat16; K, V and the output have q's dtype.
+        non_blocking : bool
+            Copy the tables to the GPU without waiting for the copy.
+        fixed_split_size : Optional[int]
+            Split every request's keys into chunks of this many tokens (batch-invariant output).
+        disable_split_kv : bool
+            One item a query tile: deterministic, batch-invariant output.
+        """
+        _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
+                            use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+                            fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
+        q_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type)
+        qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
+        kv_host = _indptr_on_host(kv_indptr, "kv_indptr", qo_host.numel() - 1)
+        kv_len = kv_host[1:] - kv_host[:-1]
+        self._plan_common(
+            qo_host, kv_host[:-1], kv_len, num_qo_heads, num_kv_heads, head_dim_qk, 1, causal, pos_encoding_mode,
+            window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, fixed_split_size,
+            disable_split_kv, non_blocking, _empty_indices(self.device), int(kv_host[-1]),
+        )  # fmt: skip
+        if self._use_cuda_graph:
+            self._qo_indptr_buf.copy_(qo_indptr, non_blocking=non_blocking)
+            self._kv_indptr_buf.copy_(kv_indptr, non_blocking=non_blocking)
+        else:
+            self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
+
+    begin_forward = plan
+
+    @aotinfer_api
+    @backend_requirement(backend_checks={}, common_check=_check_ragged_run)
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        out: Optional[torch.Tensor] = None,
+        lse: Optional[torch.Tensor] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        r"""Prefill attention of one layer with the planned lengths. Launches only.
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[qo_indptr[-1], num_qo_heads, head_dim]`` (more rows are left alone), the planned
+            dtype; last dimension contiguous, rows on 16-byte boundaries.
+        k, v : torch.Tensor
+            ``[kv_indptr[-1], num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_indptr[-1],
+            head_dim]`` (HND), q's dtype; strided views are fine (last dimension contiguous).
+        out : Optional[torch.Tensor]
+            Output of q's shape and dtype; allocated when None.
+        lse : Optional[torch.Tensor]
+            float32 ``[q.shape[0], num_qo_heads]``, written when given; allocated when None and
+            ``return_lse``.
+        return_lse : bool
+            Also return the log-sum-exp (base 2).
+        enable_pdl : Optional[bool]
+            Programmatic dependent launch: None where the GPU supports it.
+
+        Returns
+        -------
+        torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+            ``out``, or ``(out, lse)`` with ``return_lse``.
+        """
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("BatchPrefillWithRaggedKVCacheWrapper.run: call plan() first")
+        if self._kv_layout == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+        return _run_prefill(
+            _batch_prefill, self, plan, q, k, v, 0, out, lse, return_lse, enable_pdl, None, self._sm_scale_for(plan), None
+        )
+
+    def run_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
+        return self.run(q, k, v, return_lse=True, **kwargs)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> torch.Tensor:
+        r"""Deprecated form of ``run`` (FlashInfer's): the attention options given here replace the
+        planned ones, for this call and the ones after it."""
+        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, k, v)
+
+    def forward_return_lse(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        r"""Deprecated form of ``run_return_lse``, as ``forward``."""
+        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, k, v, return_lse=True)
+
+
+def _empty_indices(device) -> "torch.Tensor":
+    import torch
+
+    return torch.empty(0, dtype=torch.int32, device=device)
+
+
+def _check_paged_run(
+    self, q, paged_kv_cache, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None, return_lse=False,
+    enable_pdl=None, window_left=None, sinks=None,
+) -> bool:  # fmt: skip
+    _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    _check_run_common(self, q, out, enable_pdl)
+    if window_left is not None:
+        _check_window_left(window_left)
+    return True
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
+    r"""Prefill attention for a batch of requests against a paged KV cache (FlashInfer's
+    wrapper): ``plan`` once per batch with the page table, then ``run`` once per layer. See the
+    module doc for the math and how the work is split.
+
+    >>> workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    >>> wrapper = aotinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    >>> wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, 32, 8, 128, 16, causal=True,
+    ...              q_data_type=torch.bfloat16)
+    >>> out = wrapper.run(q, kv_cache)  # q: [tokens, 32, 128]
+    """
+
+    @aotinfer_api
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional[torch.Tensor] = None,
+        paged_kv_indptr_buf: Optional[torch.Tensor] = None,
+        paged_kv_indices_buf: Optional[torch.Tensor] = None,
+        paged_kv_last_page_len_buf: Optional[torch.Tensor] = None,
+        custom_mask_buf: Optional[torch.Tensor] = None,
+        mask_indptr_buf: Optional[torch.Tensor] = None,
+        backend: str = "auto",
+    ) -> None:
+        r"""
+        Parameters
+        ----------
+        float_workspace_buffer : torch.Tensor
+            Holds the partial results of split sequences: a contiguous, 16-byte aligned buffer of
+            any dtype on the GPU that runs (128 MB is plenty; ``plan`` says when it is too small).
+        kv_layout : str
+            ``"NHD"`` (``[pages, page_size, heads, dim]``) or ``"HND"`` (``[pages, heads, page_size, dim]``).
+        use_cuda_graph : bool
+            ``run`` reads the page ids from ``paged_kv_indices_buf``, which ``plan`` fills, and
+            launches a fixed grid: a captured ``run`` replays correctly after ``plan`` with a new
+            page table of the same batch size.
+        qo_indptr_buf, paged_kv_indptr_buf, paged_kv_last_page_len_buf : torch.Tensor
+            With ``use_cuda_graph``: int32 GPU buffers of ``batch_size + 1``, ``batch_size + 1``
+            and ``batch_size`` elements. The batch size is fixed by them.
+        paged_kv_indices_buf : torch.Tensor
+            With ``use_cuda_graph``: int32 GPU buffer for the most page ids any plan uses.
+        custom_mask_buf, mask_indptr_buf : torch.Tensor
+            Custom masks are not implemented: None (else NotImplementedError).
+        backend : str
+            FlashInfer's ``"auto"``, ``"fa2"``, ``"fa3"``, ``"trtllm-gen"`` or ``"cute-dsl"``; all
+            run aotinfer's kernel.
+        """
+        self._init_common(float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf)
+        if self._use_cuda_graph:
+            self._check_graph_buffers({
+                "qo_indptr_buf": qo_indptr_buf, "paged_kv_indptr_buf": paged_kv_indptr_buf,
+                "paged_kv_indices_buf": paged_kv_indices_buf, "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf,
+            })  # fmt: skip
+            self._fixed_batch_size = paged_kv_last_page_len_buf.numel()
+            for name, buffer in (("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf)):
+                if buffer.numel() != self._fixed_batch_size + 1:
+                    raise ValueError(
+                        f"Expected {name} to have batch_size + 1 = {self._fixed_batch_size + 1} elements (batch_size from "
+                        f"paged_kv_last_page_len_buf), got {buffer.numel()}"
+                    )
+        else:
+            self._fixed_batch_size = 0
+        self._qo_indptr_buf = qo_indptr_buf
+        self._paged_kv_indptr_buf = paged_kv_indptr_buf
+        self._paged_kv_indices_buf = paged_kv_indices_buf
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
+
+    @aotinfer_api
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        head_dim_vo: Optional[int] = None,
+        custom_mask: Optional[torch.Tensor] = None,
+        packed_custom_mask: Optional[torch.Tensor] = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: Union[str, torch.dtype] = "float16",
+        kv_data_type: Optional[Union[str, torch.dtype]] = None,
+        o_data_type: Optional[Union[str, torch.dtype]] = None,
+        non_blocking: bool = True,
+        seq_lens: Optional[torch.Tensor] = None,
+        fixed_split_size: Optional[int] = None,
+        disable_split_kv: bool = False,
+    ) -> None:
+        r"""Plan prefill attention against a paged KV cache: read the page table, split the work,
+        write the tables.
+
+        Parameters
+        ----------
+        qo_indptr : torch.Tensor
+            int32 ``[batch_size + 1]``: request ``i``'s queries are ``q[qo_indptr[i]:qo_indptr[i + 1]]``.
+        paged_kv_indptr : torch.Tensor
+            int32 ``[batch_size + 1]``: request ``i`` owns ``paged_kv_indices[paged_kv_indptr[i]:paged_kv_indptr[i + 1]]``.
+        paged_kv_indices : torch.Tensor
+            int32 page ids, at least ``paged_kv_indptr[-1]`` of them (on the GPU; copied there otherwise).
+        paged_kv_last_page_len : torch.Tensor
+            int32 ``[batch_size]``: tokens in each request's last page, ``0..page_size``.
+        num_qo_heads, num_kv_heads : int
+            Query and KV heads; ``num_qo_heads`` a multiple of ``num_kv_heads``.
+        head_dim_qk : int
+            64, 128 or 256.
+        page_size : int
+            Tokens a page.
+        head_dim_vo, custom_mask, packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction,
+        sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type, o_data_type,
+        non_blocking, fixed_split_size, disable_split_kv
+            As ``BatchPrefillWithRaggedKVCacheWrapper.plan``; ``fixed_split_size`` in pages.
+        kv_data_type : str or torch.dtype
+            None or q's dtype (fp8 caches raise NotImplementedError).
+        seq_lens : Optional[torch.Tensor]
+            KV lengths ``[batch_size]`` to use instead of those of ``paged_kv_last_page_len``.
+        """
+        import torch
+
+        _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
+                            use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
+                            fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
+        check_int(page_size, "page_size", 1)
+        q_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type)
+        qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
+        batch = qo_host.numel() - 1
+        indptr_host = _indptr_on_host(paged_kv_indptr, "paged_kv_indptr", batch)
+        _check_int32(paged_kv_indices, "paged_kv_indices")
+        _check_int32(paged_kv_last_page_len, "paged_kv_last_page_len")
+        if paged_kv_last_page_len.numel() != batch:
+            raise ValueError(f"Expected paged_kv_last_page_len to have batch_size = {batch} elements, got {paged_kv_last_page_len.numel()}")
+        if int(indptr_host[-1]) > paged_kv_indices.numel():
+            raise ValueError(f"Expected paged_kv_indptr[-1] ({int(indptr_host[-1])}) to be at most len(paged_kv_indices) = {paged_kv_indices.numel()}")
+        pages = indptr_host[1:] - indptr_host[:-1]
+        if seq_lens is None:
+            last_host = paged_kv_last_page_len.to("cpu", torch.int64)
+            if bool(((last_host < 0) | (last_host > page_size) | ((pages == 0) & (last_host != 0))).any()):
+                raise ValueError(
+                    f"Expected paged_kv_last_page_len in 0..page_size ({page_size}), and 0 for requests without pages, got "
+                    f"{last_host.tolist()}"
+                )
+            kv_len = (pages - 1).clamp(min=0) * page_size + last_host
+        else:
+            check_tensor(seq_lens, "seq_lens")
+            kv_len = seq_lens.to("cpu", torch.int64).reshape(-1)
+            if kv_len.numel() != batch or bool(((kv_len < 0) | (kv_len > pages * page_size)).any()):
+                raise ValueError(f"Expected seq_lens to hold {batch} lengths, each at most its pages times page_size, got {kv_len.tolist()}")
+        if self._use_cuda_graph and paged_kv_indices.numel() > self._paged_kv_indices_buf.numel():
+            raise ValueError(
+                f"Expected at most {self._paged_kv_indices_buf.numel()} page ids (paged_kv_indices_buf's size), got "
+                f"{paged_kv_indices.numel()}"
+            )
+        indices = self._paged_kv_indices_buf if self._use_cuda_graph else paged_kv_indices.to(self.device, non_blocking=non_blocking)
+        self._plan_common(
+            qo_host, indptr_host[:-1], kv_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype,
+            fixed_split_size, disable_split_kv, non_blocking, indices, 0,
+        )  # fmt: skip
+        if self._use_cuda_graph:
+            self._qo_indptr_buf.copy_(qo_indptr, non_blocking=non_blocking)
+            self._paged_kv_indptr_buf.copy_(paged_kv_indptr, non_blocking=non_blocking)
+            self._paged_kv_last_page_len_buf.copy_(paged_kv_last_page_len, non_blocking=non_blocking)
+            if paged_kv_indices.data_ptr() != self._paged_kv_indices_buf.data_ptr():
+                self._paged_kv_indices_buf[: paged_kv_indices.numel()].copy_(paged_kv_indices, non_blocking=non_blocking)
+        else:
+            self._qo_indptr_buf, self._paged_kv_indptr_buf = qo_indptr, paged_kv_indptr
+            self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf = indices, paged_kv_last_page_len
+
+    begin_forward = plan
+
+    @aotinfer_api
+    @backend_requirement(backend_checks={}, common_check=_check_paged_run)
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        *,
+        q_scale: Optional[float] = None,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Optional[torch.Tensor] = None,
+        lse: Optional[torch.Tensor] = None,
+        return_lse: bool = False,
+        enable_pdl: Optional[bool] = None,
+        window_left: Optional[int] = None,
+        sinks: Optional[torch.Tensor] = None,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        r"""Prefill attention of one layer with the planned page table. Launches only (and, with
+        ``v_scale``, one scaling of the output).
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[qo_indptr[-1], num_qo_heads, head_dim]`` (more rows are left alone), the planned dtype.
+        paged_kv_cache : torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+            ``(k_cache, v_cache)``, each ``[pages, page_size, num_kv_heads, head_dim]`` (NHD) or
+            ``[pages, num_kv_heads, page_size, head_dim]`` (HND), or 3-D for page_size 1; or one
+            tensor ``[pages, 2, ...]``. Views into a larger pool are fine (last dimension contiguous).
+        q_scale, k_scale : Optional[float]
+            Multiply ``sm_scale``.
+        v_scale : Optional[float]
+            Multiplies the output.
+        out, lse, return_lse, enable_pdl
+            As ``BatchPrefillWithRaggedKVCacheWrapper.run``.
+        window_left : Optional[int]
+            None: the planned (or ``forward``'s) window; else this one, for this call.
+        sinks : Optional[torch.Tensor]
+            float32 ``[num_qo_heads]``: a logit per head added to the softmax denominator.
+        """
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("BatchPrefillWithPagedKVCacheWrapper.run: call plan() first")
+        k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
+        if k_cache.dtype != plan.q_dtype:
+            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.q_dtype} specified in plan")
+        page_size = k_cache.shape[1 if self._kv_layout_code == 0 else 2]
+        if page_size != plan.page_size:
+            raise ValueError(f"Expected paged_kv_cache with the planned page_size {plan.page_size}, got {page_size}")
+        planned_window = self._window_left
+        if window_left is not None:
+            self._window_left = window_left
+        try:
+            return _run_prefill(
+                _batch_prefill, self, plan, q, k_cache, v_cache, self._kv_layout_code, out, lse, return_lse, enable_pdl,
+                sinks, self._sm_scale_for(plan, q_scale, k_scale), v_scale,
+            )  # fmt: skip
+        finally:
+            self._window_left = planned_window
+
+    def run_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
+        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> torch.Tensor:
+        r"""Deprecated form of ``run`` (FlashInfer's): the attention options given here replace the
+        planned ones, for this call and the ones after it."""
+        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
+
+    def forward_return_lse(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        sm_scale: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        r"""Deprecated form of ``run_return_lse``, as ``forward``."""
+        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+
+
+# ---- single request ----------------------------------------------------------------------------
+
+
+def _check_single_prefill(
+    q, k, v, custom_mask=None, packed_custom_mask=None, causal=False, kv_layout="NHD", pos_encoding_mode="NONE",
+    use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None,
+    rope_theta=None, return_lse=False,
+) -> bool:  # fmt: skip
+    _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    _check_kv_layout(kv_layout)
+    _check_pos_encoding_mode(pos_encoding_mode)
+    if use_fp16_qk_reduction:
+        raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
+    if not isinstance(causal, bool):
+        raise TypeError(f"Expected causal to be a bool, got {type(causal).__name__}")
+    _check_window_left(window_left)
+    _check_soft_cap(logits_soft_cap)
+    _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+    return True
+
+
+@aotinfer_api(trace=single_prefill_with_kv_cache_trace)
+@backend_requirement(backend_checks={}, common_check=_check_single_prefill)
+def single_prefill_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    custom_mask: Optional[torch.Tensor] = None,
+    packed_custom_mask: Optional[torch.Tensor] = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: Optional[float] = None,
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    r"""Prefill attention of one request over contiguous K and V (FlashInfer's API).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[qo_len, num_qo_heads, head_dim]``, float16 or bfloat16; head_dim 64, 128 or 256.
+    k, v : torch.Tensor
+        ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND),
+        q's dtype. Strided views are fine (last dimension contiguous).
+    custom_mask, packed_custom_mask : Optional[torch.Tensor]
+        Not implemented: None (else NotImplementedError).
+    causal : bool
+        Causal mask aligned to the end; needs ``qo_len <= kv_len`` (ValueError otherwise).
+    kv_layout : str
+        ``"NHD"`` or ``"HND"``.
+    pos_encoding_mode : str
+        ``"NONE"`` (others raise NotImplementedError).
+    use_fp16_qk_reduction : bool
+        False (True raises NotImplementedError).
+    sm_scale : Optional[float]
+        Logit scale; None: ``1 / sqrt(head_dim)``.
+    window_left : int
+        Sliding window; -1: off.
+    logits_soft_cap : Optional[float]
+        ``cap * tanh(logit / cap)``; None or 0: off.
+    rope_scale, rope_theta : Optional[float]
+        Unused.
+    return_lse : bool
+        Also return the log-sum-exp (base 2), float32 ``[qo_len, num_qo_heads]``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        The output ``[qo_len, num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)``.
+    """
+    import torch
+
+    for value, name in ((q, "q"), (k, "k"), (v, "v")):
+        check_tensor(value, name)
+    if q.dim() != 3:
+        raise ValueError(f"Expected q to have shape [qo_len, num_qo_heads, head_dim], got {list(q.shape)}")
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(
+            f"Expected k and v to have one shape, [kv_len, num_kv_heads, head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] "
+            f"(HND), got {list(k.shape)} and {list(v.shape)}"
+        )
+    if kv_layout == "HND":
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
+    qo_len, num_qo_heads, head_dim = q.shape
+    kv_len, num_kv_heads = k.shape[0], k.shape[1]
+    if causal and qo_len > kv_len:
+        raise ValueError(f"Expected qo_len ({qo_len}) <= kv_len ({kv_len}) with causal=True")
+    device = k.device  # everything the op makes goes beside K and V: a q elsewhere is what the binding names
+    group = max(num_qo_heads // max(num_kv_heads, 1), 1)
+    rows = tile_rows(head_dim)
+    tiles = (qo_len * group + rows - 1) // rows
+    # The tables on the device, by tensor ops (no copy from the host: tracers and CUDA graph
+    # capture take them); tiles last to first, the most keys first under causal.
+    zeros = torch.zeros(tiles, dtype=torch.int32, device=device)
+    row_begin = (tiles - 1) * rows - torch.arange(0, tiles * rows, rows, dtype=torch.int32, device=device)
+    kv_end = torch.full_like(zeros, kv_len)
+    items = torch.stack((zeros, row_begin, zeros, kv_end, zeros, zeros, zeros, zeros), dim=1)
+    header = torch.zeros((1, 8), dtype=torch.int32, device=device)
+    header.narrow(1, 0, 1).fill_(tiles)
+    work = torch.cat((header, items))
+    requests = torch.zeros((1, 8), dtype=torch.int32, device=device)
+    requests.narrow(1, 1, 1).fill_(qo_len)
+    requests.narrow(1, 3, 1).fill_(kv_len)
+    empty = torch.empty(0, dtype=torch.float32, device=device)
+
+    out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=device)
+    lse = torch.empty((qo_len, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
+    _batch_prefill.fn(
+        out,
+        lse,
+        empty,
+        empty,
+        q,
+        k,
+        v,
+        torch.empty(0, dtype=torch.int32, device=device),
+        work,
+        requests,
+        empty,
+        0,
+        1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
+        logits_soft_cap or 0.0,
+        window_left,
+        causal,
+        tiles,
+        False,
+        -1,
+    )
+    return (out, lse) if return_lse else out

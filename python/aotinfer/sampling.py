@@ -1,0 +1,410 @@
+"""Sampling with FlashInfer's signatures and semantics (module ``flashinfer.sampling``): draws from
+probabilities or logits under top-k, top-p, min-p and their combinations, the top-k / top-p
+renormalizations, top-k masking of logits, and softmax with temperature.
+
+No op sorts the vocabulary. Every filter keeps the elements at or above one threshold value (ties
+with it are kept), found by a radix search over the row's bit patterns in shared memory; a draw is
+an exponential race in the same pass (include/aotinfer/sampling.cuh says how).
+
+Randomness is Philox4x32-10 keyed by a seed, with a counter made of the element, the output row
+and an offset. Without ``seed`` and ``offset`` both, they come from ``generator`` (the device's
+default CUDA generator when None), whose offset is then advanced, so consecutive calls differ and
+``torch.manual_seed`` reproduces them. ``seed`` and ``offset`` may be Python ints or int64 tensors
+of 1 or ``batch_size`` elements; tensors are read on the GPU, so a CUDA graph captured with them
+draws anew on each replay once the caller updates them. The same probabilities, seed and offset
+give the same tokens on every run, whatever ``deterministic`` says.
+
+Filters:
+
+- top-k keeps the ``top_k`` largest (more when the k-th value has ties); ``top_k`` >= the number
+  of positive entries, or <= 0 in a tensor, keeps every token.
+- top-p keeps the smallest upper set whose mass reaches ``top_p`` times the row's total; 1 keeps
+  every token.
+- min-p keeps the probabilities >= ``min_p`` times the row's largest.
+- ``filter_apply_order="top_k_first"``: top-p over the renormalized top-k set;
+  ``"joint"``: both filters over the original row, a token kept where both keep it.
+
+Probabilities <= 0 (and NaN) are never drawn. A row with nothing to draw gives token 0; an index in
+``indices`` outside probs' rows gives -1.
+"""
+
+from __future__ import annotations
+
+from ._kernels import kernel
+from .api_logging import aotinfer_api
+from .trace.templates.sampling import (
+    min_p_sampling_trace,
+    sampling_from_logits_trace,
+    sampling_from_probs_trace,
+    softmax_trace,
+    top_k_mask_logits_trace,
+    top_k_renorm_probs_trace,
+    top_k_sampling_trace,
+    top_k_top_p_sampling_from_logits_trace,
+    top_k_top_p_sampling_trace,
+    top_p_renorm_probs_trace,
+    top_p_sampling_trace,
+)
+from .utils import backend_requirement, check_enable_pdl, check_int, check_real, check_tensor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Union
+
+    import torch
+
+_sample = kernel("sampling", "sample")
+_renorm = kernel("sampling", "renorm")
+_top_k_mask_logits = kernel("sampling", "top_k_mask_logits")
+_softmax = kernel("sampling", "softmax")
+
+# The binding's filter codes.
+_NONE, _TOP_K, _TOP_P, _MIN_P, _TOP_K_FIRST, _JOINT = range(6)
+_ORDERS = {"top_k_first": _TOP_K_FIRST, "joint": _JOINT}
+_PHILOX_OFFSETS_PER_CALL = 4  # a call's draws use one offset; 4 keeps the generator's offset a multiple of 4
+
+
+# ---- checks of what the bindings cannot see ------------------------------------------------------
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _check_top_k(top_k) -> None:
+    if not _is_tensor(top_k):
+        check_int(top_k, "top_k", 1)
+
+
+def _check_fraction(value, name: str, low_open: bool) -> None:
+    """A scalar in (0, 1] (low_open) or [0, 1]; tensors are the binding's."""
+    if _is_tensor(value):
+        return
+    check_real(value, name)
+    if not ((value > 0 if low_open else value >= 0) and value <= 1):
+        raise ValueError(f"Expected {name} to be in {'(0' if low_open else '[0'}, 1], got {value}")
+
+
+def _check_random(indices, deterministic, generator, check_nan, seed, offset) -> None:
+    import torch
+
+    if indices is not None:
+        check_tensor(indices, "indices")
+    for value, name in ((deterministic, "deterministic"), (check_nan, "check_nan")):
+        if type(value) is not bool:
+            raise TypeError(f"Expected {name} to be a bool, got {type(value).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"Expected generator to be a torch.Generator, got {type(generator).__name__}")
+    for value, name in ((seed, "seed"), (offset, "offset")):
+        if value is not None and not _is_tensor(value):
+            check_int(value, name, -(2**63))
+            if value >= 2**64:
+                raise ValueError(f"Expected {name} to fit in 64 bits, got {value}")
+
+
+def _check_sampling(probs, indices=None, deterministic=True, generator=None, check_nan=False, seed=None, offset=None):
+    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    return True
+
+
+def _check_logits_sampling(logits, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
+                           offset=None):
+    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    return True
+
+
+def _check_top_p_sampling(probs, top_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
+                          offset=None):
+    _check_fraction(top_p, "top_p", low_open=True)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    return True
+
+
+def _check_top_k_sampling(probs, top_k, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
+                          offset=None):
+    _check_top_k(top_k)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    return True
+
+
+def _check_min_p_sampling(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
+                          offset=None):
+    _check_fraction(min_p, "min_p", low_open=False)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    return True
+
+
+def _check_top_k_top_p_sampling(probs, top_k, top_p, indices=None, filter_apply_order="top_k_first",
+                                deterministic=True, generator=None, check_nan=False, seed=None, offset=None):
+    _check_top_k(top_k)
+    _check_fraction(top_p, "top_p", low_open=True)
+    if filter_apply_order not in _ORDERS:
+        raise ValueError(f"Expected filter_apply_order to be 'top_k_first' or 'joint', got {filter_apply_order!r}")
+    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    return True
+
+
+def _check_top_p_renorm(probs, top_p):
+    _check_fraction(top_p, "top_p", low_open=True)
+    return True
+
+
+def _check_top_k_renorm(probs, top_k):
+    _check_top_k(top_k)
+    return True
+
+
+def _check_softmax(logits, temperature=None, enable_pdl=None):
+    if temperature is not None and not _is_tensor(temperature):
+        check_real(temperature, "temperature")
+        if not temperature > 0:
+            raise ValueError(f"Expected temperature to be positive, got {temperature}")
+    check_enable_pdl(enable_pdl)
+    return True
+
+
+# ---- the calls -----------------------------------------------------------------------------------------
+
+
+def _per_row(value, dtype, sentinel, none):
+    """(tensor, scalar) for a binding's per-row parameter: a tensor (converted to dtype, as
+    FlashInfer does) with the scalar `sentinel` that says to read it, or `none` and the scalar
+    (0 for a parameter the filter does not use)."""
+    if value is None:
+        return none, 0
+    if _is_tensor(value):
+        return (value if value.dtype == dtype else value.to(dtype)), sentinel
+    return none, value
+
+
+def _random_state(device, generator, seed, offset):
+    """(seed, offset) for the kernel: the caller's, or the generator's, advancing it."""
+    if seed is not None and offset is not None:
+        return seed, offset
+    import torch
+
+    if generator is None:
+        if device.type != "cuda" or torch._C._len_torch_dispatch_stack():
+            return 0, 0  # a tracer's fake tensors, or a device the binding refuses by name
+        generator = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    if generator.device.type != "cuda":
+        raise ValueError(f"Expected generator to be a CUDA generator, got one on {generator.device}")
+    seed, offset = generator.initial_seed(), generator.get_offset()
+    generator.set_offset(offset + _PHILOX_OFFSETS_PER_CALL)
+    return seed, offset
+
+
+def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, check_nan, seed, offset,
+          from_logits=False):
+    """One sampling call: output allocation, per-row parameters, random state, the binding."""
+    import torch
+
+    check_tensor(probs, name)
+    if indices is not None:
+        check_tensor(indices, "indices")
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        probs = probs.float()  # as FlashInfer does
+    if check_nan and bool(torch.isnan(probs).any()):
+        raise ValueError(f"Input {name} contains NaN.")
+    rows = indices if indices is not None else probs
+    batch = rows.shape[0] if rows.dim() else 1  # (a 0-d tensor: the binding names its rank)
+    out = torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32, device=probs.device)
+    none = probs.new_empty(0)
+    top_k, top_k_val = _per_row(top_k, torch.int32, -1, none)
+    top_p, top_p_val = _per_row(top_p, torch.float32, -1.0, none)
+    min_p, min_p_val = _per_row(min_p, torch.float32, -1.0, none)
+    seed, offset = _random_state(probs.device, generator, seed, offset)
+    seed, seed_val = (seed, 0) if _is_tensor(seed) else (none, seed - 2**64 if seed >= 2**63 else seed)
+    offset, offset_val = (offset, 0) if _is_tensor(offset) else (none, offset - 2**64 if offset >= 2**63 else offset)
+    sample.fn(out, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset, filter, from_logits,
+              top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
+    return out
+
+
+@aotinfer_api(trace=sampling_from_probs_trace)
+@backend_requirement(backend_checks={}, common_check=_check_sampling)
+def sampling_from_probs(probs: torch.Tensor, indices: Optional[torch.Tensor] = None, deterministic: bool = True,
+                        generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                        seed: Optional[Union[int, torch.Tensor]] = None,
+                        offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """Draw one token per row with probability ``probs[i, j] / sum(probs[i])``.
+
+    probs : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted), last dimension
+    contiguous. Returns the tokens, ``[batch_size]``. Other parameters: see the module doc.
+    """
+    return _draw(_sample, probs, "probs", _NONE, None, None, None, indices, generator, check_nan, seed, offset)
+
+
+@aotinfer_api(trace=sampling_from_logits_trace)
+@backend_requirement(backend_checks={}, common_check=_check_logits_sampling)
+def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] = None, deterministic: bool = True,
+                         generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                         seed: Optional[Union[int, torch.Tensor]] = None,
+                         offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """Draw one token per row from ``softmax(logits[i])``, as ``argmax(logits + Gumbel noise)`` in one
+    pass (no softmax is written).
+
+    logits : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted). Returns the tokens.
+    """
+    return _draw(_sample, logits, "logits", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
+                 from_logits=True)
+
+
+@aotinfer_api(trace=top_p_sampling_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_p_sampling)
+def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float],
+                              indices: Optional[torch.Tensor] = None, deterministic: bool = True,
+                              generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                              seed: Optional[Union[int, torch.Tensor]] = None,
+                              offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """Top-p (nucleus) sampling: draw from the smallest set of most probable tokens whose mass
+    reaches ``top_p`` of the row's.
+
+    top_p : a float in (0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
+    """
+    return _draw(_sample, probs, "probs", _TOP_P, None, top_p, None, indices, generator, check_nan, seed, offset)
+
+
+@aotinfer_api(trace=top_k_sampling_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_k_sampling)
+def top_k_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int],
+                              indices: Optional[torch.Tensor] = None, deterministic: bool = True,
+                              generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                              seed: Optional[Union[int, torch.Tensor]] = None,
+                              offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """Top-k sampling: draw from the ``top_k`` most probable tokens, renormalized.
+
+    top_k : an int >= 1, or int32 ``[batch_size]`` per output row. Returns the tokens.
+    """
+    return _draw(_sample, probs, "probs", _TOP_K, top_k, None, None, indices, generator, check_nan, seed, offset)
+
+
+@aotinfer_api(trace=min_p_sampling_trace)
+@backend_requirement(backend_checks={}, common_check=_check_min_p_sampling)
+def min_p_sampling_from_probs(probs: torch.Tensor, min_p: Union[torch.Tensor, float],
+                              indices: Optional[torch.Tensor] = None, deterministic: bool = True,
+                              generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                              seed: Optional[Union[int, torch.Tensor]] = None,
+                              offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """Min-p sampling: draw from the tokens whose probability is at least ``min_p`` times the
+    row's largest.
+
+    min_p : a float in [0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
+    """
+    return _draw(_sample, probs, "probs", _MIN_P, None, None, min_p, indices, generator, check_nan, seed, offset)
+
+
+@aotinfer_api(trace=top_k_top_p_sampling_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_k_top_p_sampling)
+def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int],
+                                    top_p: Union[torch.Tensor, float], indices: Optional[torch.Tensor] = None,
+                                    filter_apply_order: str = "top_k_first", deterministic: bool = True,
+                                    generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                                    seed: Optional[Union[int, torch.Tensor]] = None,
+                                    offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """Top-k and top-p sampling in one kernel.
+
+    filter_apply_order : "top_k_first" (top-p over the renormalized top-k set) or "joint" (a token
+    kept where both filters, applied to the original row, keep it). Returns the tokens.
+    """
+    return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
+                 check_nan, seed, offset)
+
+
+@aotinfer_api(trace=top_k_top_p_sampling_from_logits_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_k_top_p_sampling)
+def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int],
+                                     top_p: Union[torch.Tensor, float], indices: Optional[torch.Tensor] = None,
+                                     filter_apply_order: str = "top_k_first", deterministic: bool = True,
+                                     generator: Optional[torch.Generator] = None, check_nan: bool = False,
+                                     seed: Optional[Union[int, torch.Tensor]] = None,
+                                     offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    """``softmax(logits)`` (float32, one kernel), then ``top_k_top_p_sampling_from_probs``. Top-k
+    first over the softmax is top-k over the logits, softmax, then top-p, as FlashInfer does it."""
+    import torch
+
+    check_tensor(logits, "logits")
+    if check_nan and bool(torch.isnan(logits).any()):
+        raise ValueError("Input logits contains NaN.")
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    _softmax.fn(probs, logits, probs.new_empty(0), 1.0, -1)
+    return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
+                 False, seed, offset)
+
+
+@aotinfer_api(trace=top_p_renorm_probs_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_p_renorm)
+def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-p set and divide the rest by their sum.
+
+    probs : float32 ``[batch_size, vocab_size]``. top_p : a float in (0, 1] or float32
+    ``[batch_size]``. Returns float32 ``[batch_size, vocab_size]``.
+    """
+    import torch
+
+    check_tensor(probs, "probs")
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        probs = probs.float()
+    out = torch.empty_like(probs)
+    top_p, top_p_val = _per_row(top_p, torch.float32, -1.0, probs.new_empty(0))
+    _renorm.fn(out, probs, top_p, top_p, _TOP_P, 0, top_p_val, -1)
+    return out
+
+
+@aotinfer_api(trace=top_k_renorm_probs_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_k_renorm)
+def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
+    """Zero all but the ``top_k`` largest probabilities of each row (ties with the k-th kept) and
+    divide the rest by their sum.
+
+    probs : float32 ``[batch_size, vocab_size]``. top_k : an int >= 1 or int32 ``[batch_size]``
+    (<= 0 keeps the row). Returns float32 ``[batch_size, vocab_size]``.
+    """
+    import torch
+
+    check_tensor(probs, "probs")
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        probs = probs.float()
+    out = torch.empty_like(probs)
+    top_k, top_k_val = _per_row(top_k, torch.int32, -1, probs.new_empty(0))
+    _renorm.fn(out, probs, top_k, top_k, _TOP_K, top_k_val, 1.0, -1)
+    return out
+
+
+@aotinfer_api(trace=top_k_mask_logits_trace)
+@backend_requirement(backend_checks={}, common_check=_check_top_k_renorm)
+def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
+    """Set all but the ``top_k`` largest logits of each row to -inf (ties with the k-th kept).
+
+    logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 or
+    int32 ``[batch_size]`` (<= 0 keeps the row). Returns logits' dtype and shape.
+    """
+    import torch
+
+    check_tensor(logits, "logits")
+    out = torch.empty_like(logits)
+    top_k, top_k_val = _per_row(top_k, torch.int32, -1, logits.new_empty(0))
+    _top_k_mask_logits.fn(out, logits, top_k, top_k_val, -1)
+    return out
+
+
+@aotinfer_api(trace=softmax_trace)
+@backend_requirement(backend_checks={}, common_check=_check_softmax)
+def softmax(logits: torch.Tensor, temperature: Optional[Union[torch.Tensor, float]] = None,
+            enable_pdl: Optional[bool] = None) -> torch.Tensor:
+    """``softmax(logits / temperature)`` over each row, in float32 (one pass for the running max and
+    sum, one that writes).
+
+    logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. temperature : None (1), a
+    positive float, or float32 ``[batch_size]``. Returns float32 ``[batch_size, vocab_size]``.
+    """
+    import torch
+
+    check_tensor(logits, "logits")
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    temperature, temperature_val = _per_row(1.0 if temperature is None else temperature, torch.float32, -1.0,
+                                            out.new_empty(0))
+    _softmax.fn(out, logits, temperature, temperature_val, -1 if enable_pdl is None else enable_pdl)
+    return out

@@ -1,0 +1,706 @@
+"""Batch prefill attention (aotinfer.prefill) against a float32 reference: the ragged and paged
+wrappers' plan and run, single_prefill_with_kv_cache, split keys and their merge, CUDA graphs,
+merge_state of a ragged and a paged run; on the CPU, the plan's work partition, the plan driving
+a float32 model of the kernel's contract, and argument errors."""
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import aotinfer
+from aotinfer import prefill
+from test_decode import LN2, LSE_TOLERANCE, TOLERANCE, gather, kv_pool, merge_into, page_table, poisoned, workspace
+
+gpu = pytest.mark.gpu
+HEADS = [  # (num_qo_heads, num_kv_heads, head_dim): group sizes 1, 4, 8 and 6, every head_dim
+    (8, 8, 128),
+    (16, 4, 64),
+    (32, 4, 128),
+    (12, 2, 256),
+]
+HEAD_IDS = [f"h{h}kv{kv}d{d}" for h, kv, d in HEADS]
+# (q_len, kv_len) pairs: a long prompt, appends (q_len < kv_len), an empty request, one token,
+# lengths off the tile sizes, and a request with keys but no queries.
+PAIRS = [(300, 300), (17, 530), (0, 0), (1, 1), (129, 200), (64, 64), (0, 40), (200, 1100)]
+
+
+# ---- reference ---------------------------------------------------------------------------------
+
+
+def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, window_left=-1, sinks=None, v_scale=1.0):
+    """float32 prefill attention: (out [tokens, heads, dim], lse [tokens, heads] base 2)."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    out = torch.zeros(q.shape[0], num_heads, head_dim, device=q.device)
+    lse = torch.full((q.shape[0], num_heads), float("-inf"), device=q.device)
+    for b in range(len(keys)):
+        begin, end = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        k, v = keys[b].float().to(q.device), values[b].float().to(q.device)
+        q_len, kv_len = end - begin, k.shape[0]
+        if q_len == 0:
+            continue
+        group = num_heads // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        logits = torch.einsum("qhd,khd->hqk", q[begin:end].float(), k) * sm_scale
+        if soft_cap:
+            logits = soft_cap * torch.tanh(logits / soft_cap)
+        diagonal = torch.arange(q_len, device=q.device)[:, None] + kv_len - q_len
+        j = torch.arange(kv_len, device=q.device)[None, :]
+        seen = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device)
+        if causal:
+            seen &= j <= diagonal
+        if window_left >= 0:
+            seen &= j >= diagonal - window_left
+        logits = logits.masked_fill(~seen, float("-inf"))
+        terms = logits if sinks is None else torch.cat([logits, sinks.float()[:, None, None].expand(-1, q_len, 1)], -1)
+        total = torch.logsumexp(terms, -1)  # [heads, q_len]; -inf where nothing is seen
+        probs = torch.exp(logits - total[..., None]).nan_to_num(0.0)
+        out[begin:end] = torch.einsum("hqk,khd->qhd", probs, v) * v_scale
+        lse[begin:end] = (total / LN2).T
+    return out, lse
+
+
+def check(out, want, dtype, lse=None, want_lse=None):
+    assert not out.isnan().any(), "some outputs were not written"
+    torch.testing.assert_close(out.float(), want.to(out.device), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    if lse is not None:
+        assert not lse.isnan().any(), "some log-sum-exps were not written"
+        torch.testing.assert_close(lse, want_lse.to(lse.device), rtol=LSE_TOLERANCE, atol=LSE_TOLERANCE)
+
+
+def indptr_of(lengths):
+    return torch.tensor([0] + list(lengths), dtype=torch.int64).cumsum(0).to(torch.int32)
+
+
+class Case:
+    """One batch: queries, keys and values ragged or in pages, and the reference inputs."""
+
+    def __init__(self, pairs, heads, dtype, kind="paged", layout="NHD", page_size=16, form="tuple", device="cuda"):
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = heads
+        self.kind, self.layout, self.dtype, self.page_size = kind, layout, dtype, page_size
+        q_lens, kv_lens = [p[0] for p in pairs], [p[1] for p in pairs]
+        self.qo_indptr = indptr_of(q_lens)
+        self.q = torch.randn(int(self.qo_indptr[-1]), self.num_qo_heads, self.head_dim, device=device).to(dtype)
+        if kind == "ragged":
+            self.kv_indptr = indptr_of(kv_lens)
+            total = int(self.kv_indptr[-1])
+            shape = (total, self.num_kv_heads, self.head_dim) if layout == "NHD" else (self.num_kv_heads, total, self.head_dim)
+            self.k = torch.randn(*shape, device=device).to(dtype)
+            self.v = torch.randn(*shape, device=device).to(dtype)
+            k_nhd = self.k if layout == "NHD" else self.k.transpose(0, 1)
+            v_nhd = self.v if layout == "NHD" else self.v.transpose(0, 1)
+            self.keys = [k_nhd[int(self.kv_indptr[b]) : int(self.kv_indptr[b + 1])] for b in range(len(pairs))]
+            self.values = [v_nhd[int(self.kv_indptr[b]) : int(self.kv_indptr[b + 1])] for b in range(len(pairs))]
+        else:
+            self.indptr, self.indices, self.last_page_len, pool = page_table(kv_lens, page_size)
+            self.cache, k, v = kv_pool(pool, page_size, self.num_kv_heads, self.head_dim, dtype, layout, form, device)
+            self.keys, self.values = gather(k, v, self.indptr, self.indices, self.last_page_len, layout)
+
+    def wrapper(self, device="cuda", nbytes=128 << 20, **kwargs):
+        cls = aotinfer.BatchPrefillWithRaggedKVCacheWrapper if self.kind == "ragged" else aotinfer.BatchPrefillWithPagedKVCacheWrapper
+        return cls(workspace(device, nbytes), self.layout, **kwargs)
+
+    def plan(self, wrapper, **options):
+        device = wrapper.device
+        heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim)
+        if self.kind == "ragged":
+            wrapper.plan(self.qo_indptr.to(device), self.kv_indptr.to(device), *heads, q_data_type=self.dtype, **options)
+        else:
+            wrapper.plan(
+                self.qo_indptr.to(device), self.indptr.to(device), self.indices.to(device), self.last_page_len.to(device),
+                *heads, self.page_size, q_data_type=self.dtype, **options,
+            )  # fmt: skip
+
+    def run(self, wrapper, **kwargs):
+        if self.kind == "ragged":
+            return wrapper.run(self.q, self.k, self.v, **kwargs)
+        return wrapper.run(self.q, self.cache, **kwargs)
+
+    def reference(self, **options):
+        options.setdefault("sm_scale", 1 / math.sqrt(self.head_dim))
+        return reference(self.q, self.qo_indptr, self.keys, self.values, **options)
+
+
+# ---- the batch wrappers on a GPU ---------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_batch_prefill(kind, causal, layout, dtype, heads):
+    case = Case(PAIRS, heads, dtype, kind, layout)
+    wrapper = case.wrapper()
+    case.plan(wrapper, causal=causal)
+    want, want_lse = case.reference(causal=causal)
+    out, lse = poisoned(case.q.shape, dtype), poisoned(case.q.shape[:2], torch.float32)
+    result = case.run(wrapper, out=out, lse=lse, return_lse=True)
+    assert result[0] is out and result[1] is lse
+    check(out, want, dtype, lse, want_lse)
+    check(case.run(wrapper), want, dtype)  # no lse: the kernel's other path
+    out2, lse2 = wrapper.run_return_lse(case.q, *((case.k, case.v) if kind == "ragged" else (case.cache,)))
+    check(out2, want, dtype, lse2, want_lse)
+
+
+OPTIONS = {  # plan options, run options, reference options
+    "soft_cap": (dict(logits_soft_cap=2.0), {}, dict(soft_cap=2.0)),
+    "window": (dict(window_left=40), {}, dict(window_left=40)),
+    "causal_window": (dict(causal=True, window_left=33), {}, dict(causal=True, window_left=33)),
+    "sm_scale": (dict(sm_scale=0.3, causal=True), {}, dict(sm_scale=0.3, causal=True)),
+    "sinks": (dict(causal=True), "sinks", dict(causal=True)),
+    "scales": (dict(causal=True), dict(q_scale=0.8, k_scale=0.6, v_scale=1.7), dict(causal=True, sm_scale=0.48 / math.sqrt(128), v_scale=1.7)),
+    "window_by_run": (dict(causal=True), dict(window_left=20), dict(causal=True, window_left=20)),
+    "all": (dict(causal=True, logits_soft_cap=3.0, window_left=100, sm_scale=0.2), "sinks", dict(causal=True, soft_cap=3.0, window_left=100, sm_scale=0.2)),
+}
+PAGED_ONLY = ("sinks", "scales", "window_by_run", "all")
+
+
+@gpu
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_attention_options(kind, layout, dtype, page_size, option):
+    if kind == "ragged" and (option in PAGED_ONLY or page_size != 1):
+        pytest.skip("a paged-wrapper option (ragged KV has no pages)")
+    case = Case(PAIRS, (16, 4, 128), dtype, kind, layout, page_size)
+    plan_options, run_options, reference_options = (dict(o) if isinstance(o, dict) else o for o in OPTIONS[option])
+    if run_options == "sinks":
+        sinks = torch.randn(16, device="cuda") * 2
+        run_options, reference_options["sinks"] = dict(sinks=sinks), sinks
+    wrapper = case.wrapper()
+    case.plan(wrapper, **plan_options)
+    want, want_lse = case.reference(**reference_options)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, dtype), return_lse=True, **run_options)
+    check(out, want, dtype, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["auto", "fixed_split_size", "disable_split_kv"])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (16, 2, 256)], ids=["g4d128", "g1d64", "g8d256"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_long_keys_split_and_merge(kind, heads, mode):
+    # Few query tiles and long keys: the plan splits the keys (unless told not to) and merges.
+    pairs = [(40, 9000), (1, 3000), (130, 5000), (0, 700)]
+    case = Case(pairs, heads, torch.bfloat16, kind)
+    split = dict(fixed_split_size=1024 // case.page_size if kind == "paged" else 1024)  # pages, or tokens for ragged KV
+    options = {"auto": {}, "fixed_split_size": split, "disable_split_kv": dict(disable_split_kv=True)}[mode]
+    wrapper = case.wrapper()
+    case.plan(wrapper, causal=True, **options)
+    assert (wrapper._plan.partition.num_slots > 0) == (mode != "disable_split_kv")
+    want, want_lse = case.reference(causal=True)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True)
+    check(out, want, torch.bfloat16, lse, want_lse)
+    sinks = torch.randn(heads[0], device="cuda")
+    if kind == "paged":  # sinks are added once, by the merge, to split requests
+        want, want_lse = case.reference(causal=True, sinks=sinks)
+        out, lse = case.run(wrapper, return_lse=True, sinks=sinks)
+        check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_batch_invariant_and_deterministic(kind):
+    pairs = [(70, 3000), (5, 10)]
+    case = Case(pairs, (32, 8, 128), torch.bfloat16, kind)
+    alone = Case(pairs[:1], (32, 8, 128), torch.bfloat16, kind)
+    alone.q = case.q[:70].clone()
+    if kind == "ragged":
+        alone.k, alone.v = case.k[:3000], case.v[:3000]
+    else:
+        alone.cache, alone.indices, alone.indptr, alone.last_page_len = case.cache, case.indices, case.indptr[:2], case.last_page_len[:1]
+    for options in (dict(fixed_split_size=32), dict(disable_split_kv=True)):
+        wrapper = case.wrapper()
+        case.plan(wrapper, causal=True, **options)
+        first, second = case.run(wrapper), case.run(wrapper)
+        assert torch.equal(first, second)
+        wrapper_alone = alone.wrapper()
+        alone.plan(wrapper_alone, causal=True, **options)
+        assert torch.equal(alone.run(wrapper_alone), first[:70])
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_forward_overrides_the_planned_options(kind):
+    case = Case(PAIRS, (16, 4, 64), torch.float16, kind)
+    wrapper = case.wrapper()
+    case.plan(wrapper)  # not causal, no cap, default scale
+    options = dict(causal=True, logits_soft_cap=5.0, sm_scale=0.11, window_left=50)
+    kv = (case.k, case.v) if kind == "ragged" else (case.cache,)
+    want, want_lse = case.reference(causal=True, soft_cap=5.0, sm_scale=0.11, window_left=50)
+    check(wrapper.forward(case.q, *kv, **options), want, torch.float16)
+    out, lse = wrapper.forward_return_lse(case.q, *kv, **options)
+    check(out, want, torch.float16, lse, want_lse)
+    check(case.run(wrapper), want, torch.float16)  # the options stay, as FlashInfer's
+    wrapper.end_forward()
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_cuda_graph_replays_after_a_new_plan(kind, layout):
+    # The graph is captured after the first plan; a second plan with other lengths, other page
+    # ids and a split request, then a replay, gives the second batch's attention.
+    batch, heads, rows, capacity = 3, (16, 4, 128), 700, 4000
+    first, second = [(300, 300), (17, 530), (200, 1100)], [(10, 3000), (0, 0), (650, 700)]
+    device = "cuda"
+    qo_buf = torch.empty(batch + 1, dtype=torch.int32, device=device)
+    kv_buf = torch.empty(batch + 1, dtype=torch.int32, device=device)
+    if kind == "ragged":
+        buffers = dict(qo_indptr_buf=qo_buf, kv_indptr_buf=kv_buf)
+        shape = (capacity, 4, 128) if layout == "NHD" else (4, capacity, 128)
+        kv = (torch.zeros(shape, dtype=torch.bfloat16, device=device), torch.zeros(shape, dtype=torch.bfloat16, device=device))
+    else:
+        buffers = dict(qo_indptr_buf=qo_buf, paged_kv_indptr_buf=kv_buf, paged_kv_last_page_len_buf=torch.empty(batch, dtype=torch.int32, device=device),
+                       paged_kv_indices_buf=torch.empty(capacity, dtype=torch.int32, device=device))  # fmt: skip
+        page = (16, 4, 128) if layout == "NHD" else (4, 16, 128)
+        kv = (torch.zeros(400, *page, dtype=torch.bfloat16, device=device), torch.zeros(400, *page, dtype=torch.bfloat16, device=device))
+    q = torch.zeros(rows, 16, 128, dtype=torch.bfloat16, device=device)  # the buffers the graph reads
+    out = torch.zeros(rows, 16, 128, dtype=torch.bfloat16, device=device)
+    lse = torch.zeros(rows, 16, device=device)
+    wrapper = graph = None
+    for pairs in (first, second):
+        case = Case(pairs, heads, torch.bfloat16, kind, layout)
+        if wrapper is None:
+            wrapper = case.wrapper(use_cuda_graph=True, **buffers)
+        case.plan(wrapper, causal=True)
+        q[: case.q.shape[0]].copy_(case.q)
+        if kind == "ragged":
+            for dst, src in zip(kv, (case.k, case.v)):
+                (dst[: src.shape[0]] if layout == "NHD" else dst[:, : src.shape[1]]).copy_(src)
+        else:
+            for dst, src in zip(kv, case.cache):
+                dst[: src.shape[0]].copy_(src)
+        if graph is None:
+            wrapper.run(q, *kv, out=out, lse=lse) if kind == "ragged" else wrapper.run(q, kv, out=out, lse=lse)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                wrapper.run(q, *kv, out=out, lse=lse) if kind == "ragged" else wrapper.run(q, kv, out=out, lse=lse)
+        out.fill_(float("nan"))
+        graph.replay()
+        want, want_lse = case.reference(causal=True)
+        n = case.q.shape[0]
+        check(out[:n], want, torch.bfloat16, lse[:n], want_lse)
+    assert wrapper._plan.partition.num_slots > 0, "the second plan should split a request"
+
+
+@gpu
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64)], ids=["g4d128", "g1d64"])
+def test_ragged_and_paged_runs_merge_into_attention_over_both(heads):
+    # A chunked prefill: new tokens against themselves (ragged, causal) and against the cached
+    # prefix (paged, all of it), merged with merge_state, equal attention over the concatenation
+    # with the causal mask aligned to the end.
+    num_qo_heads, num_kv_heads, head_dim = heads
+    new, cached = [120, 7, 300], [500, 0, 33]
+    prefix = Case([(n, c) for n, c in zip(new, cached)], heads, torch.bfloat16, "paged")
+    suffix = Case([(n, n) for n in new], heads, torch.bfloat16, "ragged")
+    suffix.q = prefix.q
+    paged, ragged = prefix.wrapper(), suffix.wrapper()
+    prefix.plan(paged)
+    suffix.plan(ragged, causal=True)
+    out_a, lse_a = paged.run(prefix.q, prefix.cache, return_lse=True)
+    out_b, lse_b = ragged.run(suffix.q, suffix.k, suffix.v, return_lse=True)
+    merged, merged_lse = aotinfer.merge_state(out_a, lse_a, out_b, lse_b)
+    keys = [torch.cat([a, b.to(a.device)]) for a, b in zip(prefix.keys, suffix.keys)]
+    values = [torch.cat([a, b.to(a.device)]) for a, b in zip(prefix.values, suffix.values)]
+    want, want_lse = reference(prefix.q, prefix.qo_indptr, keys, values, 1 / math.sqrt(head_dim), causal=True)
+    check(merged, want, torch.bfloat16, merged_lse, want_lse)
+
+
+@gpu
+def test_empty_batch_and_empty_sequences():
+    for kind in ("ragged", "paged"):
+        case = Case([], (8, 8, 64), torch.float16, kind)
+        wrapper = case.wrapper()
+        case.plan(wrapper, causal=True)
+        out, lse = case.run(wrapper, return_lse=True)
+        assert out.shape == (0, 8, 64) and lse.shape == (0, 8)
+        case = Case([(0, 0), (3, 0), (0, 5)], (8, 8, 64), torch.float16, kind)
+        wrapper = case.wrapper()
+        case.plan(wrapper)
+        out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16), return_lse=True)
+        assert torch.equal(out, torch.zeros_like(out)) and bool((lse == float("-inf")).all())
+
+
+@gpu
+def test_causal_with_more_queries_than_keys_sees_nothing_first():
+    case = Case([(10, 4), (5, 5)], (8, 8, 64), torch.float16, "paged")
+    wrapper = case.wrapper()
+    case.plan(wrapper, causal=True)
+    want, want_lse = case.reference(causal=True)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16), return_lse=True)
+    check(out, want, torch.float16, lse, want_lse)
+    assert bool((lse[:6] == float("-inf")).all())
+
+
+@gpu
+def test_plan_takes_cpu_tables_and_run_never_synchronizes():
+    case = Case(PAIRS, (16, 4, 128), torch.bfloat16, "paged")
+    wrapper = aotinfer.BatchPrefillWithPagedKVCacheWrapper(workspace("cuda"), "NHD")
+    wrapper.plan(case.qo_indptr, case.indptr, case.indices, case.last_page_len, 16, 4, 128, 16, causal=True, q_data_type=torch.bfloat16)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = wrapper.run(case.q, case.cache)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    check(out, case.reference(causal=True)[0], torch.bfloat16)
+
+
+@gpu
+def test_bad_tensors_are_named():
+    case = Case(PAIRS, (16, 4, 128), torch.bfloat16, "ragged")
+    wrapper = case.wrapper()
+    case.plan(wrapper)
+    with pytest.raises(TypeError, match="k"):
+        wrapper.run(case.q, case.k.half(), case.v.half(), skip_check=True)
+    with pytest.raises(ValueError, match="q"):
+        wrapper.run(case.q[:, :8], case.k, case.v)
+    with pytest.raises(ValueError, match="kv_indptr"):
+        wrapper.run(case.q, case.k[:10], case.v[:10])
+    with pytest.raises(ValueError, match="out"):
+        wrapper.run(case.q, case.k, case.v, out=torch.empty(5, 16, 128, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(ValueError, match="lse"):
+        wrapper.run(case.q, case.k, case.v, lse=torch.empty(5, 16, device="cuda"))
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("heads", [(8, 8, 64), (32, 8, 128), (12, 2, 256)], ids=["g1d64", "g4d128", "g6d256"])
+@pytest.mark.parametrize("lengths", [(300, 300), (37, 900), (1, 1)], ids=str)
+def test_single_prefill(lengths, heads, layout, causal):
+    (q_len, kv_len), (num_qo_heads, num_kv_heads, head_dim) = lengths, heads
+    q = torch.randn(q_len, num_qo_heads, head_dim, device="cuda").half()
+    shape = (kv_len, num_kv_heads, head_dim) if layout == "NHD" else (num_kv_heads, kv_len, head_dim)
+    k, v = torch.randn(*shape, device="cuda").half(), torch.randn(*shape, device="cuda").half()
+    nhd = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
+    want, want_lse = reference(q, [0, q_len], [nhd[0]], [nhd[1]], 1 / math.sqrt(head_dim), causal=causal)
+    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, return_lse=True)
+    check(out, want, torch.float16, lse, want_lse)
+    check(aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout), want, torch.float16)
+
+
+@gpu
+def test_single_prefill_refuses_causal_with_more_queries_than_keys():
+    q = torch.randn(10, 8, 64, device="cuda").half()
+    k = torch.randn(4, 8, 64, device="cuda").half()
+    with pytest.raises(ValueError, match="qo_len"):
+        aotinfer.single_prefill_with_kv_cache(q, k, k, causal=True)
+
+
+@gpu
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_sanitizer_clean(tmp_path, tool):
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from test_prefill import Case\n"
+        "for kind, pairs, heads in (('paged', [(40, 300), (3, 3)], (8, 2, 64)), ('ragged', [(130, 130)], (4, 4, 128)),\n"
+        "                           ('paged', [(20, 2000)], (4, 4, 256))):\n"
+        "    case = Case(pairs, heads, torch.float16, kind)\n"
+        "    wrapper = case.wrapper()\n"
+        "    case.plan(wrapper, causal=True)\n"
+        "    case.run(wrapper, return_lse=True)\n"
+        "torch.cuda.synchronize()\n"
+    )
+    result = subprocess.run(
+        ["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", sys.executable, str(script)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+# ---- the plan on the CPU ------------------------------------------------------------------------
+
+
+def partition(pairs, heads=(32, 8, 128), sms=132, **options):
+    q_lens, kv_lens = [p[0] for p in pairs], [p[1] for p in pairs]
+    q_begin = indptr_of(q_lens)[:-1].tolist()
+    return prefill.partition_prefill(
+        q_begin, q_lens, [0] * len(pairs), kv_lens, group=heads[0] // heads[1], head_dim=heads[2],
+        num_kv_heads=heads[1], num_sms=sms, **options,
+    )  # fmt: skip
+
+
+def covered(p, pairs, group, rows_per_tile):
+    """Each request's (packed row, key chunk) coverage: every row of every request is in exactly
+    one item per chunk, and chunks tile [0, kv_len)."""
+    items = p.work[1 : 1 + p.work[0, 0]].tolist()
+    assert len(items) == p.num_items == int(p.work[0, 0])
+    seen = {}
+    for request, row_begin, kv_begin, kv_end, chunk, *_ in items:
+        q_len, kv_len = pairs[request]
+        assert 0 <= row_begin < q_len * group and row_begin % rows_per_tile == 0
+        assert 0 <= kv_begin <= kv_end <= kv_len
+        seen.setdefault(request, []).append((row_begin, kv_begin, kv_end, chunk))
+    for b, (q_len, kv_len) in enumerate(pairs):
+        tiles = -(-q_len * group // rows_per_tile)
+        mine = seen.get(b, [])
+        n = max(int(p.requests[b, 5]), 1)
+        assert len(mine) == tiles * n
+        for row_begin in range(0, q_len * group, rows_per_tile):
+            ranges = sorted((kb, ke, c) for r, kb, ke, c in mine if r == row_begin)
+            assert [c for _, _, c in ranges] == list(range(n))
+            assert ranges[0][0] == 0 and ranges[-1][1] == kv_len
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (12, 2, 256)], ids=["g4d128", "g1d64", "g6d256"])
+@pytest.mark.parametrize("options", [{}, dict(causal=True, window_left=100), dict(fixed_split_size=3, page_size=16), dict(disable_split_kv=True)], ids=str)
+def test_partition_covers_every_row_and_key_once(heads, options):
+    for pairs in ([(40, 9000), (1, 3000), (0, 0)], PAIRS, [(8192, 8192)], []):
+        p = partition(pairs, heads, **options)
+        covered(p, pairs, heads[0] // heads[1], prefill.tile_rows(heads[2]))
+        slots = sum(q * int(p.requests[b, 5]) for b, (q, _) in enumerate(pairs) if int(p.requests[b, 5]) > 1)
+        assert p.num_slots == slots
+        if options.get("disable_split_kv"):
+            assert p.num_slots == 0
+
+
+def test_partition_splits_only_when_the_tiles_leave_the_gpu_idle():
+    assert partition([(8192, 8192)], (32, 32, 128)).chunk == 0  # 64 tiles x 32 heads fill it
+    small = partition([(40, 9000)], (32, 8, 128))
+    assert small.chunk > 0 and small.num_items > 1 and small.num_slots == 40 * small.requests[0, 5]
+    costs = []
+    for request, row_begin, kv_begin, kv_end, *_ in small.work[1:].tolist():
+        costs.append(min(128, 40 * 4 - row_begin) * (kv_end - kv_begin))  # rows x keys
+    assert costs == sorted(costs, reverse=True), "the most costly items come first"
+
+
+def test_partition_orders_causal_tiles_by_their_keys():
+    p = partition([(1024, 1024)], (8, 8, 128), causal=True, disable_split_kv=True)
+    row_begins = [row[1] for row in p.work[1:].tolist()]
+    assert row_begins == sorted(row_begins, reverse=True)
+
+
+def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout,
+                        sm_scale, logits_soft_cap, window_left, causal, ctas, merge, enable_pdl):  # fmt: skip
+    """The batch_prefill binding's contract (modules.toml; the table formats in aotinfer/prefill.py)
+    as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
+    paged = k.dim() == 4
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    nhd = kv_layout == 0
+    num_kv_heads = k.shape[1] if not paged else k.shape[2 if nhd else 1]
+    group = num_heads // num_kv_heads
+    rows_per_tile = prefill.tile_rows(head_dim)
+    assert work.shape[1] == requests.shape[1] == 8 and work.dtype == requests.dtype == torch.int32
+    assert ctas >= 1 or int(work[0, 0]) == 0
+    sink = sinks.float() / LN2 if sinks.numel() else None
+
+    def rows_of(cache, request_row, positions):  # [positions, kv_heads, dim]
+        kv_offset = request_row[2]
+        if not paged:
+            return cache[kv_offset + positions].float()
+        page_size = cache.shape[1 if nhd else 2]
+        pages = indices[kv_offset + positions // page_size].long()
+        slot = positions % page_size
+        return (cache[pages, slot] if nhd else cache[pages, :, slot]).float()
+
+    def write(token, head, o, s, final):
+        if final:
+            if sink is not None:
+                o, s = merge_into(o[None], s[None], torch.zeros_like(o[None]), sink[head : head + 1])
+                o, s = o[0], s[0]
+            out[token, head] = o.to(out.dtype)
+            if lse.numel():
+                lse[token, head] = s
+
+    for request, row_begin, kv_begin, kv_end, chunk, *_ in work[1 : 1 + int(work[0, 0])].tolist():
+        if request < 0:
+            continue
+        info = requests[request].tolist()
+        q_begin, q_len, _, kv_len, first, n = info[:6]
+        positions = torch.arange(kv_begin, min(kv_end, kv_len))
+        keys, values = rows_of(k, info, positions), rows_of(v, info, positions)
+        for row in range(row_begin, min(row_begin + rows_per_tile, q_len * group)):
+            for kv_head in range(num_kv_heads):
+                token, head = row // group, kv_head * group + row % group
+                logits = (keys[:, kv_head] @ q[q_begin + token, head].float()) * sm_scale
+                if logits_soft_cap > 0:
+                    logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
+                diagonal = token + kv_len - q_len
+                seen = torch.ones_like(positions, dtype=torch.bool)
+                if causal:
+                    seen &= positions <= diagonal
+                if window_left >= 0:
+                    seen &= positions >= diagonal - window_left
+                logits = logits.masked_fill(~seen, float("-inf"))
+                total = torch.logsumexp(logits, 0) if positions.numel() else torch.tensor(float("-inf"))
+                o = (torch.exp(logits - total).nan_to_num(0.0) @ values[:, kv_head]) if positions.numel() else torch.zeros(head_dim)
+                if n <= 1:
+                    write(q_begin + token, head, o, total / LN2, True)
+                else:
+                    slot = first + token * n + chunk
+                    partial_out[slot, head], partial_lse[slot, head] = o, total / LN2
+    for b, info in enumerate(requests.tolist()):
+        q_begin, q_len, _, _, first, n = info[:6]
+        if n > 1:
+            assert merge, "a request was split but merge is off"
+            for token in range(q_len):
+                o, s = torch.zeros(num_heads, head_dim), torch.full((num_heads,), float("-inf"))
+                for slot in range(first + token * n, first + (token + 1) * n):
+                    o, s = merge_into(o, s, partial_out[slot], partial_lse[slot])
+                for head in range(num_heads):
+                    write(q_begin + token, head, o[head], s[head], True)
+
+
+@pytest.fixture
+def kernel_model(monkeypatch):
+    """batch_prefill replaced by its float32 model: plan and run run on the CPU."""
+    monkeypatch.setattr(prefill._batch_prefill, "fn", model_batch_prefill)
+    monkeypatch.setattr(prefill, "_num_sms", lambda device: 16)  # small batches split
+
+
+CPU_PAIRS = [(20, 20), (3, 150), (0, 0), (1, 1), (70, 90), (0, 7)]
+CPU_MODES = {
+    "auto": ({}, {}),
+    "causal": (dict(causal=True), {}),
+    "disable_split_kv": (dict(causal=True, disable_split_kv=True), {}),
+    "fixed_split_size": (dict(causal=True, fixed_split_size=2), {}),
+    "window_soft_cap": (dict(causal=True, window_left=30, logits_soft_cap=2.0), {}),
+    "sinks_sm_scale": (dict(causal=True, sm_scale=0.3), "sinks"),
+}
+
+
+@pytest.mark.parametrize("mode", list(CPU_MODES))
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_plan_and_run_drive_the_kernel_contract(kernel_model, kind, layout, mode):
+    torch.manual_seed(0)
+    plan_options, run_options = CPU_MODES[mode]
+    if run_options == "sinks":
+        if kind == "ragged":
+            pytest.skip("sinks are the paged wrapper's")
+        run_options = dict(sinks=torch.randn(12) * 2)
+    case = Case(CPU_PAIRS, (12, 2, 64), torch.float16, kind, layout, page_size=8, form="5d", device="cpu")
+    wrapper = case.wrapper("cpu", 16 << 20)
+    case.plan(wrapper, **plan_options)
+    if mode in ("auto", "causal", "fixed_split_size"):
+        assert wrapper._plan.partition.num_slots > 0, "the case should split some request"
+    reference_options = {name: plan_options[name] for name in ("causal", "window_left", "sm_scale") if name in plan_options}
+    reference_options["soft_cap"] = plan_options.get("logits_soft_cap", 0.0)
+    reference_options["sinks"] = run_options.get("sinks")
+    want, want_lse = case.reference(**reference_options)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16, "cpu"), return_lse=True, **run_options)
+    check(out, want, torch.float16, lse, want_lse)
+
+
+def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
+    batch = 3
+    buffers = dict(qo_indptr_buf=torch.empty(batch + 1, dtype=torch.int32), kv_indptr_buf=torch.empty(batch + 1, dtype=torch.int32))
+    wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace("cpu", 16 << 20), "NHD", use_cuda_graph=True, **buffers)
+    seen = None
+    for pairs in ([(20, 20), (3, 150), (1, 1)], [(1, 200), (0, 0), (40, 60)]):
+        case = Case(pairs, (12, 2, 64), torch.float16, "ragged", device="cpu")
+        case.plan(wrapper, causal=True)
+        plan = wrapper._plan
+        views = [(t.data_ptr(), tuple(t.shape)) for t in (plan.work, plan.requests, plan.partial_out, plan.partial_lse)]
+        assert seen is None or views == seen
+        seen = views
+        assert plan.merge and plan.ctas == -(-2 * 16 // 2)
+        assert torch.equal(buffers["qo_indptr_buf"], case.qo_indptr)
+        want, want_lse = case.reference(causal=True)
+        out, lse = case.run(wrapper, return_lse=True)
+        check(out, want, torch.float16, lse, want_lse)
+
+
+# ---- argument errors on the CPU ----------------------------------------------------------------
+
+
+def cpu_wrapper(kind="paged", **kwargs):
+    cls = aotinfer.BatchPrefillWithPagedKVCacheWrapper if kind == "paged" else aotinfer.BatchPrefillWithRaggedKVCacheWrapper
+    return cls(torch.empty(1 << 20, dtype=torch.uint8), **kwargs)
+
+
+def paged_plan_args():
+    return (indptr_of([5]), indptr_of([1]), torch.zeros(1, dtype=torch.int32), torch.tensor([5], dtype=torch.int32), 8, 8, 64, 16)
+
+
+@pytest.mark.parametrize("name", ["custom_mask", "packed_custom_mask"])
+def test_custom_masks_are_not_implemented(name):
+    mask = torch.ones(25, dtype=torch.bool)
+    with pytest.raises(NotImplementedError, match=name):
+        cpu_wrapper().plan(*paged_plan_args(), **{name: mask})
+    with pytest.raises(NotImplementedError, match=name):
+        cpu_wrapper("ragged").plan(indptr_of([5]), indptr_of([5]), 8, 8, 64, **{name: mask})
+    with pytest.raises(NotImplementedError, match=name):
+        aotinfer.single_prefill_with_kv_cache(torch.zeros(5, 8, 64).half(), torch.zeros(5, 8, 64).half(), torch.zeros(5, 8, 64).half(), **{name: mask})
+
+
+@pytest.mark.parametrize("name", ["custom_mask_buf", "mask_indptr_buf"])
+def test_mask_buffers_are_not_implemented(name):
+    with pytest.raises(NotImplementedError, match=name):
+        cpu_wrapper(**{name: torch.zeros(4, dtype=torch.int32)})
+
+
+@pytest.mark.parametrize(
+    "options, error, match",
+    [
+        (dict(pos_encoding_mode="ROPE_LLAMA"), NotImplementedError, "pos_encoding_mode"),
+        (dict(pos_encoding_mode="XYZ"), ValueError, "pos_encoding_mode"),
+        (dict(head_dim_vo=128), NotImplementedError, "head_dim_vo"),
+        (dict(use_fp16_qk_reduction=True), NotImplementedError, "use_fp16_qk_reduction"),
+        (dict(kv_data_type=torch.float8_e4m3fn), NotImplementedError, "kv_data_type"),
+        (dict(q_data_type=torch.float32), ValueError, "q_data_type"),
+        (dict(o_data_type=torch.float32), NotImplementedError, "o_data_type"),
+        (dict(window_left=-2), ValueError, "window_left"),
+        (dict(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
+        (dict(sm_scale="x"), TypeError, "sm_scale"),
+        (dict(causal=1), TypeError, "causal"),
+        (dict(fixed_split_size=0), ValueError, "fixed_split_size"),
+    ],
+    ids=lambda x: str(x)[:40],
+)
+def test_plan_options_are_checked(options, error, match):
+    with pytest.raises(error, match=match):
+        cpu_wrapper().plan(*paged_plan_args(), **options)
+
+
+def test_plan_tables_are_checked():
+    args = list(paged_plan_args())
+    with pytest.raises(ValueError, match="head_dim"):
+        cpu_wrapper().plan(*args[:6], 96, 16)
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        cpu_wrapper().plan(*args[:4], 12, 8, 64, 16)
+    with pytest.raises(TypeError, match="qo_indptr"):
+        cpu_wrapper().plan(args[0].long(), *args[1:])
+    with pytest.raises(ValueError, match="paged_kv_indptr"):
+        cpu_wrapper().plan(args[0], indptr_of([1, 1]), *args[2:])
+    with pytest.raises(ValueError, match="paged_kv_last_page_len"):
+        cpu_wrapper().plan(*args[:3], torch.tensor([17], dtype=torch.int32), *args[4:])
+    with pytest.raises(ValueError, match="qo_indptr"):
+        cpu_wrapper().plan(torch.tensor([3, 1], dtype=torch.int32), *args[1:])
+    with pytest.raises(ValueError, match="kv_layout"):
+        cpu_wrapper(kv_layout="NDH")
+    with pytest.raises(ValueError, match="backend"):
+        cpu_wrapper(backend="xformers")
+    with pytest.raises(ValueError, match="qo_indptr_buf"):
+        cpu_wrapper("ragged", use_cuda_graph=True)
+    with pytest.raises(RuntimeError, match="plan"):
+        cpu_wrapper().run(torch.zeros(5, 8, 64).half(), torch.zeros(2, 2, 16, 8, 64).half())
+
+
+def test_run_checks_against_the_plan(kernel_model):
+    wrapper = cpu_wrapper()
+    wrapper.plan(*paged_plan_args(), q_data_type=torch.float16)
+    cache = torch.zeros(2, 2, 16, 8, 64).half()
+    with pytest.raises(ValueError, match="q"):
+        wrapper.run(torch.zeros(4, 8, 64).half(), cache)
+    with pytest.raises(ValueError, match="q_data_type"):
+        wrapper.run(torch.zeros(5, 8, 64).bfloat16(), cache)
+    with pytest.raises(ValueError, match="page_size"):
+        wrapper.run(torch.zeros(5, 8, 64).half(), torch.zeros(2, 2, 8, 8, 64).half())
+    with pytest.raises(ValueError, match="kv_data_type"):
+        wrapper.run(torch.zeros(5, 8, 64).half(), cache.bfloat16())
+    with pytest.raises(TypeError, match="enable_pdl"):
+        wrapper.run(torch.zeros(5, 8, 64).half(), cache, enable_pdl=3)

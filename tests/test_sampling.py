@@ -1,0 +1,408 @@
+"""aotinfer.sampling: argument errors (CPU), then on the GPU the distributions drawn (chi-square
+against the exact renormalized distribution over >= 100k draws and many seeds), the kept sets at
+vocab 128k and on the multi-pass path, renorm / mask / softmax against float64 references,
+determinism, the generator, CUDA graphs with seed/offset tensors, per-row parameters, indices and
+edge cases."""
+
+import math
+
+import pytest
+import torch
+
+import aotinfer
+from aotinfer import sampling
+
+gpu = pytest.mark.gpu
+
+# ---- argument errors (the bindings check before refusing CPU tensors) -------------------------------
+
+
+def test_scalar_parameters_are_checked():
+    probs = torch.rand(4, 10)
+    for top_p in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"Expected top_p to be in \(0, 1\]"):
+            aotinfer.top_p_sampling_from_probs(probs, top_p)
+        with pytest.raises(ValueError, match=r"Expected top_p to be in \(0, 1\]"):
+            aotinfer.top_p_renorm_probs(probs, top_p)
+    for top_k in (0, -3):
+        with pytest.raises(ValueError, match="Expected top_k to be at least 1"):
+            aotinfer.top_k_sampling_from_probs(probs, top_k)
+    with pytest.raises(TypeError, match="Expected top_k to be an integer, got float"):
+        aotinfer.top_k_renorm_probs(probs, 2.5)
+    with pytest.raises(ValueError, match=r"Expected min_p to be in \[0, 1\]"):
+        aotinfer.min_p_sampling_from_probs(probs, 1.5)
+    with pytest.raises(ValueError, match="Expected filter_apply_order to be 'top_k_first' or 'joint'"):
+        aotinfer.top_k_top_p_sampling_from_probs(probs, 3, 0.5, filter_apply_order="both")
+    with pytest.raises(ValueError, match="Expected temperature to be positive"):
+        aotinfer.softmax(probs, 0.0)
+    with pytest.raises(TypeError, match="Expected generator to be a torch.Generator, got str"):
+        aotinfer.sampling_from_probs(probs, generator="cuda")
+    with pytest.raises(TypeError, match="Expected seed to be an integer, got float"):
+        aotinfer.sampling_from_probs(probs, seed=1.5, offset=0)
+    with pytest.raises(TypeError, match="Expected check_nan to be a bool"):
+        aotinfer.sampling_from_probs(probs, check_nan=1)
+    with pytest.raises(TypeError, match="Expected enable_pdl to be None, True or False"):
+        aotinfer.softmax(probs, enable_pdl="no")
+
+
+def test_tensors_are_checked_by_name():
+    probs = torch.rand(4, 10)
+    with pytest.raises(TypeError, match="Expected probs to have dtype float32, got float64"):
+        aotinfer.sampling_from_probs(probs.double())
+    with pytest.raises(ValueError, match="Expected probs to have 2 dimensions"):
+        aotinfer.top_k_sampling_from_probs(probs[0], 3)
+    with pytest.raises(TypeError, match="Expected indices to have dtype int32 or int64"):
+        aotinfer.sampling_from_probs(probs, indices=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"Expected top_p to have shape \[4\]"):
+        aotinfer.top_p_sampling_from_probs(probs, torch.full((5,), 0.5))
+    with pytest.raises(ValueError, match=r"Expected top_k to have shape \[2\]"):
+        aotinfer.top_k_sampling_from_probs(probs, torch.full((4,), 3), indices=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(TypeError, match="Expected seed to have dtype int64 or uint64, got int32"):
+        aotinfer.sampling_from_probs(probs, seed=torch.zeros(1, dtype=torch.int32), offset=0)
+    with pytest.raises(ValueError, match=r"Expected offset to have shape \[1\] or \[4\]"):
+        aotinfer.sampling_from_probs(probs, seed=0, offset=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="Expected the last dimension of probs to be contiguous"):
+        aotinfer.top_p_renorm_probs(probs.t(), 0.5)
+    with pytest.raises(TypeError, match="Expected logits to have dtype float32, float16 or bfloat16"):
+        aotinfer.top_k_mask_logits(probs.to(torch.int32), 3)
+    with pytest.raises(ValueError, match="Expected probs to be a CUDA tensor, got a tensor on cpu"):
+        aotinfer.top_k_top_p_sampling_from_probs(probs, 3, 0.5)
+    with pytest.raises(TypeError, match="Expected probs to be a torch.Tensor, got list"):
+        aotinfer.sampling_from_probs([[0.5, 0.5]], skip_check=True)
+
+
+# ---- references -----------------------------------------------------------------------------------
+
+
+def kept_mask(probs, top_k=None, top_p=None, min_p=None, order="top_k_first"):
+    """The tokens each filter keeps, in float64 with a full sort (ties with the threshold kept)."""
+    p = probs.double().clamp(min=0)
+    rows = p.shape[0]
+
+    def per_row(v, dtype):
+        return torch.as_tensor(v, dtype=dtype, device=p.device).expand(rows)
+
+    keep = p > 0
+    if min_p is not None:
+        keep &= p >= per_row(min_p, torch.float64)[:, None] * p.max(-1, keepdim=True).values
+    if top_k is not None:
+        k = per_row(top_k, torch.int64)
+        values = p.sort(-1, descending=True).values
+        kth = values.gather(-1, (k.clamp(1, p.shape[1]) - 1)[:, None])
+        keep_k = (p >= kth) | ((k <= 0) | (k >= p.shape[1]))[:, None]
+    else:
+        keep_k = torch.ones_like(keep)
+    if top_p is not None:
+        base = torch.where(keep_k, p, 0.0) if order == "top_k_first" else p
+        values = base.sort(-1, descending=True).values
+        cumulative = values.cumsum(-1)
+        target = per_row(top_p, torch.float64)[:, None] * cumulative[:, -1:]
+        first = (cumulative < target).sum(-1, keepdim=True).clamp(max=p.shape[1] - 1)
+        keep_p = base >= values.gather(-1, first)
+        keep_p |= (per_row(top_p, torch.float64) >= 1)[:, None]
+    else:
+        keep_p = torch.ones_like(keep)
+    return keep & keep_k & keep_p
+
+
+def renormalized(probs, keep):
+    p = torch.where(keep, probs.double().clamp(min=0), 0.0)
+    return p / p.sum(-1, keepdim=True)
+
+
+CHI2_Z = 3.719  # upper 1e-4 quantile of the standard normal: each test fails by chance once in 10^4
+
+
+def assert_draws_match(samples, expected):
+    """samples: token ids drawn from the distribution `expected` (float64 [vocab]); no token outside
+    its support, and a chi-square test over the support (cells with expected count >= 5)."""
+    vocab = expected.numel()
+    counts = torch.bincount(samples.long().flatten(), minlength=vocab).double()
+    assert counts.numel() == vocab, "a token id outside the vocabulary"
+    outside = counts[expected == 0].sum().item()
+    assert outside == 0, f"{outside} draws of filtered tokens: {torch.nonzero(counts * (expected == 0)).flatten().tolist()}"
+    n = counts.sum()
+    want = expected * n
+    big = want >= 5
+    cells = torch.cat([counts[big], counts[~big].sum().reshape(1)]), torch.cat([want[big], want[~big].sum().reshape(1)])
+    observed, wanted = cells if cells[1][-1] >= 5 else (counts[big], want[big])
+    chi2 = ((observed - wanted) ** 2 / wanted).sum().item()
+    df = max(observed.numel() - 1, 1)
+    limit = df * (1 - 2 / (9 * df) + CHI2_Z * math.sqrt(2 / (9 * df))) ** 3  # Wilson-Hilferty
+    assert chi2 < limit, f"chi-square {chi2:.1f} over {df} degrees of freedom (limit {limit:.1f})"
+
+
+def small_distribution(vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(vocab, generator=g, dtype=torch.float64) * 1.5
+    return torch.softmax(logits, 0).float()
+
+
+DRAWS = 200_000  # per case, over SEEDS calls with generators seeded apart
+SEEDS = 8
+
+
+def draw_many(op, probs, *args, **kwargs):
+    """DRAWS tokens from row 0 of probs: indices repeat it, each call with its own seed."""
+    per_call = DRAWS // SEEDS
+    indices = torch.zeros(per_call, dtype=torch.int32, device=probs.device)
+    out = []
+    for s in range(SEEDS):
+        generator = torch.Generator(device=probs.device).manual_seed(1000 + s)
+        out.append(op(probs, *args, indices=indices, generator=generator, **kwargs))
+    return torch.cat(out)
+
+
+# (name, op, args, filter for kept_mask, per-row tensor form)
+FILTER_CASES = [
+    ("none", aotinfer.sampling_from_probs, (), {}),
+    ("top_k", aotinfer.top_k_sampling_from_probs, (10,), dict(top_k=10)),
+    ("top_k=1", aotinfer.top_k_sampling_from_probs, (1,), dict(top_k=1)),
+    ("top_p", aotinfer.top_p_sampling_from_probs, (0.7,), dict(top_p=0.7)),
+    ("min_p", aotinfer.min_p_sampling_from_probs, (0.1,), dict(min_p=0.1)),
+    ("top_k_first", lambda p, k, q, **kw: aotinfer.top_k_top_p_sampling_from_probs(p, k, q, filter_apply_order="top_k_first", **kw),
+     (10, 0.7), dict(top_k=10, top_p=0.7, order="top_k_first")),
+    ("joint", lambda p, k, q, **kw: aotinfer.top_k_top_p_sampling_from_probs(p, k, q, filter_apply_order="joint", **kw),
+     (10, 0.7), dict(top_k=10, top_p=0.7, order="joint")),
+    ("joint, k binds", lambda p, k, q, **kw: aotinfer.top_k_top_p_sampling_from_probs(p, k, q, filter_apply_order="joint", **kw),
+     (4, 0.9), dict(top_k=4, top_p=0.9, order="joint")),
+]
+
+
+@gpu
+@pytest.mark.parametrize("name, op, args, filters", FILTER_CASES, ids=[c[0] for c in FILTER_CASES])
+@pytest.mark.parametrize("form", ["scalar", "tensor"])
+def test_distribution_small_vocab(name, op, args, filters, form):
+    probs = small_distribution().cuda()[None]
+    if form == "tensor":
+        per_call = DRAWS // SEEDS
+        args = tuple(torch.full((per_call,), a, device="cuda", dtype=torch.int32 if isinstance(a, int) else torch.float32)
+                     for a in args)
+    samples = draw_many(op, probs, *args)
+    expected = renormalized(probs, kept_mask(probs, **filters))[0]
+    assert_draws_match(samples, expected)
+
+
+@gpu
+@pytest.mark.parametrize("order", ["top_k_first", "joint"])
+def test_distribution_from_logits(order):
+    logits = torch.log(small_distribution(seed=1)).cuda()[None] * 0.8 + 0.3
+    probs = torch.softmax(logits.double(), -1).float()
+    assert_draws_match(draw_many(aotinfer.sampling_from_logits, logits), probs[0].double())
+    samples = draw_many(lambda x, **kw: aotinfer.top_k_top_p_sampling_from_logits(x, 12, 0.8, filter_apply_order=order, **kw),
+                        logits)
+    assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_k=12, top_p=0.8, order=order))[0])
+
+
+def llm_like(rows, vocab, seed=0, scale=3.0):
+    """Peaked rows like a language model's: softmax of scaled Gumbel-ish logits."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.softmax(torch.randn(rows, vocab, device="cuda", generator=g) * scale, -1)
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [128256, 151936])
+def test_filtered_tokens_never_drawn_large_vocab(vocab):
+    probs = llm_like(8, vocab, scale=2.0)
+    indices = torch.arange(8, device="cuda", dtype=torch.int64).repeat_interleave(4096)
+    cases = [
+        (lambda **kw: aotinfer.top_k_sampling_from_probs(probs, 50, **kw), dict(top_k=50)),
+        (lambda **kw: aotinfer.top_p_sampling_from_probs(probs, 0.9, **kw), dict(top_p=0.9)),
+        (lambda **kw: aotinfer.min_p_sampling_from_probs(probs, 0.05, **kw), dict(min_p=0.05)),
+        (lambda **kw: aotinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, **kw), dict(top_k=50, top_p=0.9)),
+        (lambda **kw: aotinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, filter_apply_order="joint", **kw),
+         dict(top_k=50, top_p=0.9, order="joint")),
+    ]
+    for op, filters in cases:
+        keep = kept_mask(probs, **filters)
+        samples = op(indices=indices)
+        assert samples.dtype == torch.int64
+        assert keep[indices, samples].all(), f"{filters}: a filtered token was drawn"
+        # the kept set is not trivially one token: several distinct draws per row
+        assert len(torch.unique(samples[:4096])) > 1 or keep[0].sum() == 1
+
+
+def flat_rows(vocab):
+    """Rows on the multi-pass path: mass spread so evenly that the threshold's bin overflows."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    nearly_flat = 1 + 1e-3 * torch.rand(2, vocab, device="cuda", generator=g)
+    exactly_flat = torch.ones(1, vocab, device="cuda")
+    rows = torch.cat([nearly_flat, exactly_flat, torch.rand(1, vocab, device="cuda", generator=g)])
+    return rows / rows.sum(-1, keepdim=True)
+
+
+@gpu
+def test_multi_pass_thresholds():
+    probs = flat_rows(262144)
+    for top_k in (50, 20000, 200000):
+        keep = kept_mask(probs, top_k=top_k)
+        torch.testing.assert_close(aotinfer.top_k_renorm_probs(probs, top_k), renormalized(probs, keep).float(),
+                                   rtol=1e-5, atol=1e-9)
+    for top_p in (0.3, 0.9):
+        keep = kept_mask(probs, top_p=top_p)
+        torch.testing.assert_close(aotinfer.top_p_renorm_probs(probs, top_p), renormalized(probs, keep).float(),
+                                   rtol=1e-5, atol=1e-9)
+    indices = torch.arange(4, device="cuda").repeat_interleave(512)
+    for top_k, top_p, order in ((20000, 0.5, "top_k_first"), (20000, 0.5, "joint"), (100, 0.9, "top_k_first")):
+        keep = kept_mask(probs, top_k=top_k, top_p=top_p, order=order)
+        samples = aotinfer.top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=indices, filter_apply_order=order)
+        assert keep[indices, samples.long()].all(), (top_k, top_p, order)
+
+
+# ---- renorm, mask, softmax against float64 ---------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [50, 1001, 32000, 128256])
+def test_renorm(vocab):
+    probs = llm_like(5, vocab, seed=vocab)
+    for top_k in (1, 7, vocab // 3, vocab, torch.tensor([1, 3, 0, vocab, 40], device="cuda", dtype=torch.int32)):
+        out = aotinfer.top_k_renorm_probs(probs, top_k)
+        want = renormalized(probs, kept_mask(probs, top_k=top_k)).float()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-9)
+    for top_p in (1e-6, 0.5, 0.95, 1.0, torch.tensor([0.1, 0.5, 0.9, 1.0, 0.99], device="cuda")):
+        out = aotinfer.top_p_renorm_probs(probs, top_p)
+        want = renormalized(probs, kept_mask(probs, top_p=top_p)).float()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(out.double().sum(-1), torch.ones(5, device="cuda", dtype=torch.float64), rtol=1e-5, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [50, 1001, 128256])
+def test_top_k_mask_logits(dtype, vocab):
+    logits = (torch.randn(4, vocab, device="cuda") * 4).to(dtype)
+    for top_k in (1, 20, vocab, torch.tensor([1, 5, 0, 300], device="cuda", dtype=torch.int32)):
+        out = aotinfer.top_k_mask_logits(logits, top_k)
+        x = logits.double()
+        keep = kept_mask(x - x.min() + 1, top_k=top_k)  # the same order on positive values
+        torch.testing.assert_close(out, torch.where(keep, x, float("-inf")).to(dtype), rtol=0, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [7, 1001, 128256])
+def test_softmax(dtype, vocab):
+    logits = (torch.randn(6, vocab, device="cuda") * 5).to(dtype)
+    logits[1, : vocab // 2] = float("-inf")
+    for temperature in (None, 0.7, torch.tensor([0.5, 1, 2, 0.1, 1.5, 3.0], device="cuda")):
+        t = 1.0 if temperature is None else temperature
+        t = t[:, None] if isinstance(t, torch.Tensor) else t
+        want = torch.softmax(logits.double() / t, -1)
+        out = torch.full_like(want, float("nan"), dtype=torch.float32)
+        out = aotinfer.softmax(logits, temperature)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=1e-7)
+
+
+# ---- randomness: determinism, the generator, CUDA graphs ---------------------------------------------
+
+
+@gpu
+def test_same_seed_same_tokens_and_generator_advances():
+    probs = llm_like(64, 32000, scale=1.0)
+    ops = [lambda **kw: aotinfer.top_k_top_p_sampling_from_probs(probs, 100, 0.9, **kw),
+           lambda **kw: aotinfer.sampling_from_logits(torch.log(probs), **kw),
+           lambda **kw: aotinfer.min_p_sampling_from_probs(probs, 0.01, **kw)]
+    for op in ops:
+        a, b = op(seed=7, offset=12), op(seed=7, offset=12)
+        assert torch.equal(a, b)
+        assert not torch.equal(a, op(seed=7, offset=16)) and not torch.equal(a, op(seed=8, offset=12))
+        t = op(seed=torch.tensor([7], device="cuda"), offset=torch.tensor([12], device="cuda"))
+        assert torch.equal(a, t)
+        torch.manual_seed(5)
+        first, second = op(), op()
+        assert not torch.equal(first, second)  # the default generator moved on
+        torch.manual_seed(5)
+        assert torch.equal(op(), first) and torch.equal(op(), second)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    before = g.get_offset()
+    aotinfer.sampling_from_probs(probs, generator=g)
+    assert g.get_offset() == before + sampling._PHILOX_OFFSETS_PER_CALL
+    assert g.initial_seed() == 11
+
+
+@gpu
+def test_cuda_graph_with_seed_and_offset_tensors():
+    probs = llm_like(32, 32000, scale=1.0)
+    seed = torch.tensor([123], device="cuda")
+    offset = torch.tensor([0], device="cuda")
+    op = lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed, offset=offset)  # noqa: E731
+    op()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op()
+    drawn = []
+    for step in range(3):
+        offset.fill_(4 * step)
+        out.fill_(-7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, aotinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=123, offset=4 * step))
+        drawn.append(out.clone())
+    assert not torch.equal(drawn[0], drawn[1])
+    per_row = torch.arange(32, device="cuda")  # per-row seeds
+    a = aotinfer.sampling_from_probs(probs, seed=per_row, offset=torch.zeros(32, dtype=torch.int64, device="cuda"))
+    assert a.shape == (32,)
+
+
+# ---- parameters per row, indices, edge cases ----------------------------------------------------------
+
+
+@gpu
+def test_per_row_parameters_and_indices():
+    probs = llm_like(6, 5000, scale=2.0)
+    top_k = torch.tensor([1, 2, 10, 100, 0, 5000], device="cuda", dtype=torch.int32)
+    top_p = torch.tensor([0.5, 0.9, 1.0, 0.2, 0.7, 0.01], device="cuda")
+    rows = torch.arange(6, device="cuda").repeat(500)
+    for order in ("top_k_first", "joint"):
+        samples = aotinfer.top_k_top_p_sampling_from_probs(probs, top_k[rows], top_p[rows], indices=rows,
+                                                           filter_apply_order=order)
+        keep = kept_mask(probs[rows], top_k=top_k[rows], top_p=top_p[rows], order=order)
+        assert keep[torch.arange(len(rows), device="cuda"), samples].all(), order
+    samples = aotinfer.top_k_sampling_from_probs(probs, top_k[rows], indices=rows.int())
+    assert samples.dtype == torch.int32 and (samples[rows == 0] == probs[0].argmax()).all()
+    bad = aotinfer.sampling_from_probs(probs, indices=torch.tensor([0, 6, -1], device="cuda"))
+    assert bad[1:].tolist() == [-1, -1]
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [1, 3, 1001, 32003])
+def test_edge_cases(vocab):
+    probs = llm_like(4, vocab, scale=2.0)
+    argmax = probs.argmax(-1).int()
+    assert torch.equal(aotinfer.top_k_sampling_from_probs(probs, 1), argmax)
+    assert torch.equal(aotinfer.top_p_sampling_from_probs(probs, 1e-7), argmax)
+    assert torch.equal(aotinfer.min_p_sampling_from_probs(probs, 1.0), argmax)
+    big_k = aotinfer.top_k_sampling_from_probs(probs, vocab + 5, seed=3, offset=0)
+    assert torch.equal(big_k, aotinfer.sampling_from_probs(probs, seed=3, offset=0))
+    assert torch.equal(aotinfer.top_p_sampling_from_probs(probs, 1.0, seed=3, offset=0), big_k)
+    one_hot = torch.zeros_like(probs)
+    hot = torch.randint(0, vocab, (4,), device="cuda")
+    one_hot[torch.arange(4), hot] = 1
+    for op in (aotinfer.sampling_from_probs, lambda p: aotinfer.top_p_sampling_from_probs(p, 0.9),
+               lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 3, 0.5, filter_apply_order="joint")):
+        assert torch.equal(op(one_hot), hot.int())
+    # a row not 16-byte aligned: a slice one column in
+    wide = torch.cat([torch.zeros(4, 1, device="cuda"), probs], 1)[:, 1:]
+    assert torch.equal(aotinfer.top_k_sampling_from_probs(wide, 1), argmax)
+    torch.testing.assert_close(aotinfer.top_k_renorm_probs(wide, 2), renormalized(probs, kept_mask(probs, top_k=2)).float())
+
+
+@gpu
+def test_batch_zero_and_nan():
+    empty = torch.empty(0, 100, device="cuda")
+    assert aotinfer.top_k_top_p_sampling_from_probs(empty, 5, 0.5).shape == (0,)
+    assert aotinfer.sampling_from_probs(torch.rand(3, 100, device="cuda"), indices=torch.empty(0, dtype=torch.int64, device="cuda")).shape == (0,)
+    assert aotinfer.top_p_renorm_probs(empty, 0.5).shape == (0, 100)
+    assert aotinfer.softmax(empty).shape == (0, 100)
+    probs = torch.rand(3, 100, device="cuda")
+    probs[1, 7] = float("nan")
+    with pytest.raises(ValueError, match="Input probs contains NaN"):
+        aotinfer.top_p_sampling_from_probs(probs, 0.5, check_nan=True)
+    with pytest.raises(ValueError, match="Input logits contains NaN"):
+        aotinfer.top_k_top_p_sampling_from_logits(probs, 5, 0.5, check_nan=True)
+    # without the check, NaN is never drawn
+    samples = aotinfer.sampling_from_probs(probs, indices=torch.ones(4096, dtype=torch.int32, device="cuda"))
+    assert (samples != 7).all()
