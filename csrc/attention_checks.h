@@ -1,11 +1,13 @@
 // Argument checks that the attention bindings (csrc/decode.cu, csrc/prefill.cu) share: the
-// dtypes, tables and 16-byte rows their kernels read. Each names the argument as the Python op does.
+// dtypes, tables and 16-byte rows their kernels read (each names the argument as the Python op
+// does), and the launch parameters both fill alike.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 
+#include "aotinfer/attention.cuh"
 #include "tvm_ffi_utils.h"
 
 namespace aotinfer {
@@ -66,6 +68,46 @@ inline bool CheckOptionalFloat(const TensorView& x, std::initializer_list<int64_
   }
   CheckContiguous(x, name);
   return true;
+}
+
+// The AttentionParams fields that both bindings fill alike, from tensors already checked. k and v:
+// the head on head_axis and the slot of a page on slot_axis, or slot_axis -1 for ragged KV
+// ([tokens, heads, head_dim]: no page table, the token stride in stride_page). lse, the partials
+// and sinks are empty when not given (has_*).
+inline void SetAttentionParams(AttentionParams& p, const TensorView& out, const TensorView& lse, bool has_lse,
+                               const TensorView& partial_out, const TensorView& partial_lse, bool has_partials,
+                               const TensorView& q, const TensorView& k, const TensorView& v, int head_axis,
+                               int slot_axis, const TensorView& indices, const TensorView& sinks, bool has_sinks,
+                               int64_t batch, int64_t page_size, double sm_scale, double logits_soft_cap,
+                               int64_t window_left) {
+  const bool paged = slot_axis >= 0;
+  p.out = data_ptr<char>(out);
+  p.out_stride_n = out.stride(0);
+  p.out_stride_h = out.stride(1);
+  p.lse = has_lse ? data_ptr<float>(lse) : nullptr;
+  p.partial_out = has_partials ? data_ptr<float>(partial_out) : nullptr;
+  p.partial_lse = has_partials ? data_ptr<float>(partial_lse) : nullptr;
+  p.q = data_ptr<char>(q);
+  p.q_stride_n = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.k = data_ptr<char>(k);
+  p.v = data_ptr<char>(v);
+  p.k_stride_page = k.stride(0);
+  p.k_stride_slot = paged ? k.stride(slot_axis) : 0;
+  p.k_stride_head = k.stride(head_axis);
+  p.v_stride_page = v.stride(0);
+  p.v_stride_slot = paged ? v.stride(slot_axis) : 0;
+  p.v_stride_head = v.stride(head_axis);
+  p.indices = paged ? data_ptr<int32_t>(indices) : nullptr;
+  p.sinks = has_sinks ? data_ptr<float>(sinks) : nullptr;
+  p.batch = int(batch);
+  p.num_qo_heads = int(q.size(1));
+  p.num_kv_heads = int(k.size(head_axis));
+  p.group = p.num_qo_heads / p.num_kv_heads;
+  p.page_size = PageDivisor(uint32_t(page_size));
+  p.scale_log2 = float(sm_scale * 1.4426950408889634);
+  p.soft_cap = float(logits_soft_cap);
+  p.window_left = int(window_left);
 }
 
 }  // namespace aotinfer

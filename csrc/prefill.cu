@@ -116,36 +116,12 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   }
 
   aotinfer::PrefillParams p{};
-  p.out = aotinfer::data_ptr<char>(out);
-  p.out_stride_n = out.stride(0);
-  p.out_stride_h = out.stride(1);
-  p.lse = has_lse ? aotinfer::data_ptr<float>(lse) : nullptr;
-  p.partial_out = has_partials ? aotinfer::data_ptr<float>(partial_out) : nullptr;
-  p.partial_lse = has_partials ? aotinfer::data_ptr<float>(partial_lse) : nullptr;
-  p.q = aotinfer::data_ptr<char>(q);
-  p.q_stride_n = q.stride(0);
-  p.q_stride_h = q.stride(1);
-  p.k = aotinfer::data_ptr<char>(k);
-  p.v = aotinfer::data_ptr<char>(v);
-  p.k_stride_page = k.stride(0);
-  p.k_stride_slot = paged ? k.stride(slot_axis) : 0;
-  p.k_stride_head = k.stride(head_axis);
-  p.v_stride_page = v.stride(0);
-  p.v_stride_slot = paged ? v.stride(slot_axis) : 0;
-  p.v_stride_head = v.stride(head_axis);
-  p.indices = paged ? aotinfer::data_ptr<int32_t>(indices) : nullptr;
+  aotinfer::SetAttentionParams(p, out, lse, has_lse, partial_out, partial_lse, has_partials, q, k, v, head_axis,
+                               paged ? slot_axis : -1, indices, sinks, has_sinks, batch, page_size, sm_scale,
+                               logits_soft_cap, window_left);
   p.work = aotinfer::data_ptr<int4>(work);
   p.requests = aotinfer::data_ptr<int4>(requests);
-  p.sinks = has_sinks ? aotinfer::data_ptr<float>(sinks) : nullptr;
-  p.batch = int(batch);
-  p.num_qo_heads = int(num_qo_heads);
-  p.num_kv_heads = int(num_kv_heads);
-  p.group = int(num_qo_heads / num_kv_heads);
   p.group_divisor = aotinfer::PageDivisor(uint32_t(p.group));
-  p.page_size = aotinfer::PageDivisor(uint32_t(page_size));
-  p.scale_log2 = float(sm_scale * 1.4426950408889634);
-  p.soft_cap = float(logits_soft_cap);
-  p.window_left = int(window_left);
   p.causal = causal;
   if (batch == 0 || ctas == 0 || total_q == 0) return;
 

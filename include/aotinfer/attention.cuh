@@ -41,19 +41,35 @@ __device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
 // Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
 __device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
 
+// The tensors and options of one attention launch that decode and prefill share; each op's params
+// add its work tables. Every pointer is on the same GPU, strides are in elements.
+struct AttentionParams {
+  void* out;                     // [rows, num_qo_heads, head_dim] of T; rows: requests (decode), query tokens (prefill)
+  int64_t out_stride_n, out_stride_h;
+  float* lse;                    // [rows, num_qo_heads], base 2; null: not written
+  float* partial_out;            // [slots, num_qo_heads, head_dim]
+  float* partial_lse;            // [slots, num_qo_heads]
+  const void* q;                 // [rows, num_qo_heads, head_dim] of T
+  int64_t q_stride_n, q_stride_h;
+  const void* k;                 // KV element (page, slot, head, d); ragged: (token, -, head, d)
+  const void* v;
+  int64_t k_stride_page, k_stride_slot, k_stride_head;
+  int64_t v_stride_page, v_stride_slot, v_stride_head;
+  const int32_t* indices;        // page ids; null: ragged
+  const float* sinks;            // [num_qo_heads] or null
+  int batch;
+  int num_qo_heads, num_kv_heads;
+  int group;                     // num_qo_heads / num_kv_heads
+  PageDivisor page_size;
+  float scale_log2;              // sm_scale * log2(e)
+  float soft_cap;                // 0: off
+  int window_left;               // < 0: off
+};
+
 // Rows (a decode request, a prefill query token) whose keys were split: a Partials functor says
 // where row n's partials are, (first, count) = partials(n); its partial i of head h is
 // partial_out[((first + i) * num_qo_heads + h) * D ...], with LSE partial_lse[(first + i) *
 // num_qo_heads + h]. Rows with count <= 1 were written whole and are left alone.
-struct PartialMergeParams {
-  void* out;                 // [num_rows, num_qo_heads, D] of T, strided rows
-  int64_t out_stride_n, out_stride_h;
-  float* lse;                // [num_rows, num_qo_heads] or null
-  const float* partial_out;
-  const float* partial_lse;
-  const float* sinks;        // [num_qo_heads] or null
-  int num_rows, num_qo_heads;
-};
 
 // Partials listed row by row: (-, -, first, count) in an int4 table.
 struct RowTablePartials {
@@ -72,7 +88,7 @@ constexpr int kMergeBatch = 8;  // partials a warp has in flight
 // (D / 32 dims a lane), with kMergeBatch partials' loads in flight at once, then the four warps'
 // states are merged through shared memory.
 template <typename T, int D, typename Partials>
-__global__ void __launch_bounds__(kMergePartialsThreads) MergePartialsKernel(const PartialMergeParams p,
+__global__ void __launch_bounds__(kMergePartialsThreads) MergePartialsKernel(const AttentionParams p,
                                                                              const Partials partials) {
   constexpr int kWarps = kMergePartialsThreads / 32, kDims = D / 32;
   __shared__ __align__(16) float warp_out[kWarps][D];
@@ -146,9 +162,10 @@ __global__ void __launch_bounds__(kMergePartialsThreads) MergePartialsKernel(con
 }
 
 template <typename T, int D, typename Partials>
-cudaError_t MergePartials(const PartialMergeParams& p, const Partials& partials, cudaStream_t stream, bool pdl) {
-  if (p.num_rows == 0 || p.num_qo_heads == 0) return cudaSuccess;
-  const dim3 grid(unsigned(p.num_rows), unsigned(p.num_qo_heads));
+cudaError_t MergePartials(const AttentionParams& p, int num_rows, const Partials& partials, cudaStream_t stream,
+                          bool pdl) {
+  if (num_rows == 0 || p.num_qo_heads == 0) return cudaSuccess;
+  const dim3 grid(unsigned(num_rows), unsigned(p.num_qo_heads));
   return Launch(MergePartialsKernel<T, D, Partials>, grid, dim3(kMergePartialsThreads), stream, pdl, p, partials);
 }
 

@@ -36,31 +36,11 @@
 
 namespace aotinfer {
 
-// One decode step; every pointer is on the same GPU, strides are in elements.
-struct DecodeParams {
-  void* out;                     // [batch, num_qo_heads, head_dim] of T
-  int64_t out_stride_n, out_stride_h;
-  float* lse;                    // [batch, num_qo_heads], base 2; null: not written
-  float* partial_out;            // [slots, num_qo_heads, head_dim]
-  float* partial_lse;            // [slots, num_qo_heads]
-  const void* q;                 // [batch, num_qo_heads, head_dim] of T
-  int64_t q_stride_n, q_stride_h;
-  const void* k;                 // pages of KV: element (page, slot, head, d)
-  const void* v;
-  int64_t k_stride_page, k_stride_slot, k_stride_head;
-  int64_t v_stride_page, v_stride_slot, v_stride_head;
-  const int32_t* indices;        // page ids
+// One decode step: the rows are the batch's requests, one query token each; KV is paged.
+struct DecodeParams : AttentionParams {
   const int4* work;              // [items]: (request, kv_begin, kv_end, slot); request -1: idle, slot -1: final
   const int4* requests;          // [batch]: (page_begin, kv_len, first_partial, num_partials)
-  const float* sinks;            // [num_qo_heads] or null
-  int batch;
-  int num_qo_heads, num_kv_heads;
-  int group;                     // num_qo_heads / num_kv_heads
   int head_blocks;               // ceil(group / 16): blocks per KV head
-  PageDivisor page_size;
-  float scale_log2;              // sm_scale * log2(e)
-  float soft_cap;                // 0: off
-  int window_left;               // < 0: off
   float v_scale;
 };
 
@@ -498,17 +478,7 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  PartialMergeParams m{};
-  m.out = p.out;
-  m.out_stride_n = p.out_stride_n;
-  m.out_stride_h = p.out_stride_h;
-  m.lse = p.lse;
-  m.partial_out = p.partial_out;
-  m.partial_lse = p.partial_lse;
-  m.sinks = p.sinks;
-  m.num_rows = p.batch;
-  m.num_qo_heads = p.num_qo_heads;
-  return MergePartials<T, D>(m, RowTablePartials{p.requests}, stream, pdl);
+  return MergePartials<T, D>(p, p.batch, RowTablePartials{p.requests}, stream, pdl);
 }
 
 }  // namespace aotinfer

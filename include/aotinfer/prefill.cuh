@@ -32,34 +32,14 @@
 
 namespace aotinfer {
 
-// One prefill launch; every pointer is on the same GPU, strides are in elements.
-struct PrefillParams {
-  void* out;                     // [total_q, num_qo_heads, head_dim] of T
-  int64_t out_stride_n, out_stride_h;
-  float* lse;                    // [total_q, num_qo_heads], base 2; null: not written
-  float* partial_out;            // [slots, num_qo_heads, head_dim]
-  float* partial_lse;            // [slots, num_qo_heads]
-  const void* q;                 // [total_q, num_qo_heads, head_dim] of T
-  int64_t q_stride_n, q_stride_h;
+// One prefill launch: the rows are the batch's query tokens; KV is ragged or paged.
+struct PrefillParams : AttentionParams {
   // KV element (token position pos of a request, head, d). Paged: at page indices[kv_offset +
   // pos / page_size], slot pos % page_size; ragged (indices null): at token kv_offset + pos, so
   // stride_page is the token stride and stride_slot is unused.
-  const void* k;
-  const void* v;
-  int64_t k_stride_page, k_stride_slot, k_stride_head;
-  int64_t v_stride_page, v_stride_slot, v_stride_head;
-  const int32_t* indices;
   const int4* work;              // [1 + items][2]: row 0 (items, -); then (request, row_begin, kv_begin, kv_end), (chunk, -)
   const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, -, -)
-  const float* sinks;            // [num_qo_heads] or null
-  int batch;
-  int num_qo_heads, num_kv_heads;
-  int group;                     // num_qo_heads / num_kv_heads
   PageDivisor group_divisor;
-  PageDivisor page_size;
-  float scale_log2;              // sm_scale * log2(e)
-  float soft_cap;                // 0: off
-  int window_left;               // < 0: off
   bool causal;
 };
 
@@ -484,17 +464,7 @@ cudaError_t BatchPrefill(const PrefillParams& p, int ctas, bool merge, int merge
   const cudaError_t status = p.indices != nullptr ? LaunchPrefill<T, D, true>(p, ctas, stream, pdl, device)
                                                   : LaunchPrefill<T, D, false>(p, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
-  PartialMergeParams m{};
-  m.out = p.out;
-  m.out_stride_n = p.out_stride_n;
-  m.out_stride_h = p.out_stride_h;
-  m.lse = p.lse;
-  m.partial_out = p.partial_out;
-  m.partial_lse = p.partial_lse;
-  m.sinks = p.sinks;
-  m.num_rows = merge_rows;
-  m.num_qo_heads = p.num_qo_heads;
-  return MergePartials<T, D>(m, PrefillPartials{p.requests, p.batch}, stream, pdl);
+  return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }
 
 }  // namespace aotinfer
