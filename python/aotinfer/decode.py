@@ -38,6 +38,9 @@ FlashInfer behaviours followed, and the decisions they settle:
   sinks gives ``lse = sink * log2(e)``).
 - The output dtype is q's: ``o_data_type`` may be left out or equal to ``q_data_type``.
 - ``q_scale * k_scale`` multiply ``sm_scale``; ``v_scale`` multiplies the output (in the kernel).
+- An fp8 cache is widened to float16 (which holds every fp8 value exactly) and the tensor cores
+  run in float16; a bfloat16 q is converted to float16 once, clamped to +-65504. P is float16
+  there too, with more mantissa than bfloat16; only a q entry beyond float16's range differs.
 - ``run`` checks q's and the cache's dtypes against ``plan`` (ValueError, as FlashInfer). Its
   ``window_left`` may narrow the planned window but not widen it: ``plan`` only splits the planned
   window's positions (FlashInfer's ``run`` requires the planned value). ``forward`` sets the
