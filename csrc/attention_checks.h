@@ -70,12 +70,85 @@ inline bool CheckOptionalFloat(const TensorView& x, std::initializer_list<int64_
   return true;
 }
 
+// q: [rows, num_qo_heads, head_dim], float16 or bfloat16, a head_dim with a kernel, 16-byte rows.
+inline void CheckQuery(const TensorView& q) {
+  CheckDim(3, q, "q");
+  CheckDtypeFp16(q, "q");
+  CheckLastDimContiguous(q, "q");
+  if (!SupportedHeadDim(q.size(2))) {
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << q.size(2) << " (q of shape "
+                              << ShapeString(q.shape()) << ")";
+  }
+  CheckRows16(q, 8, "q", 2);
+}
+
+inline void CheckKvLayout(int64_t kv_layout) {
+  if (kv_layout != 0 && kv_layout != 1) {
+    AOTINFER_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
+  }
+}
+
+inline void CheckHeads(int64_t num_qo_heads, int64_t num_kv_heads) {
+  if (num_kv_heads == 0 || num_qo_heads % num_kv_heads != 0) {
+    AOTINFER_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
+                              << num_kv_heads << ")";
+  }
+}
+
+// sinks (float32 [num_qo_heads], or empty) and the scalar options; whether sinks were given.
+inline bool CheckAttentionOptions(const TensorView& sinks, int64_t num_qo_heads, double sm_scale,
+                                  double logits_soft_cap, int64_t window_left) {
+  const bool has_sinks = CheckOptionalFloat(sinks, {num_qo_heads}, "sinks");
+  if (!(sm_scale > 0.0) || !(logits_soft_cap >= 0.0) || window_left < -1) {
+    AOTINFER_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
+                              << ", " << logits_soft_cap << " and " << window_left;
+  }
+  return has_sinks;
+}
+
+// Which of the optional outputs a launch writes.
+struct AttentionOutputs {
+  bool lse, partials;
+};
+
+// out like q; lse float32 [rows, num_qo_heads] or empty; partial_out [slots, num_qo_heads,
+// head_dim] and partial_lse [slots, num_qo_heads], float32, both given or both empty.
+inline AttentionOutputs CheckAttentionOutputs(const TensorView& out, const TensorView& lse,
+                                              const TensorView& partial_out, const TensorView& partial_lse,
+                                              const TensorView& q) {
+  const int64_t rows = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
+  CheckSameShape(out, q, "out", "q");
+  CheckSameDtype(out, q, "out", "q");
+  CheckLastDimContiguous(out, "out");
+  CheckRows16(out, 8, "out", 2);
+  AttentionOutputs given{};
+  given.lse = CheckOptionalFloat(lse, {rows, num_qo_heads}, "lse");
+  const int64_t slots = partial_lse.numel() ? partial_lse.size(0) : 0;
+  given.partials = CheckOptionalFloat(partial_lse, {slots, num_qo_heads}, "partial_lse");
+  if (given.partials != CheckOptionalFloat(partial_out, {slots, num_qo_heads, head_dim}, "partial_out")) {
+    AOTINFER_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
+  }
+  return given;
+}
+
+// The optional tensors that were given, on q's device.
+inline void CheckOptionalDevices(const TensorView& sinks, bool has_sinks, const TensorView& lse,
+                                 const TensorView& partial_out, const TensorView& partial_lse, AttentionOutputs given,
+                                 const TensorView& q) {
+  if (has_sinks) CheckSameDevice(sinks, q, "sinks", "q");
+  if (given.lse) CheckSameDevice(lse, q, "lse", "q");
+  if (given.partials) {
+    CheckSameDevice(partial_out, q, "partial_out", "q");
+    CheckSameDevice(partial_lse, q, "partial_lse", "q");
+  }
+}
+
 // The AttentionParams fields that both bindings fill alike, from tensors already checked. k and v:
 // the head on head_axis and the slot of a page on slot_axis, or slot_axis -1 for ragged KV
 // ([tokens, heads, head_dim]: no page table, the token stride in stride_page). lse, the partials
-// and sinks are empty when not given (has_*).
-inline void SetAttentionParams(AttentionParams& p, const TensorView& out, const TensorView& lse, bool has_lse,
-                               const TensorView& partial_out, const TensorView& partial_lse, bool has_partials,
+// and sinks are empty when not given (`given`, has_sinks).
+inline void SetAttentionParams(AttentionParams& p, const TensorView& out, const TensorView& lse,
+                               const TensorView& partial_out, const TensorView& partial_lse, AttentionOutputs given,
                                const TensorView& q, const TensorView& k, const TensorView& v, int head_axis,
                                int slot_axis, const TensorView& indices, const TensorView& sinks, bool has_sinks,
                                int64_t batch, int64_t page_size, double sm_scale, double logits_soft_cap,
@@ -84,9 +157,9 @@ inline void SetAttentionParams(AttentionParams& p, const TensorView& out, const 
   p.out = data_ptr<char>(out);
   p.out_stride_n = out.stride(0);
   p.out_stride_h = out.stride(1);
-  p.lse = has_lse ? data_ptr<float>(lse) : nullptr;
-  p.partial_out = has_partials ? data_ptr<float>(partial_out) : nullptr;
-  p.partial_lse = has_partials ? data_ptr<float>(partial_lse) : nullptr;
+  p.lse = given.lse ? data_ptr<float>(lse) : nullptr;
+  p.partial_out = given.partials ? data_ptr<float>(partial_out) : nullptr;
+  p.partial_lse = given.partials ? data_ptr<float>(partial_lse) : nullptr;
   p.q = data_ptr<char>(q);
   p.q_stride_n = q.stride(0);
   p.q_stride_h = q.stride(1);

@@ -8,14 +8,16 @@
 
 namespace {
 
-using aotinfer::CheckDtype;
-using aotinfer::CheckDtypeFp16;
+using aotinfer::CheckAttentionOptions;
+using aotinfer::CheckAttentionOutputs;
+using aotinfer::CheckHeads;
 using aotinfer::CheckIndexTable;
+using aotinfer::CheckKvLayout;
 using aotinfer::CheckLastDimContiguous;
-using aotinfer::CheckOptionalFloat;
+using aotinfer::CheckOptionalDevices;
+using aotinfer::CheckQuery;
 using aotinfer::CheckRows16;
 using aotinfer::DtypeKey;
-using aotinfer::SupportedHeadDim;
 
 template <typename T, typename KV>
 cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, bool merge,
@@ -36,18 +38,9 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
                   TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
                   double v_scale, bool merge, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
-  aotinfer::CheckDim(3, q, "q");
-  CheckDtypeFp16(q, "q");
-  CheckLastDimContiguous(q, "q");
+  CheckQuery(q);
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
-  if (!SupportedHeadDim(head_dim)) {
-    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << head_dim << " (q of shape "
-                              << aotinfer::ShapeString(q.shape()) << ")";
-  }
-  CheckRows16(q, 8, "q", 2);
-  if (kv_layout != 0 && kv_layout != 1) {
-    AOTINFER_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
-  }
+  CheckKvLayout(kv_layout);
   aotinfer::CheckDim(4, k_cache, "k_cache");
   aotinfer::CheckSameShape(v_cache, k_cache, "v_cache", "k_cache");
   aotinfer::CheckSameDtype(v_cache, k_cache, "v_cache", "k_cache");
@@ -63,10 +56,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
     AOTINFER_THROW(ValueError) << "Expected the last dimension of k_cache to be head_dim " << head_dim << ", got shape "
                               << aotinfer::ShapeString(k_cache.shape());
   }
-  if (num_kv_heads == 0 || num_qo_heads % num_kv_heads != 0) {
-    AOTINFER_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
-                              << num_kv_heads << ")";
-  }
+  CheckHeads(num_qo_heads, num_kv_heads);
   CheckLastDimContiguous(k_cache, "k_cache");
   CheckLastDimContiguous(v_cache, "v_cache");
   CheckRows16(k_cache, fp8 ? 16 : 8, "k_cache", 3);
@@ -78,40 +68,22 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
     AOTINFER_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
                               << aotinfer::ShapeString(requests.shape());
   }
-  const bool has_sinks = CheckOptionalFloat(sinks, {num_qo_heads}, "sinks");
-  if (!(sm_scale > 0.0) || !(logits_soft_cap >= 0.0) || window_left < -1) {
-    AOTINFER_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
-                              << ", " << logits_soft_cap << " and " << window_left;
-  }
+  const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   aotinfer::CheckEnablePdl(enable_pdl);
-  aotinfer::CheckSameShape(out, q, "out", "q");
-  aotinfer::CheckSameDtype(out, q, "out", "q");
-  CheckLastDimContiguous(out, "out");
-  CheckRows16(out, 8, "out", 2);
-  const bool has_lse = CheckOptionalFloat(lse, {batch, num_qo_heads}, "lse");
-  const int64_t slots = partial_lse.numel() ? partial_lse.size(0) : 0;
-  const bool has_partials = CheckOptionalFloat(partial_lse, {slots, num_qo_heads}, "partial_lse");
-  if (has_partials != CheckOptionalFloat(partial_out, {slots, num_qo_heads, head_dim}, "partial_out")) {
-    AOTINFER_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
-  }
+  const aotinfer::AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
   const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &out};
   const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "out"};
   for (int i = 0; i < 7; ++i) {
     aotinfer::CheckCuda(*on_gpu[i], names[i]);
     aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
   }
-  if (has_sinks) aotinfer::CheckSameDevice(sinks, q, "sinks", "q");
-  if (has_lse) aotinfer::CheckSameDevice(lse, q, "lse", "q");
-  if (has_partials) {
-    aotinfer::CheckSameDevice(partial_out, q, "partial_out", "q");
-    aotinfer::CheckSameDevice(partial_lse, q, "partial_lse", "q");
-  }
+  CheckOptionalDevices(sinks, has_sinks, lse, partial_out, partial_lse, given, q);
   if (work.size(0) > 0x7fffffff || num_qo_heads / num_kv_heads > 0xffff * aotinfer::kDecodeRows) {
     AOTINFER_THROW(ValueError) << "Expected fewer work items (" << work.size(0) << ") and query heads";
   }
 
   aotinfer::DecodeParams p{};
-  aotinfer::SetAttentionParams(p, out, lse, has_lse, partial_out, partial_lse, has_partials, q, k_cache, v_cache,
+  aotinfer::SetAttentionParams(p, out, lse, partial_out, partial_lse, given, q, k_cache, v_cache,
                                head_axis, slot_axis, indices, sinks, has_sinks, batch, page_size, sm_scale,
                                logits_soft_cap, window_left);
   p.work = aotinfer::data_ptr<int4>(work);

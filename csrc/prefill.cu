@@ -10,12 +10,15 @@
 
 namespace {
 
-using aotinfer::CheckDtypeFp16;
+using aotinfer::CheckAttentionOptions;
+using aotinfer::CheckAttentionOutputs;
+using aotinfer::CheckHeads;
 using aotinfer::CheckIndexTable;
+using aotinfer::CheckKvLayout;
 using aotinfer::CheckLastDimContiguous;
-using aotinfer::CheckOptionalFloat;
+using aotinfer::CheckOptionalDevices;
+using aotinfer::CheckQuery;
 using aotinfer::CheckRows16;
-using aotinfer::SupportedHeadDim;
 
 template <typename T>
 cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, int ctas, bool merge, int merge_rows,
@@ -38,18 +41,9 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
                    TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
                    bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
-  aotinfer::CheckDim(3, q, "q");
-  CheckDtypeFp16(q, "q");
-  CheckLastDimContiguous(q, "q");
+  CheckQuery(q);
   const int64_t total_q = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
-  if (!SupportedHeadDim(head_dim)) {
-    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << head_dim << " (q of shape "
-                              << aotinfer::ShapeString(q.shape()) << ")";
-  }
-  CheckRows16(q, 8, "q", 2);
-  if (kv_layout != 0 && kv_layout != 1) {
-    AOTINFER_THROW(ValueError) << "Expected kv_layout 0 (NHD) or 1 (HND), got " << kv_layout;
-  }
+  CheckKvLayout(kv_layout);
   const bool paged = k.ndim() == 4;
   if (!paged && k.ndim() != 3) {
     AOTINFER_THROW(ValueError) << "Expected k to have 3 dimensions (ragged) or 4 (paged), got " << k.ndim()
@@ -64,10 +58,7 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
     AOTINFER_THROW(ValueError) << "Expected the last dimension of k to be head_dim " << head_dim << ", got shape "
                               << aotinfer::ShapeString(k.shape());
   }
-  if (num_kv_heads == 0 || num_qo_heads % num_kv_heads != 0) {
-    AOTINFER_THROW(ValueError) << "Expected num_qo_heads (" << num_qo_heads << ") to be a multiple of num_kv_heads ("
-                              << num_kv_heads << ")";
-  }
+  CheckHeads(num_qo_heads, num_kv_heads);
   if (paged && page_size == 0) AOTINFER_THROW(ValueError) << "Expected a page_size of 1 or more, got k of shape " << aotinfer::ShapeString(k.shape());
   CheckLastDimContiguous(k, "k");
   CheckLastDimContiguous(v, "v");
@@ -81,23 +72,10 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   CheckIndexTable(requests, 8, "requests");
   if (work.size(0) < 1) AOTINFER_THROW(ValueError) << "Expected work to have its count row, got no rows";
   const int64_t batch = requests.size(0);
-  const bool has_sinks = CheckOptionalFloat(sinks, {num_qo_heads}, "sinks");
-  if (!(sm_scale > 0.0) || !(logits_soft_cap >= 0.0) || window_left < -1) {
-    AOTINFER_THROW(ValueError) << "Expected sm_scale > 0, logits_soft_cap >= 0 and window_left >= -1, got " << sm_scale
-                              << ", " << logits_soft_cap << " and " << window_left;
-  }
+  const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   if (ctas < 0 || ctas > 0x7fffffff) AOTINFER_THROW(ValueError) << "Expected ctas in [0, 2^31), got " << ctas;
   aotinfer::CheckEnablePdl(enable_pdl);
-  aotinfer::CheckSameShape(out, q, "out", "q");
-  aotinfer::CheckSameDtype(out, q, "out", "q");
-  CheckLastDimContiguous(out, "out");
-  CheckRows16(out, 8, "out", 2);
-  const bool has_lse = CheckOptionalFloat(lse, {total_q, num_qo_heads}, "lse");
-  const int64_t slots = partial_lse.numel() ? partial_lse.size(0) : 0;
-  const bool has_partials = CheckOptionalFloat(partial_lse, {slots, num_qo_heads}, "partial_lse");
-  if (has_partials != CheckOptionalFloat(partial_out, {slots, num_qo_heads, head_dim}, "partial_out")) {
-    AOTINFER_THROW(ValueError) << "Expected partial_out and partial_lse both empty or both given";
-  }
+  const aotinfer::AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
   const TensorView* on_gpu[] = {&q, &k, &v, &work, &requests, &out};
   const char* names[] = {"q", "k", "v", "work", "requests", "out"};
   for (int i = 0; i < 6; ++i) {
@@ -105,18 +83,13 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
     aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
   }
   if (paged) aotinfer::CheckSameDevice(indices, q, "indices", "q");
-  if (has_sinks) aotinfer::CheckSameDevice(sinks, q, "sinks", "q");
-  if (has_lse) aotinfer::CheckSameDevice(lse, q, "lse", "q");
-  if (has_partials) {
-    aotinfer::CheckSameDevice(partial_out, q, "partial_out", "q");
-    aotinfer::CheckSameDevice(partial_lse, q, "partial_lse", "q");
-  }
+  CheckOptionalDevices(sinks, has_sinks, lse, partial_out, partial_lse, given, q);
   if (total_q > 0x7fffffff || num_kv_heads > 0xffff || batch > 0x7fffffff) {
     AOTINFER_THROW(ValueError) << "Expected fewer query tokens (" << total_q << "), KV heads or requests";
   }
 
   aotinfer::PrefillParams p{};
-  aotinfer::SetAttentionParams(p, out, lse, has_lse, partial_out, partial_lse, has_partials, q, k, v, head_axis,
+  aotinfer::SetAttentionParams(p, out, lse, partial_out, partial_lse, given, q, k, v, head_axis,
                                paged ? slot_axis : -1, indices, sinks, has_sinks, batch, page_size, sm_scale,
                                logits_soft_cap, window_left);
   p.work = aotinfer::data_ptr<int4>(work);
