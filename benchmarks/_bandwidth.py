@@ -7,6 +7,11 @@ the op's read:write proportion (a gated activation reads 2 units and writes 1) a
 its configurations. copy_ is not the ceiling: two streams read and one written is friendlier to
 HBM than one read and one written. The streaming kernel is compiled with nvcc at the first row
 (a few seconds) and called through ctypes; without nvcc its column reads n/a.
+
+FlashInfer's own kernels join as a third baseline when AOTINFER_BENCH_FLASHINFER_INCLUDE names its
+header directory (`flashinfer/data/include` of an unpacked flashinfer-python wheel):
+benchmarks/flashinfer_baseline.cu is built the same way, and each row that has a FlashInfer kernel
+prints its ratio to the same copy_ and FlashInfer's time over ours ("vs FI" > 1: ours is faster).
 """
 
 import ctypes
@@ -34,34 +39,77 @@ def same_size_copy(nbytes):
     return gbps(nbytes, t)
 
 
-_streaming = {}  # "lib": the ctypes library of streaming.cu, or None once it could not be built
+_libraries = {}  # benchmark source -> its ctypes library, or None once it could not be built
 _limits = {}  # (nbytes, reads, writes) -> GB/s, measured once a run
 
 
-def _streaming_lib():
-    if "lib" in _streaming:
-        return _streaming["lib"]
+def _build(source, flags=(), what=None):
+    """nvcc-compile benchmarks/<source> for this GPU into a shared library, once a run; None (and a
+    note saying which column reads n/a) without nvcc or when it fails."""
+    if source in _libraries:
+        return _libraries[source]
     lib = None
+    what = what or source
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
     if nvcc is None:
-        print("  (streaming limit: no nvcc on PATH; its column reads n/a)")
+        print(f"  ({what}: no nvcc on PATH; its column reads n/a)")
     else:
         major, minor = torch.cuda.get_device_capability()
         arch = f"{major}{minor}{'a' if major >= 9 else ''}"
-        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "streaming.cu")
-        target = os.path.join(tempfile.mkdtemp(prefix="aotinfer-bench-"), "streaming.so")
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), source)
+        target = os.path.join(tempfile.mkdtemp(prefix="aotinfer-bench-"), source.replace(".cu", ".so"))
         command = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-                   source, "-o", target]
+                   *flags, path, "-o", target]
         built = subprocess.run(command, capture_output=True, text=True)
         if built.returncode != 0:
-            print(f"  (streaming limit: nvcc failed; its column reads n/a)\n{built.stderr}")
+            print(f"  ({what}: nvcc failed; its column reads n/a)\n{built.stderr}")
         else:
             lib = ctypes.CDLL(target)
-            lib.streaming_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-                                          ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-            lib.streaming_config.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
-    _streaming["lib"] = lib
+    _libraries[source] = lib
     return lib
+
+
+def _streaming_lib():
+    lib = _build("streaming.cu", what="streaming limit")
+    if lib is not None:
+        lib.streaming_run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                      ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+        lib.streaming_config.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
+    return lib
+
+
+def flashinfer_baseline():
+    """FlashInfer's kernels (benchmarks/flashinfer_baseline.cu) as a ctypes library whose functions
+    return a cudaError_t, or None where AOTINFER_BENCH_FLASHINFER_INCLUDE is unset."""
+    include = os.environ.get("AOTINFER_BENCH_FLASHINFER_INCLUDE")
+    if not include:
+        return None
+    if "flashinfer_baseline.cu" not in _libraries:
+        # FlashInfer's norm header includes cuBLAS and cuRAND headers that its norm kernels never
+        # use; empty ones, searched after the toolkit's, stand in where the toolkit lacks them.
+        stubs = tempfile.mkdtemp(prefix="aotinfer-bench-stubs-")
+        for header in ("cublasLt.h", "cublas_v2.h", "curand_kernel.h"):
+            open(os.path.join(stubs, header), "w").close()
+        # The flags FlashInfer's JIT gives its activation and norm modules.
+        flags = ["-std=c++17", "-use_fast_math", "--expt-relaxed-constexpr", "-DFLASHINFER_ENABLE_F16",
+                 "-DFLASHINFER_ENABLE_BF16", "-DENABLE_BF16", "-DENABLE_FP8", f"-I{include}",
+                 "-Xcompiler", "-idirafter", "-Xcompiler", stubs]
+        lib = _build("flashinfer_baseline.cu", flags, what="FlashInfer baseline")
+        if lib is not None:
+            p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+            for act in ("silu", "gelu", "gelu_tanh"):
+                getattr(lib, f"fi_{act}_and_mul").argtypes = [p, p, i64, i32, i32, p]
+            lib.fi_rmsnorm.argtypes = [p, p, p, i64, i32, f32, i32, i32, p]
+            lib.fi_fused_add_rmsnorm.argtypes = [p, p, p, i64, i32, f32, i32, i32, p]
+            lib.fi_layernorm.argtypes = [p, p, p, p, i64, i32, f32, p]
+    return _libraries["flashinfer_baseline.cu"]
+
+
+def flashinfer_call(fn, *args):
+    """Call a FlashInfer baseline function on the current stream; raise on a CUDA error."""
+    status = fn(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+    if status != 0:
+        raise RuntimeError(f"FlashInfer baseline {fn.__name__}: CUDA error {status}")
 
 
 def streaming_limit(nbytes, reads, writes):
@@ -98,11 +146,14 @@ def streaming_limit(nbytes, reads, writes):
     return best
 
 
-def bandwidth_row(label, ours, torch_fn, nbytes, copy_bw, streams):
+def bandwidth_row(label, ours, torch_fn, nbytes, copy_bw, streams, flashinfer=None):
     """Time ours and torch's version of one case beside a copy of the same bytes and the streaming
-    limit of streams = (reads, writes); print GB/s and ratios: ours / copy, ours / limit, torch /
-    copy (in parentheses, to copy_bw, the large copy of the run). Returns (ours / copy, ours / limit)."""
+    limit of streams = (reads, writes), and FlashInfer's kernel where given; print GB/s and ratios:
+    ours / copy, ours / limit, torch / copy (in parentheses, to copy_bw, the large copy of the run),
+    FlashInfer / copy and FlashInfer's time / ours. Returns (ours / copy, ours / limit, FlashInfer's
+    time / ours or None)."""
     t_ours, _ = bench_gpu_time(ours)
+    t_fi = bench_gpu_time(flashinfer)[0] if flashinfer is not None else None
     t_torch, _ = bench_gpu_time(torch_fn)
     same = same_size_copy(nbytes)
     limit = streaming_limit(nbytes, *streams)
@@ -110,9 +161,10 @@ def bandwidth_row(label, ours, torch_fn, nbytes, copy_bw, streams):
     ratio, torch_ratio = ours_bw / same, gbps(nbytes, t_torch) / same
     limit_ratio = ours_bw / limit if limit else float("nan")
     limit_text = f"{limit:5.0f}" if limit else "  n/a"
+    fi_text = f"   FI {gbps(nbytes, t_fi) / same:6.3f} vs FI {t_fi / t_ours:5.3f}" if t_fi else ""
     print(f"  {label:<32} {t_ours * 1e6:8.1f} us {ours_bw:6.0f} GB/s  copy {same:5.0f} limit {limit_text}"
-          f"  {ratio:6.3f} {limit_ratio:6.3f} ({ours_bw / copy_bw:5.3f})   torch {torch_ratio:6.3f}")
-    return ratio, limit_ratio
+          f"  {ratio:6.3f} {limit_ratio:6.3f} ({ours_bw / copy_bw:5.3f})   torch {torch_ratio:6.3f}{fi_text}")
+    return ratio, limit_ratio, (t_fi / t_ours if t_fi else None)
 
 
 def graph_latency(fn):

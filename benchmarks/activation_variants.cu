@@ -1,8 +1,9 @@
 // Design experiment for include/aotinfer/activation.cuh (issue 13): which gated-activation kernel
 // moves bytes fastest at prefill sizes and finishes soonest at decode sizes. "shipped" is
-// aotinfer::ActAndMul (a 1-D grid, a vector a thread); "2-D grid" the kernel of commit 042a625
-// (slices in x, rows in y, one or two vectors a thread); "row loop" is the shape FlashInfer's
-// act_and_mul kernel has (a block a row, up to 1024 threads stepping through the row a 16-byte
+// aotinfer::ActAndMul (a 1-D grid, a vector a thread); "AxB" rows the same code with A threads a
+// block, B vectors a thread and the PDL trigger placed elsewhere (the decode-size experiment; the
+// 2-D grid of commit 042a625 lived here before); "row loop" is the shape FlashInfer 0.7.2's
+// act_and_mul kernel has (a block a row, up to 256 threads stepping through the row a 16-byte
 // vector at a time, the trigger at the end, fast-math exp, division and tanh), written here for
 // the comparison; "stream" is
 // benchmarks/streaming.cu's read-2-write-1 kernel at its best configuration. Every variant is
@@ -62,7 +63,7 @@ __global__ void RowLoopKernel(bf16* out, const bf16* in, int64_t d) {
 
 template <typename Act>
 cudaError_t LaunchRowLoop(bf16* out, const bf16* in, int64_t d, int64_t rows, cudaStream_t stream) {
-  const unsigned threads = unsigned(std::min<int64_t>(d / 8, 1024));
+  const unsigned threads = unsigned(std::min<int64_t>(d / 8, 256));
   return Launch(RowLoopKernel<Act>, dim3(unsigned(rows)), dim3(threads), stream, true, out, in, d);
 }
 
@@ -72,45 +73,45 @@ struct Variant {
   LaunchFn launch;
 };
 
-// The kernel of commit 042a625: rows in blockIdx.y (a grid-stride loop past 65535), slices in
-// blockIdx.x, kItems vectors a thread; otherwise the shipped kernel's code.
-template <typename Act, typename T, int kVec, int kItems>
-__global__ void __launch_bounds__(kActThreads)
-    Act2D(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, int64_t num_rows) {
-  const int64_t num_vecs = d / kVec;
-  const int64_t first = int64_t(blockIdx.x) * kActThreads * kItems + threadIdx.x;
+// The decode-size experiment (run 4): the shipped kernel's code with its shape and trigger as
+// parameters. Block b takes slice b % slices of row b / slices; each thread kItems vectors kThreads
+// apart, every load issued before the first is used; the trigger before the loads (right after the
+// wait), after them (shipped) or at the end.
+enum class Trigger { kBeforeLoads, kAfterLoads, kAtEnd };
+
+template <typename Act, int kThreads, int kItems, Trigger kTrigger>
+__global__ void __launch_bounds__(kThreads) Tiled(bf16* out, const bf16* in, int64_t d, unsigned slices) {
+  const int64_t row = blockIdx.x / slices;
+  const int64_t first = int64_t(blockIdx.x % slices) * kThreads * kItems + threadIdx.x;
+  const bf16* src = in + row * 2 * d;
   WaitForPriorGrids();
-  for (int64_t row = blockIdx.y; row < num_rows; row += gridDim.y) {
-    const T* src = in + in_rows.offset(row);
-    T* dst = out + out_rows.offset(row);
-    Vec<T, kVec> gate[kItems], up[kItems];
+  if (kTrigger == Trigger::kBeforeLoads) AllowDependentGrids();
+  Vec<bf16, 8> gate[kItems], up[kItems];
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = first + k * kActThreads;
-      if (j < num_vecs) {
-        gate[k].load(src + j * kVec);
-        up[k].load(src + d + j * kVec);
-      }
-    }
-    if (row == blockIdx.y) AllowDependentGrids();
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t j = first + k * kActThreads;
-      if (j < num_vecs) {
-        Vec<T, kVec>::from_floats([&](int e) {
-          return Act::template apply<T>(to_float(gate[k][e])) * to_float(up[k][e]);
-        }).store_unsplit(dst + j * kVec);
-      }
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t j = first + k * kThreads;
+    if (j < d / 8) {
+      gate[k].load(src + j * 8);
+      up[k].load(src + d + j * 8);
     }
   }
+  if (kTrigger == Trigger::kAfterLoads) AllowDependentGrids();
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int64_t j = first + k * kThreads;
+    if (j < d / 8) {
+      Vec<bf16, 8>::from_floats([&](int e) { return Act::template apply<bf16>(to_float(gate[k][e])) * to_float(up[k][e]); })
+          .store_unsplit(out + row * d + j * 8);
+    }
+  }
+  if (kTrigger == Trigger::kAtEnd) AllowDependentGrids();
 }
 
-template <typename Act, int kItems>
-cudaError_t Launch2D(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-  const int64_t slices = (d / 8 + kActThreads * kItems - 1) / (kActThreads * kItems);
-  const dim3 grid(unsigned(slices), unsigned(std::min<int64_t>(r, 65535)));
-  return Launch(Act2D<Act, bf16, 8, kItems>, grid, dim3(kActThreads), s, true, o, RowLayout{1, d, 0}, i,
-                RowLayout{1, 2 * d, 0}, d, r);
+template <typename Act, int kThreads, int kItems, Trigger kTrigger>
+cudaError_t LaunchTiled(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+  const int64_t slices = (d / 8 + kThreads * kItems - 1) / (kThreads * kItems);
+  return Launch(Tiled<Act, kThreads, kItems, kTrigger>, dim3(unsigned(r * slices)), dim3(kThreads), s, true, o, i, d,
+                unsigned(slices));
 }
 
 // Variants for one activation: Act is the shipped math, Fast the row-loop baseline's.
@@ -118,10 +119,14 @@ template <typename Act, typename Fast>
 std::vector<Variant> Variants() {
   return {
       {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, s, true);
+         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, 0, s, true);
        }},
-      {"2-D grid, 1 item", Launch2D<Act, 1>},
-      {"2-D grid, 2 items", Launch2D<Act, 2>},
+      {"128x1, trigger at end", LaunchTiled<Act, 128, 1, Trigger::kAtEnd>},
+      {"128x1, trigger first", LaunchTiled<Act, 128, 1, Trigger::kBeforeLoads>},
+      {"256x1, after loads", LaunchTiled<Act, 256, 1, Trigger::kAfterLoads>},
+      {"256x1, at end", LaunchTiled<Act, 256, 1, Trigger::kAtEnd>},
+      {"256x2, at end", LaunchTiled<Act, 256, 2, Trigger::kAtEnd>},
+      {"128x4, after loads", LaunchTiled<Act, 128, 4, Trigger::kAfterLoads>},
       {"row loop", LaunchRowLoop<Fast>},
   };
 }
@@ -227,7 +232,49 @@ void Bench(const char* act, Ref ref, const std::vector<Variant>& variants, char*
   }
 }
 
-int main() {
+// Decode-size latency over more shapes: which shape and trigger wins where (run 5), for the rule
+// that picks the launch at small sizes.
+template <typename Act>
+void LatencySweep(const char* act) {
+  const std::vector<Variant> variants = {
+      {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, 0, s, true);
+       }},
+      {"128x1 first", LaunchTiled<Act, 128, 1, Trigger::kBeforeLoads>},
+      {"256x2 end", LaunchTiled<Act, 256, 2, Trigger::kAtEnd>},
+      {"256x1 end", LaunchTiled<Act, 256, 1, Trigger::kAtEnd>},
+      {"128x2 end", LaunchTiled<Act, 128, 2, Trigger::kAtEnd>},
+      {"256x4 end", LaunchTiled<Act, 256, 4, Trigger::kAtEnd>},
+  };
+  std::printf("\n-- %s: graph replay of 20 launches (PDL), us per launch\n%-8s %-6s", act, "d", "tokens");
+  for (auto& v : variants) std::printf(" %12s", v.name.c_str());
+  std::printf("\n");
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int64_t d : {2048, 4096, 8192}) {
+    for (int64_t tokens : {1, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024}) {
+      bf16 *in, *out;
+      CHECK(cudaMalloc(&in, tokens * 2 * d * 2));
+      CHECK(cudaMalloc(&out, tokens * d * 2));
+      Fill<<<unsigned((tokens * 2 * d + 255) / 256), 256>>>(in, tokens * 2 * d, 7);
+      std::printf("%-8lld %-6lld", (long long)d, (long long)tokens);
+      for (auto& v : variants) {
+        std::printf(" %12.2f", GraphReplayUs([&](cudaStream_t s) { return v.launch(out, in, d, tokens, s); }, stream));
+      }
+      std::printf("\n");
+      CHECK(cudaFree(in));
+      CHECK(cudaFree(out));
+    }
+  }
+  CHECK(cudaStreamDestroy(stream));
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "sweep") {
+    LatencySweep<SiLU>("silu_and_mul");
+    LatencySweep<GELUTanh>("gelu_tanh_and_mul");
+    return 0;
+  }
   const size_t flush_bytes = size_t(256) << 20;
   char* flush;
   CHECK(cudaMalloc(&flush, flush_bytes));

@@ -33,7 +33,7 @@ void ActAndMul(TensorView out, TensorView input, int64_t enable_pdl, const char*
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(input.dtype(), T, [&] {
     CHECK_LAUNCH(aotinfer::ActAndMul<Act>(aotinfer::data_ptr<T>(out), out_layout, aotinfer::data_ptr<T>(input),
-                                          in_layout, out.size(-1), rows, stream, pdl),
+                                          in_layout, out.size(-1), rows, device, stream, pdl),
                  op);
     return true;
   });

@@ -3,11 +3,14 @@
 // kernel is the same for all three.
 //
 // Memory-bound: each element is read once and each output written once. One thread per vector of
-// kVec outputs (16 bytes where d, the row strides and the pointers allow, else one element), 128
-// threads a block, a 1-D grid: the layout that reaches the streaming limit at prefill sizes and
-// finishes soonest at decode sizes (benchmarks/NOTES.md). The math must stay lean to keep up with
-// HBM: the activations use the hardware's approximate exp2, reciprocal and tanh (MUFU), at most
-// two an element.
+// kVec outputs (16 bytes where d, the row strides and the pointers allow, else one element), a 1-D
+// grid: the layout that reaches the streaming limit at prefill sizes. Under PDL, where the next
+// kernel may launch decides decode-size latency (graph replay, benchmarks/NOTES.md): a grid that
+// fits on the SMs at once in 128-thread blocks lets it launch right after the wait; a larger one
+// takes 256-thread blocks and lets it launch at the end (up to a third less time a call at 256-1024
+// tokens than triggering after the loads). The math must stay lean to keep up with HBM: the
+// activations use the hardware's approximate exp2, reciprocal and tanh (MUFU), at most two an
+// element.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,51 +81,68 @@ struct GELUTanh {
   }
 };
 
-constexpr int kActThreads = 128;
-
-// A thread a vector, blocks numbered row by row (consecutive blocks read consecutive memory).
-template <typename Act, typename T, int kVec>
-__global__ void __launch_bounds__(kActThreads)
-    ActAndMulKernel(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, unsigned slices) {
+// A thread a vector, kThreads a block, blocks numbered row by row (consecutive blocks read
+// consecutive memory); the next kernel may launch right after the wait (kEarlyTrigger) or at the
+// end. Rows: RowLayout, or EvenRows where both tensors' rows are evenly spaced.
+template <typename Act, typename T, int kVec, int kThreads, bool kEarlyTrigger, typename Rows>
+__global__ void __launch_bounds__(kThreads)
+    ActAndMulKernel(T* out, Rows out_rows, const T* in, Rows in_rows, int64_t d, unsigned slices) {
   const int64_t row = blockIdx.x / slices;
-  const int64_t j = int64_t(blockIdx.x % slices) * kActThreads + threadIdx.x;  // vector index in the row
+  const int64_t j = int64_t(blockIdx.x % slices) * kThreads + threadIdx.x;  // vector index in the row
   WaitForPriorGrids();
-  const bool active = j < d / kVec;
-  Vec<T, kVec> gate, up;
-  if (active) {
+  if constexpr (kEarlyTrigger) AllowDependentGrids();
+  if (j < d / kVec) {
     const T* src = in + in_rows.offset(row) + j * kVec;
+    Vec<T, kVec> gate, up;
     gate.load(src);
     up.load(src + d);
-  }
-  // After the loads: the next kernel's launch overlaps this one's math and stores (0.05-0.2 us
-  // less a call at decode sizes than at the end; benchmarks/NOTES.md).
-  AllowDependentGrids();
-  if (active) {
     // Through PTX: a plain store of the vector came out as four 4-byte stores.
     Vec<T, kVec>::from_floats([&](int e) { return Act::template apply<T>(to_float(gate[e])) * to_float(up[e]); })
         .store_unsplit(out + out_rows.offset(row) + j * kVec);
   }
+  if constexpr (!kEarlyTrigger) AllowDependentGrids();
 }
 
-template <typename Act, typename T, int kVec>
-cudaError_t LaunchActAndMul(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d,
-                            int64_t num_rows, cudaStream_t stream, bool pdl) {
-  const int64_t slices = (d / kVec + kActThreads - 1) / kActThreads;
+template <typename Act, typename T, int kVec, int kThreads, bool kEarlyTrigger, typename Rows>
+cudaError_t LaunchActAndMulKernel(T* out, Rows out_rows, const T* in, Rows in_rows, int64_t d, int64_t num_rows,
+                                  cudaStream_t stream, bool pdl) {
+  const int64_t slices = (d / kVec + kThreads - 1) / kThreads;
   if (num_rows * slices > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return Launch(ActAndMulKernel<Act, T, kVec>, dim3(unsigned(num_rows * slices)), dim3(kActThreads), stream, pdl,
-                out, out_rows, in, in_rows, d, unsigned(slices));
+  return Launch(ActAndMulKernel<Act, T, kVec, kThreads, kEarlyTrigger, Rows>, dim3(unsigned(num_rows * slices)),
+                dim3(kThreads), stream, pdl, out, out_rows, in, in_rows, d, unsigned(slices));
+}
+
+// The block shape and trigger for num_rows rows of d / kVec vectors on `device` (see the top).
+template <typename Act, typename T, int kVec, typename Rows>
+cudaError_t LaunchActAndMulSized(T* out, Rows out_rows, const T* in, Rows in_rows, int64_t d, int64_t num_rows,
+                            int device, cudaStream_t stream, bool pdl) {
+  const int64_t small_blocks = num_rows * ((d / kVec + 127) / 128);
+  return small_blocks <= GetDeviceFacts(device).sms
+             ? LaunchActAndMulKernel<Act, T, kVec, 128, true>(out, out_rows, in, in_rows, d, num_rows, stream, pdl)
+             : LaunchActAndMulKernel<Act, T, kVec, 256, false>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+}
+
+// 16-byte vectors where d, the row strides and the pointers allow, else one element a thread.
+template <typename Act, typename T, typename Rows>
+cudaError_t LaunchActAndMul(T* out, Rows out_rows, const T* in, Rows in_rows, int64_t d, int64_t num_rows,
+                            int device, cudaStream_t stream, bool pdl) {
+  constexpr int kVec = kVec16<T>;
+  const bool vectorized = d % kVec == 0 && Aligned16(out) && Aligned16(in) && out_rows.rows_aligned(kVec) &&
+                          in_rows.rows_aligned(kVec);
+  return vectorized ? LaunchActAndMulSized<Act, T, kVec>(out, out_rows, in, in_rows, d, num_rows, device, stream, pdl)
+                    : LaunchActAndMulSized<Act, T, 1>(out, out_rows, in, in_rows, d, num_rows, device, stream, pdl);
 }
 
 // out[r, :d] = Act(in[r, :d]) * in[r, d:2d] for num_rows rows (0 rows or d == 0: nothing runs).
 template <typename Act, typename T>
 cudaError_t ActAndMul(T* out, RowLayout out_rows, const T* in, RowLayout in_rows, int64_t d, int64_t num_rows,
-                      cudaStream_t stream, bool pdl) {
+                      int device, cudaStream_t stream, bool pdl) {
   if (num_rows == 0 || d == 0) return cudaSuccess;
-  constexpr int kVec = kVec16<T>;
-  const bool vectorized = d % kVec == 0 && Aligned16(out) && Aligned16(in) && out_rows.rows_aligned(kVec) &&
-                          in_rows.rows_aligned(kVec);
-  return vectorized ? LaunchActAndMul<Act, T, kVec>(out, out_rows, in, in_rows, d, num_rows, stream, pdl)
-                    : LaunchActAndMul<Act, T, 1>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+  if (out_rows.inner == 1 && in_rows.inner == 1) {
+    return LaunchActAndMul<Act>(out, EvenRows{out_rows.outer_stride}, in, EvenRows{in_rows.outer_stride}, d, num_rows,
+                                device, stream, pdl);
+  }
+  return LaunchActAndMul<Act>(out, out_rows, in, in_rows, d, num_rows, device, stream, pdl);
 }
 
 }  // namespace aotinfer

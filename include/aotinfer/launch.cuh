@@ -44,6 +44,15 @@ struct RowLayout {
   bool rows_aligned(int vec) const { return outer_stride % vec == 0 && inner_stride % vec == 0; }
 };
 
+// Evenly spaced rows (a RowLayout with inner == 1, what RowsOf gives 2-D tensors and 3-D ones
+// with evenly spaced rows): a row's offset is one multiply, and a kernel that takes this instead of
+// a RowLayout carries no 64-bit division and a third of its parameter bytes.
+struct EvenRows {
+  int64_t stride = 0;
+  __device__ __forceinline__ int64_t offset(int64_t row) const { return row * stride; }
+  bool rows_aligned(int vec) const { return stride % vec == 0; }
+};
+
 inline bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // What launchers ask of a device, read once per device (the answers never change while the process
