@@ -114,13 +114,16 @@ cudaError_t LaunchTiled(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream
                 unsigned(slices));
 }
 
+template <typename Act>
+cudaError_t LaunchShipped(bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
+  return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, 0, s, true);
+}
+
 // Variants for one activation: Act is the shipped math, Fast the row-loop baseline's.
 template <typename Act, typename Fast>
 std::vector<Variant> Variants() {
   return {
-      {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, 0, s, true);
-       }},
+      {"shipped", LaunchShipped<Act>},
       {"128x1, trigger at end", LaunchTiled<Act, 128, 1, Trigger::kAtEnd>},
       {"128x1, trigger first", LaunchTiled<Act, 128, 1, Trigger::kBeforeLoads>},
       {"256x1, after loads", LaunchTiled<Act, 256, 1, Trigger::kAfterLoads>},
@@ -237,9 +240,7 @@ void Bench(const char* act, Ref ref, const std::vector<Variant>& variants, char*
 template <typename Act>
 void LatencySweep(const char* act) {
   const std::vector<Variant> variants = {
-      {"shipped", [](bf16* o, const bf16* i, int64_t d, int64_t r, cudaStream_t s) {
-         return ActAndMul<Act, bf16>(o, {1, d, 0}, i, {1, 2 * d, 0}, d, r, 0, s, true);
-       }},
+      {"shipped", LaunchShipped<Act>},
       {"128x1 first", LaunchTiled<Act, 128, 1, Trigger::kBeforeLoads>},
       {"256x2 end", LaunchTiled<Act, 256, 2, Trigger::kAtEnd>},
       {"256x1 end", LaunchTiled<Act, 256, 1, Trigger::kAtEnd>},
