@@ -73,8 +73,8 @@ struct Variant {
   LaunchFn launch;
 };
 
-// The decode-size experiment (NOTES.md, activation latency of 2026-11-23): the shipped kernel's code with its shape and trigger as
-// parameters. Block b takes slice b % slices of row b / slices; each thread kItems vectors kThreads
+// The decode-size experiment (NOTES.md, activation latency of 2026-11-23): the shipped kernel's
+// code with its shape and trigger as parameters. Block b takes slice b % slices of row b / slices; each thread kItems vectors kThreads
 // apart, every load issued before the first is used; the trigger before the loads (right after the
 // wait), after them (shipped) or at the end.
 enum class Trigger { kBeforeLoads, kAfterLoads, kAtEnd };
@@ -235,9 +235,8 @@ void Bench(const char* act, Ref ref, const std::vector<Variant>& variants, char*
   }
 }
 
-// Decode-size latency over more shapes: which shape and trigger wins where (NOTES.md, activation
-// latency of 2026-11-23, run 2), for the rule
-// that picks the launch at small sizes.
+// Decode-size latency over more shapes: which shape and trigger wins where, for the rule that
+// picks the launch at small sizes (NOTES.md, activation latency of 2026-11-23, run 2).
 template <typename Act>
 void LatencySweep(const char* act) {
   const std::vector<Variant> variants = {
