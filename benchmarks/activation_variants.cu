@@ -73,10 +73,10 @@ struct Variant {
   LaunchFn launch;
 };
 
-// The decode-size experiment (NOTES.md, activation latency of 2026-11-23): the shipped kernel's
-// code with its shape and trigger as parameters. Block b takes slice b % slices of row b / slices; each thread kItems vectors kThreads
-// apart, every load issued before the first is used; the trigger before the loads (right after the
-// wait), after them (shipped) or at the end.
+// The decode-size experiment (NOTES.md, activation latency of 2026-11-23): the kernel of the time
+// with its shape and trigger as parameters. Block b takes slice b % slices of row b / slices;
+// each thread kItems vectors kThreads apart, every load issued before the first is used; the
+// trigger before the loads (right after the wait), after them (shipped then) or at the end.
 enum class Trigger { kBeforeLoads, kAfterLoads, kAtEnd };
 
 template <typename Act, int kThreads, int kItems, Trigger kTrigger>
