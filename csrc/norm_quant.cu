@@ -129,24 +129,30 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
   if (p.input.rows == 0 || p.input.hidden == 0) return;
   const int device = input.device().device_id;
   const int hidden = p.input.hidden;
-  const size_t shared_bytes = size_t(nq::kWarpSlots + hidden) * sizeof(float);
+  const int vec = VectorWidth(p, weight_bytes);
+  const int accesses = (hidden + vec - 1) / vec;
+  const int warps = (accesses + nq::kVecsPerThread * 32 - 1) / (nq::kVecsPerThread * 32);
+  const int threads = std::min(std::max(warps, 1) * 32, nq::kMaxThreads);
+  // The row waits between the passes in registers where one group of accesses covers it, else in
+  // shared memory (cutedsl/norm_quant.py).
+  const bool in_registers = accesses <= nq::kMaxThreads * nq::kVecsPerThread;
+  const size_t shared_bytes = size_t(nq::kWarpSlots + (in_registers ? 0 : hidden)) * sizeof(float);
   const int max_shared = aotinfer::GetDeviceFacts(device).max_shared_per_block;
   if (shared_bytes > size_t(max_shared)) {
     AOTINFER_THROW(ValueError) << "Expected input's last dimension to be at most "
                               << max_shared / int(sizeof(float)) - nq::kWarpSlots << " on this GPU (" << op
-                              << " stages a row in shared memory), got " << hidden;
+                              << " stages a row of more than " << nq::kMaxThreads * nq::kVecsPerThread * vec
+                              << " elements in shared memory), got " << hidden;
   }
-  const int vec = VectorWidth(p, weight_bytes);
   const int index =
-      ((aotinfer::cutedsl::AxisPosition(nq::kKind, kind) * std::size(nq::kInput) +
-        aotinfer::cutedsl::AxisPosition(nq::kInput, DtypeName(input.dtype()))) *
-           std::size(nq::kOut) +
-       aotinfer::cutedsl::AxisPosition(nq::kOut, DtypeName(out.dtype()))) *
-          std::size(nq::kVec) +
-      aotinfer::cutedsl::AxisPosition(nq::kVec, vec);
-  const int accesses = (hidden + vec - 1) / vec;
-  const int warps = (accesses + nq::kVecsPerThread * 32 - 1) / (nq::kVecsPerThread * 32);
-  const int threads = std::min(std::max(warps, 1) * 32, nq::kMaxThreads);
+      (((aotinfer::cutedsl::AxisPosition(nq::kKind, kind) * std::size(nq::kInput) +
+         aotinfer::cutedsl::AxisPosition(nq::kInput, DtypeName(input.dtype()))) *
+            std::size(nq::kOut) +
+        aotinfer::cutedsl::AxisPosition(nq::kOut, DtypeName(out.dtype()))) *
+           std::size(nq::kVec) +
+       aotinfer::cutedsl::AxisPosition(nq::kVec, vec)) *
+          std::size(nq::kStaging) +
+      aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view(in_registers ? "registers" : "shared"));
 
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(input.device());
@@ -160,6 +166,9 @@ static_assert(aotinfer::cutedsl::AxisPosition(nq::kKind, std::string_view("rmsno
                   aotinfer::cutedsl::AxisPosition(nq::kKind, std::string_view("layernorm")) >= 0,
               "cutedsl/norm_quant.py compiles every kind these bindings launch");
 static_assert(std::size(nq::kVec) == 2 && nq::kVec[1] == 1, "an 8-element variant and the 1-element fallback");
+static_assert(aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view("registers")) >= 0 &&
+                  aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view("shared")) >= 0,
+              "both places a row waits between the passes");
 
 }  // namespace
 

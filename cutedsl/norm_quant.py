@@ -6,12 +6,16 @@ each arch of the module, into a cubin that csrc/norm_quant.cu launches through t
 Nothing here is imported at run time, so a server needs neither the DSL nor a compile.
 
 One CTA normalizes one row. Pass 1 reads the row in VEC-element accesses (16 bytes of 16-bit
-input for VEC 8), keeps it in shared memory as float32 (the fused add keeps the float32 sum, which
-the norm uses, while the residual gets it rounded) and sums what the statistic needs; a block
-reduction follows (LayerNorm reduces two sums at once, of x - c and (x - c)^2 with c the row's first
-element, so its variance is not the difference of two large sums). Pass 2 reads the staged row and
-the weights and writes FP8. Staging in shared memory instead of registers lets one variant take
-any hidden size up to the shared memory of a block, with a block size chosen per launch.
+input for VEC 8), VECS_PER_THREAD of them a thread issued before any is used, and sums what the
+statistic needs (the fused add sums the float32 sum input + residual, which the norm uses, while
+the residual gets it rounded); a block reduction follows (LayerNorm reduces two sums at once, of
+x - c and (x - c)^2 with c the row's first element, so its variance is not the difference of two
+large sums). Pass 2 reads the weights and writes FP8. Between the passes the row waits in
+registers where one group of accesses covers it (hidden up to MAX_THREADS * VECS_PER_THREAD
+accesses: 16384 16-bit elements), else in shared memory as float32, which takes any hidden size up
+to the shared memory of a block: the "staging" axis of the variants. Registers keep the row's
+bytes off shared memory and let every load of a thread be in flight at once (bf16 4096 x 4096:
+0.75 of a same-size copy staged, against the C++ norms' 0.96 with the row in registers).
 
 Every tensor argument is a cute.Tensor whose rows and hidden size are ``cute.sym_int()`` and whose
 row stride is dynamic: the kernel's parameters are those tensors' descriptors (pointer, dynamic
@@ -34,6 +38,7 @@ VARIANTS = {
     "input": ("float16", "bfloat16"),
     "out": ("float8_e4m3fn", "float8_e5m2"),
     "vec": (8, 1),  # elements per access: 8 (16-byte rows, pointers and strides), else 1
+    "staging": ("registers", "shared"),  # where the row waits between the passes
 }
 
 DTYPES = {
@@ -83,20 +88,27 @@ def block_threads(hidden: int, vec: int) -> int:
     return min(max(warps, 1) * 32, MAX_THREADS)
 
 
-def smem_bytes(hidden: int) -> int:
-    return (WARP_SLOTS + hidden) * 4
+def in_registers(hidden: int, vec: int) -> bool:
+    """Whether one group of accesses covers the row (the "registers" staging)."""
+    return -(-hidden // vec) <= MAX_THREADS * VECS_PER_THREAD
+
+
+def smem_bytes(hidden: int, staging: str) -> int:
+    return (WARP_SLOTS + (hidden if staging == "shared" else 0)) * 4
 
 
 class NormQuantKernel:
     """out[r] = fp8(clamp(norm(x[r]) * weight (+ bias) / scale)), x = input (+ residual).
 
     Grid:  (rows, 1, 1)
-    Block: (block_threads(hidden, vec), 1, 1), dynamic shared memory smem_bytes(hidden)
+    Block: (block_threads(hidden, vec), 1, 1), dynamic shared memory smem_bytes(hidden, staging);
+    staging "registers" only where in_registers(hidden, vec).
     """
 
-    def __init__(self, kind: str, input: str, out: str, vec: int):
+    def __init__(self, kind: str, input: str, out: str, vec: int, staging: str):
         self.kind = kind
         self.vec = vec
+        self.staged = staging == "shared"
         self.in_dtype = DTYPES[input]
         self.out_dtype = DTYPES[out]
         self.fp8_max = FP8_MAX[out]
@@ -123,7 +135,7 @@ class NormQuantKernel:
         self.kernel(mOut, mInput, mResidual, mWeight, mBias, mScale, scale_value, scale_on_device, eps).launch(
             grid=[mInput.shape[0], 1, 1],
             block=[threads, 1, 1],
-            smem=(WARP_SLOTS + hidden) * 4,
+            smem=(WARP_SLOTS + (hidden if cutlass.const_expr(self.staged) else 0)) * 4,
             stream=stream,
         )
 
@@ -147,7 +159,6 @@ class NormQuantKernel:
 
         smem = cute.arch.get_dyn_smem(Float32, 16)
         sWarp = cute.make_tensor(smem, cute.make_layout(WARP_SLOTS))  # (WARP_SLOTS)
-        sRow = cute.zipped_divide(cute.make_tensor(smem + WARP_SLOTS, cute.make_layout(hidden)), (self.vec,))
         gInput = cute.zipped_divide(mInput[row, None], (self.vec,))  # (VEC, accesses)
         gResidual = cute.zipped_divide(mResidual[row, None], (self.vec,))
         gWeight = cute.zipped_divide(mWeight, (self.vec,))
@@ -166,9 +177,71 @@ class NormQuantKernel:
         if cutlass.const_expr(self.kind == "layernorm"):
             shift = mInput[row, 0].to(Float32)
 
-        # Pass 1: stage the row (the float32 sum for the fused add) and sum x^2, or for LayerNorm
-        # x - shift and its square. Each thread issues its VECS_PER_THREAD loads before it uses
-        # any: several accesses in flight each.
+        if cutlass.const_expr(self.staged):
+            sRow = cute.zipped_divide(cute.make_tensor(smem + WARP_SLOTS, cute.make_layout(hidden)), (self.vec,))
+            self.staged_passes(gInput, gResidual, gWeight, gBias, gOut, sRow, sWarp, accesses, hidden, shift, scale,
+                               eps, tid, threads)
+        else:
+            self.register_passes(gInput, gResidual, gWeight, gBias, gOut, sWarp, accesses, hidden, shift, scale,
+                                 eps, tid, threads)
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def register_passes(self, gInput, gResidual, gWeight, gBias, gOut, sWarp, accesses, hidden, shift, scale, eps,
+                        tid, threads):
+        """Both passes over a row that one group of accesses covers: thread tid holds accesses
+        tid, tid + threads, ... in registers from pass 1 to pass 2. Pass 1 uses every load whether
+        or not its access exists (a missing one counts zero), so none waits behind a branch."""
+        xs = self.load_group(gInput, tid, threads, accesses, self.in_dtype)
+        if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+            rs = self.load_group(gResidual, tid, threads, accesses, self.in_dtype)
+        total = Float32(0.0)
+        squares = Float32(0.0)
+        sums = []  # the fused add's float32 sums, kept for pass 2
+        for k in cutlass.range_constexpr(VECS_PER_THREAD):
+            present = Float32(cutlass.min(cutlass.max(accesses - (tid + k * threads), 0), 1))  # 1 or 0
+            x = xs[k].load().to(Float32)
+            if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+                x = x + rs[k].load().to(Float32)
+                summed = cute.make_rmem_tensor_like(xs[k], Float32)
+                summed.store(x)
+                sums.append(summed)
+            for i in cutlass.range_constexpr(self.vec):
+                if cutlass.const_expr(self.kind == "layernorm"):
+                    d = (x[i] - shift) * present
+                    total = total + d
+                    squares = squares + d * (x[i] - shift)
+                else:
+                    squares = squares + x[i] * x[i] * present
+        if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+            for k in cutlass.range_constexpr(VECS_PER_THREAD):
+                j = tid + k * threads
+                if j < accesses:
+                    gResidual[(None, j)].store(sums[k].load().to(self.in_dtype))
+
+        mean, rstd = self.statistics(total, squares, sWarp, hidden, shift, eps, tid, threads)
+        inv_scale = Float32(1.0) / scale
+        # The weights after the reduction: every row of an SM reads the same ones, from L1. LayerNorm's
+        # float32 gamma and beta are read an access at a time (all at once: 112 registers a thread).
+        if cutlass.const_expr(self.kind != "layernorm"):
+            ws = self.load_group(gWeight, tid, threads, accesses, gWeight.element_type)
+        for k in cutlass.range_constexpr(VECS_PER_THREAD):
+            j = tid + k * threads
+            if j < accesses:
+                if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
+                    x = sums[k].load()
+                else:
+                    x = xs[k].load().to(Float32)
+                if cutlass.const_expr(self.kind == "layernorm"):
+                    self.store_quantized(gOut, j, x, gWeight[(None, j)], gBias[(None, j)], mean, rstd, inv_scale)
+                else:
+                    self.store_quantized(gOut, j, x, ws[k], None, mean, rstd, inv_scale)
+
+    @cute.jit
+    def staged_passes(self, gInput, gResidual, gWeight, gBias, gOut, sRow, sWarp, accesses, hidden, shift, scale, eps,
+                      tid, threads):
+        """Both passes over a row of any length: pass 1 stages it in shared memory as float32 (the
+        fused add's float32 sum), group by group; pass 2 reads it back."""
         total = Float32(0.0)
         squares = Float32(0.0)
         step = threads * VECS_PER_THREAD
@@ -191,6 +264,25 @@ class NormQuantKernel:
                         else:
                             squares = squares + x[i] * x[i]
 
+        mean, rstd = self.statistics(total, squares, sWarp, hidden, shift, eps, tid, threads)
+        inv_scale = Float32(1.0) / scale
+        for base in cutlass.range(tid, accesses, step):
+            xs = self.load_group(sRow, base, threads, accesses, Float32)
+            ws = self.load_group(gWeight, base, threads, accesses, gWeight.element_type)
+            if cutlass.const_expr(self.kind == "layernorm"):
+                bs = self.load_group(gBias, base, threads, accesses, gBias.element_type)
+            for k in cutlass.range_constexpr(VECS_PER_THREAD):
+                j = base + k * threads
+                if j < accesses:
+                    self.store_quantized(gOut, j, xs[k].load(), ws[k],
+                                         bs[k] if cutlass.const_expr(self.kind == "layernorm") else None,
+                                         mean, rstd, inv_scale)
+
+    @cute.jit
+    def statistics(self, total: Float32, squares: Float32, sWarp: cute.Tensor, hidden, shift: Float32, eps: Float32,
+                   tid: Int32, threads: Int32):
+        """(mean, 1 / std) of the row from the thread's sums: of x^2, or for LayerNorm of x - shift
+        and its square."""
         mean = Float32(0.0)
         if cutlass.const_expr(self.kind == "layernorm"):
             total, squares = self.block_sum2(total, squares, sWarp, tid, threads)
@@ -200,29 +292,19 @@ class NormQuantKernel:
             squares = cutlass.max(variance, Float32(0.0)) * Float32(hidden)
         else:
             squares = self.block_sum(squares, sWarp, tid, threads)
-        rstd = cute.math.rsqrt(squares / Float32(hidden) + eps)
-        inv_scale = Float32(1.0) / scale
+        return mean, cute.math.rsqrt(squares / Float32(hidden) + eps)
 
-        # Pass 2: normalize, weight, scale, clamp and round to FP8.
-        for base in cutlass.range(tid, accesses, step):
-            xs = self.load_group(sRow, base, threads, accesses, Float32)
-            ws = self.load_group(gWeight, base, threads, accesses, mWeight.element_type)
-            if cutlass.const_expr(self.kind == "layernorm"):
-                bs = self.load_group(gBias, base, threads, accesses, mBias.element_type)
-            for k in cutlass.range_constexpr(VECS_PER_THREAD):
-                j = base + k * threads
-                if j < accesses:
-                    x = xs[k].load()
-                    w = ws[k].load().to(Float32)
-                    if cutlass.const_expr(self.kind == "layernorm"):
-                        y = ((x - mean) * rstd * w + bs[k].load().to(Float32)) * inv_scale
-                    else:
-                        y = x * rstd * w * inv_scale
-                    y = cute.where(y > Float32(self.fp8_max), cute.full_like(y, self.fp8_max), y)
-                    y = cute.where(y < Float32(-self.fp8_max), cute.full_like(y, -self.fp8_max), y)
-                    gOut[(None, j)].store(y.to(self.out_dtype))
-
-        cute.arch.griddepcontrol_launch_dependents()
+    @cute.jit
+    def store_quantized(self, gOut: cute.Tensor, j: Int32, x, w, b, mean: Float32, rstd: Float32, inv_scale: Float32):
+        """Access j of the output: x normalized, weighted (and shifted), scaled, clamped to the FP8
+        format's finite range and rounded to it."""
+        if cutlass.const_expr(self.kind == "layernorm"):
+            y = ((x - mean) * rstd * w.load().to(Float32) + b.load().to(Float32)) * inv_scale
+        else:
+            y = x * rstd * w.load().to(Float32) * inv_scale
+        y = cute.where(y > Float32(self.fp8_max), cute.full_like(y, self.fp8_max), y)
+        y = cute.where(y < Float32(-self.fp8_max), cute.full_like(y, -self.fp8_max), y)
+        gOut[(None, j)].store(y.to(self.out_dtype))
 
     @cute.jit
     def load_group(self, gRow: cute.Tensor, base: Int32, threads: Int32, accesses: Int32, dtype):
@@ -294,12 +376,12 @@ def fake_arguments(kind: str, input: str, out: str, vec: int):
 
 
 @functools.cache
-def compile_variant(kind: str, input: str, out: str, vec: int, options: str = ""):
+def compile_variant(kind: str, input: str, out: str, vec: int, staging: str, options: str = ""):
     """The compiled kernel of one variant, cached on every compile-time constant (and the
     compile options, which carry the target arch)."""
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        NormQuantKernel(kind, input, out, vec),
+        NormQuantKernel(kind, input, out, vec, staging),
         *fake_arguments(kind, input, out, vec),
         stream,
         options=options,
