@@ -132,7 +132,7 @@ if {gpu}:
     x = torch.randn(128, 4096, device="cuda", dtype=torch.bfloat16); w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(128, 4096, device="cuda", dtype=torch.uint8); s = torch.ones(1, device="cuda")
     torch.cuda.synchronize(); t3 = time.perf_counter()
-    compiled(out, x, x, w, w, s, 0.5, 0, 1e-6); torch.cuda.synchronize()
+    compiled(out, x, x, w, w, s, 0.5, 0, 1e-6, 0); torch.cuda.synchronize()
     line += f", first run {{(time.perf_counter() - t3) * 1e3:.2f}} ms"
 print(line)
 """

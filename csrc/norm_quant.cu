@@ -154,6 +154,10 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
           std::size(nq::kStaging) +
       aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view(in_registers ? "registers" : "shared"));
 
+  // A grid that fits on the SMs at once lets the next kernel launch right after its wait
+  // (benchmarks/NOTES.md: gated activations, the same rule).
+  p.trigger_early = p.input.rows <= aotinfer::GetDeviceFacts(device).sms;
+
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(input.device());
   CHECK_LAUNCH(kernels.Launch(index, dim3(p.input.rows), dim3(threads), shared_bytes, stream,
