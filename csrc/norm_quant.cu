@@ -134,8 +134,12 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
   const int warps = (accesses + nq::kVecsPerThread * 32 - 1) / (nq::kVecsPerThread * 32);
   const int threads = std::min(std::max(warps, 1) * 32, nq::kMaxThreads);
   // The row waits between the passes in registers where one group of accesses covers it, else in
-  // shared memory (cutedsl/norm_quant.py).
+  // shared memory; a grid that fits on the SMs at once reads the weights beside the row and lets
+  // the next kernel launch right after its wait (cutedsl/norm_quant.py; benchmarks/NOTES.md).
   const bool in_registers = accesses <= nq::kMaxThreads * nq::kVecsPerThread;
+  const bool one_wave = p.input.rows <= aotinfer::GetDeviceFacts(device).sms;
+  p.trigger_early = one_wave;
+  const std::string_view staging = !in_registers ? "shared" : one_wave ? "registers_weights_first" : "registers";
   const size_t shared_bytes = size_t(nq::kWarpSlots + (in_registers ? 0 : hidden)) * sizeof(float);
   const int max_shared = aotinfer::GetDeviceFacts(device).max_shared_per_block;
   if (shared_bytes > size_t(max_shared)) {
@@ -152,11 +156,8 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
            std::size(nq::kVec) +
        aotinfer::cutedsl::AxisPosition(nq::kVec, vec)) *
           std::size(nq::kStaging) +
-      aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view(in_registers ? "registers" : "shared"));
+      aotinfer::cutedsl::AxisPosition(nq::kStaging, staging);
 
-  // A grid that fits on the SMs at once lets the next kernel launch right after its wait
-  // (benchmarks/NOTES.md: gated activations, the same rule).
-  p.trigger_early = p.input.rows <= aotinfer::GetDeviceFacts(device).sms;
 
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(input.device());
@@ -171,8 +172,9 @@ static_assert(aotinfer::cutedsl::AxisPosition(nq::kKind, std::string_view("rmsno
               "cutedsl/norm_quant.py compiles every kind these bindings launch");
 static_assert(std::size(nq::kVec) == 2 && nq::kVec[1] == 1, "an 8-element variant and the 1-element fallback");
 static_assert(aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view("registers")) >= 0 &&
+                  aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view("registers_weights_first")) >= 0 &&
                   aotinfer::cutedsl::AxisPosition(nq::kStaging, std::string_view("shared")) >= 0,
-              "both places a row waits between the passes");
+              "every staging the launcher picks");
 
 }  // namespace
 

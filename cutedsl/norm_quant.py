@@ -15,7 +15,11 @@ registers where one group of accesses covers it (hidden up to MAX_THREADS * VECS
 accesses: 16384 16-bit elements), else in shared memory as float32, which takes any hidden size up
 to the shared memory of a block: the "staging" axis of the variants. Registers keep the row's
 bytes off shared memory and let every load of a thread be in flight at once (bf16 4096 x 4096:
-0.75 of a same-size copy staged, against the C++ norms' 0.96 with the row in registers).
+0.75 of a same-size copy staged, against the C++ norms' 0.96 with the row in registers). With the
+row in registers the weights are read after the reduction, from L1 (every row of an SM reads the
+same ones), or, where the grid fits on the SMs at once and latency rules, right after the row:
+"registers_weights_first", whose weights' load overlaps the row's (LayerNorm's float32 gamma
+and beta cost 112 registers a thread then, which only a grid of one block an SM affords).
 
 Every tensor argument is a cute.Tensor whose rows and hidden size are ``cute.sym_int()`` and whose
 row stride is dynamic: the kernel's parameters are those tensors' descriptors (pointer, dynamic
@@ -38,7 +42,8 @@ VARIANTS = {
     "input": ("float16", "bfloat16"),
     "out": ("float8_e4m3fn", "float8_e5m2"),
     "vec": (8, 1),  # elements per access: 8 (16-byte rows, pointers and strides), else 1
-    "staging": ("registers", "shared"),  # where the row waits between the passes
+    # where the row waits between the passes (and, in registers, when the weights are read)
+    "staging": ("registers", "registers_weights_first", "shared"),
 }
 
 DTYPES = {
@@ -101,13 +106,14 @@ class NormQuantKernel:
 
     Grid:  (rows, 1, 1)
     Block: (block_threads(hidden, vec), 1, 1), dynamic shared memory smem_bytes(hidden, staging);
-    staging "registers" only where in_registers(hidden, vec).
+    staging "registers*" only where in_registers(hidden, vec).
     """
 
     def __init__(self, kind: str, input: str, out: str, vec: int, staging: str):
         self.kind = kind
         self.vec = vec
         self.staged = staging == "shared"
+        self.weights_first = staging == "registers_weights_first"
         self.in_dtype = DTYPES[input]
         self.out_dtype = DTYPES[out]
 
@@ -201,6 +207,10 @@ class NormQuantKernel:
         xs = self.load_group(gInput, tid, threads, accesses, self.in_dtype)
         if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
             rs = self.load_group(gResidual, tid, threads, accesses, self.in_dtype)
+        if cutlass.const_expr(self.weights_first):
+            ws = self.load_group(gWeight, tid, threads, accesses, gWeight.element_type)
+            if cutlass.const_expr(self.kind == "layernorm"):
+                bs = self.load_group(gBias, tid, threads, accesses, gBias.element_type)
         total = Float32(0.0)
         squares = Float32(0.0)
         sums = []  # the fused add's float32 sums, kept for pass 2
@@ -230,9 +240,10 @@ class NormQuantKernel:
 
         mean, rstd = self.statistics(total, squares, sWarp, hidden, shift, eps, tid, threads)
         inv_scale = Float32(1.0) / scale
-        # The weights after the reduction: every row of an SM reads the same ones, from L1. LayerNorm's
-        # float32 gamma and beta are read an access at a time (all at once: 112 registers a thread).
-        if cutlass.const_expr(self.kind != "layernorm"):
+        # Otherwise the weights after the reduction: every row of an SM reads the same ones, from L1.
+        # LayerNorm's float32 gamma and beta are then read an access at a time (all at once: 112
+        # registers a thread).
+        if cutlass.const_expr(not self.weights_first and self.kind != "layernorm"):
             ws = self.load_group(gWeight, tid, threads, accesses, gWeight.element_type)
         for k in cutlass.range_constexpr(VECS_PER_THREAD):
             j = tid + k * threads
@@ -241,10 +252,12 @@ class NormQuantKernel:
                     x = sums[k].load()
                 else:
                     x = xs[k].load().to(Float32)
-                if cutlass.const_expr(self.kind == "layernorm"):
-                    self.store_quantized(gOut, j, x, gWeight[(None, j)], gBias[(None, j)], mean, rstd, inv_scale)
-                else:
+                if cutlass.const_expr(self.kind != "layernorm"):
                     self.store_quantized(gOut, j, x, ws[k], None, mean, rstd, inv_scale)
+                elif cutlass.const_expr(self.weights_first):
+                    self.store_quantized(gOut, j, x, ws[k], bs[k], mean, rstd, inv_scale)
+                else:
+                    self.store_quantized(gOut, j, x, gWeight[(None, j)], gBias[(None, j)], mean, rstd, inv_scale)
 
     @cute.jit
     def staged_passes(self, gInput, gResidual, gWeight, gBias, gOut, sRow, sWarp, accesses, hidden, shift, scale, eps,

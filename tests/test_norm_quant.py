@@ -115,6 +115,23 @@ def test_matches_reference(kind, dtype, fp8, scale_kind, hidden, strided):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("hidden", [4096, 1001])
+def test_more_rows_than_multiprocessors(kind, hidden):
+    """Past one block an SM the weights are read after the reduction (up to one block an SM,
+    beside the row, as in test_matches_reference's 37 rows)."""
+    rows = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 7
+    torch.manual_seed(rows + hidden)
+    x, residual, weight, bias, out = case(kind, rows, hidden, torch.bfloat16, torch.float8_e4m3fn)
+    y = prequantized(kind, x, residual, weight, bias, 0.25)
+    expected_residual = (x.float() + residual.float()).to(torch.bfloat16)
+    run(kind, out, x, residual, weight, bias, 0.25)
+    assert_fp8_matches(out, y)
+    if kind == "fused_add_rmsnorm":
+        torch.testing.assert_close(residual, expected_residual, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 def test_boundaries_are_counted_and_rare():
     x, residual, weight, bias, out = case("rmsnorm", 4096, 4096, torch.bfloat16, torch.float8_e4m3fn)
     aotinfer.rmsnorm_quant(out, x, weight, 1.0)
@@ -258,8 +275,8 @@ def test_module_is_declared_built_and_listed():
     assert "norm_quant" in info.stdout and cli is not None
 
 
-# cutedsl/norm_quant.py's VARIANTS: 3 kinds x 2 inputs x 2 FP8 formats x 2 access widths x 2 stagings.
-NUM_VARIANTS = 48
+# cutedsl/norm_quant.py's VARIANTS: 3 kinds x 2 inputs x 2 FP8 formats x 2 access widths x 3 stagings.
+NUM_VARIANTS = 72
 
 
 def test_wheel_check_sees_the_embedded_kernels():
