@@ -70,6 +70,20 @@ def test_matches_reference(op, act, layout, d, dtype):
 
 @gpu
 @pytest.mark.parametrize("op, act", OPS, ids=IDS)
+@pytest.mark.parametrize("layout", ["2d", "3d-strided"])
+@pytest.mark.parametrize("d", [111, 4096])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_grids_past_one_block_an_sm(op, act, layout, d, dtype):
+    """Grids of more 128-thread blocks than SMs launch in 256-thread blocks (activation.cuh)."""
+    tokens = torch.cuda.get_device_properties(0).multi_processor_count + 5
+    x = make_input(layout, d, dtype, tokens)
+    out = torch.full(x.shape[:-1] + (d,), float("nan"), device="cuda", dtype=dtype)
+    op(x, out=out)
+    torch.testing.assert_close(out, reference(x, act).to(dtype), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@gpu
+@pytest.mark.parametrize("op, act", OPS, ids=IDS)
 def test_strided_out_and_no_rows(op, act):
     x = torch.randn(5, 256, device="cuda", dtype=torch.bfloat16)
     wide = torch.full((5, 200), float("nan"), device="cuda", dtype=torch.bfloat16)
