@@ -40,7 +40,10 @@ def check(x, w, scale):
     out = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
     aotinfer.rmsnorm_quant(out, x, w, scale)
     ref = quantize(x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS) * w.float(), out.dtype, scale)
-    torch.testing.assert_close(out.float(), ref.float(), rtol=0.07, atol=1e-2)  # one e4m3 step near boundaries
+    # One e4m3 step where the float32 value sits on a rounding boundary (the reference multiplies in
+    # another order): 2^-3 of the value at the bottom of a binade. tests/test_norm_quant.py checks
+    # the bytes exactly and bounds those.
+    torch.testing.assert_close(out.float(), ref.float(), rtol=0.13, atol=1e-2)
 
 
 def bandwidth_and_latency():
