@@ -136,12 +136,13 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
   // The row waits between the passes in registers where one group of accesses covers it, else in
   // shared memory; a grid that fits on the SMs at once reads the weights beside the row and lets
   // the next kernel launch right after its wait (cutedsl/norm_quant.py; benchmarks/NOTES.md).
+  const aotinfer::DeviceFacts& facts = aotinfer::GetDeviceFacts(device);
   const bool in_registers = accesses <= nq::kMaxThreads * nq::kVecsPerThread;
-  const bool one_wave = p.input.rows <= aotinfer::GetDeviceFacts(device).sms;
+  const bool one_wave = p.input.rows <= facts.sms;
   p.trigger_early = one_wave;
   const std::string_view staging = !in_registers ? "shared" : one_wave ? "registers_weights_first" : "registers";
   const size_t shared_bytes = size_t(nq::kWarpSlots + (in_registers ? 0 : hidden)) * sizeof(float);
-  const int max_shared = aotinfer::GetDeviceFacts(device).max_shared_per_block;
+  const int max_shared = facts.max_shared_per_block;
   if (shared_bytes > size_t(max_shared)) {
     AOTINFER_THROW(ValueError) << "Expected input's last dimension to be at most "
                               << max_shared / int(sizeof(float)) - nq::kWarpSlots << " on this GPU (" << op
@@ -157,7 +158,6 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
        aotinfer::cutedsl::AxisPosition(nq::kVec, vec)) *
           std::size(nq::kStaging) +
       aotinfer::cutedsl::AxisPosition(nq::kStaging, staging);
-
 
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(input.device());

@@ -222,14 +222,7 @@ class NormQuantKernel:
                 summed = cute.make_rmem_tensor_like(xs[k], Float32)
                 summed.store(x)
                 sums.append(summed)
-            access_total = Float32(0.0)
-            access_squares = Float32(0.0)
-            for i in cutlass.range_constexpr(self.vec):
-                if cutlass.const_expr(self.kind == "layernorm"):
-                    access_total = access_total + (x[i] - shift)
-                    access_squares = access_squares + (x[i] - shift) * (x[i] - shift)
-                else:
-                    access_squares = access_squares + x[i] * x[i]
+            access_total, access_squares = self.access_sums(x, shift)
             total = total + access_total * present
             squares = squares + access_squares * present
         if cutlass.const_expr(self.kind == "fused_add_rmsnorm"):
@@ -279,12 +272,9 @@ class NormQuantKernel:
                         x = x + rs[k].load().to(Float32)
                         gResidual[(None, j)].store(x.to(self.in_dtype))
                     sRow[(None, j)].store(x)
-                    for i in cutlass.range_constexpr(self.vec):
-                        if cutlass.const_expr(self.kind == "layernorm"):
-                            total = total + (x[i] - shift)
-                            squares = squares + (x[i] - shift) * (x[i] - shift)
-                        else:
-                            squares = squares + x[i] * x[i]
+                    access_total, access_squares = self.access_sums(x, shift)
+                    total = total + access_total
+                    squares = squares + access_squares
 
         mean, rstd = self.statistics(total, squares, sWarp, hidden, shift, eps, tid, threads)
         inv_scale = Float32(1.0) / scale
@@ -299,6 +289,20 @@ class NormQuantKernel:
                     self.store_quantized(gOut, j, xs[k].load(), ws[k],
                                          bs[k] if cutlass.const_expr(self.kind == "layernorm") else None,
                                          mean, rstd, inv_scale)
+
+    @cute.jit
+    def access_sums(self, x, shift: Float32):
+        """One access's share of the statistic: the sums of x - shift and (x - shift)^2 for
+        LayerNorm, (0, sum of x^2) for RMSNorm."""
+        total = Float32(0.0)
+        squares = Float32(0.0)
+        for i in cutlass.range_constexpr(self.vec):
+            if cutlass.const_expr(self.kind == "layernorm"):
+                total = total + (x[i] - shift)
+                squares = squares + (x[i] - shift) * (x[i] - shift)
+            else:
+                squares = squares + x[i] * x[i]
+        return total, squares
 
     @cute.jit
     def statistics(self, total: Float32, squares: Float32, sWarp: cute.Tensor, hidden, shift: Float32, eps: Float32,

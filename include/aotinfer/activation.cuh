@@ -115,11 +115,14 @@ cudaError_t LaunchActAndMulKernel(T* out, Rows out_rows, const T* in, Rows in_ro
 // The block shape and trigger for num_rows rows of d / kVec vectors on `device` (see the top).
 template <typename Act, typename T, int kVec, typename Rows>
 cudaError_t LaunchActAndMulSized(T* out, Rows out_rows, const T* in, Rows in_rows, int64_t d, int64_t num_rows,
-                            int device, cudaStream_t stream, bool pdl) {
-  const int64_t small_blocks = num_rows * ((d / kVec + 127) / 128);
+                                 int device, cudaStream_t stream, bool pdl) {
+  constexpr int kSmallThreads = 128, kLargeThreads = 256;
+  const int64_t small_blocks = num_rows * ((d / kVec + kSmallThreads - 1) / kSmallThreads);
   return small_blocks <= GetDeviceFacts(device).sms
-             ? LaunchActAndMulKernel<Act, T, kVec, 128, true>(out, out_rows, in, in_rows, d, num_rows, stream, pdl)
-             : LaunchActAndMulKernel<Act, T, kVec, 256, false>(out, out_rows, in, in_rows, d, num_rows, stream, pdl);
+             ? LaunchActAndMulKernel<Act, T, kVec, kSmallThreads, true>(out, out_rows, in, in_rows, d, num_rows,
+                                                                        stream, pdl)
+             : LaunchActAndMulKernel<Act, T, kVec, kLargeThreads, false>(out, out_rows, in, in_rows, d, num_rows,
+                                                                         stream, pdl);
 }
 
 // 16-byte vectors where d, the row strides and the pointers allow, else one element a thread.
