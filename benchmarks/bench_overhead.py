@@ -43,12 +43,9 @@ def measure(variants, calls, rounds):
 
 
 def regated(op, gate):
-    """op's wrapper generated again with ``gate`` in place of the shipped tracer test."""
-    spec = op.__aotinfer_spec__
-    source = _op._source(spec).replace("if _modes():", f"if {gate}:")
-    namespace = dict(spec.namespace, _is_compiling=torch.compiler.is_compiling)
-    exec(compile(source, "<regated>", "exec"), namespace)
-    return namespace[spec.fn.__name__]
+    """op's wrapper generated again with ``gate`` in place of the shipped tracer test, its body
+    inlined as the shipped wrapper's is after its first call."""
+    return _op.make_wrapper(op.__aotinfer_spec__, tracing=gate, inline=True, _is_compiling=torch.compiler.is_compiling)
 
 
 def main():

@@ -1,6 +1,8 @@
 """The wrapper every public op gets (aotinfer/_op.py), for every op: tracers record the custom op,
 bad arguments are named, skip_check keeps the error classes, capability queries match the builds."""
 
+import inspect
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -175,3 +177,93 @@ def test_capability_queries_without_a_build(monkeypatch):
     monkeypatch.setattr(_loader, "resolve", not_built)
     assert not aotinfer.rmsnorm.is_compute_capability_supported(90)
     assert _op.cc_int("9.0") == 90 and _op.cc_int((10, 3)) == 103
+
+
+# ---- the body runs in the wrapper's frame after the first call ----------------------------------
+
+def frames_of(error):
+    import traceback
+
+    return [(f.name, f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)]
+
+
+@pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
+def test_body_inlined_after_the_first_call(op, template):
+    body = op.__wrapped__.__code__
+    args, _ = make_arguments(template, "cpu", rank=ranks(template)[-1])
+    for attempt in range(2):  # the first call inlines, the second runs inlined
+        with pytest.raises(ValueError, match="to be a CUDA tensor, got a tensor on cpu") as error:
+            op(**args)
+    frames = [f for f in frames_of(error.value) if f[0] == body.co_name]
+    # One frame of the op, in the body's own file, at a line of the body: no wrapper frame above it.
+    assert len(frames) == 1 and frames[0][1] == body.co_filename, frames
+    lines, first = inspect.getsourcelines(body)
+    assert first < frames[0][2] < first + len(lines)
+    assert op.__code__.co_filename == body.co_filename
+
+
+def test_check_errors_point_at_the_op(tmp_path):
+    with pytest.raises(TypeError, match="Expected factor to be a real number, got bool") as error:
+        for _ in range(2):
+            aotinfer.scale(torch.randn(4), True)
+    name, filename, line = frames_of(error.value)[1]
+    first = aotinfer.scale.__wrapped__.__code__.co_firstlineno
+    assert (name, filename, line) == ("scale", aotinfer.scale.__wrapped__.__code__.co_filename, first)
+
+
+OP_SOURCE = '''
+from aotinfer.utils import backend_requirement
+
+
+def _check(x, factor=2.0):
+    if factor == 0:
+        raise ValueError("Expected factor to be nonzero")
+    return True
+
+
+@backend_requirement(backend_checks={}, common_check=_check)
+def doubled(x, factor=2.0):
+    """A docstring."""
+    text = """a string
+    over lines"""
+    y = x * factor
+    return y, text
+'''
+
+
+@pytest.mark.parametrize("source_kept", [True, False])
+def test_inlined_and_plain_wrappers_agree(tmp_path, monkeypatch, source_kept):
+    """An op defined in a file of its own: inlined where its source can be read, else the wrapper
+    keeps calling the body; either way the same results and errors, before and after the first
+    call. A string over several lines keeps its value."""
+    import importlib
+
+    (tmp_path / "an_op_module.py").write_text(OP_SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("an_op_module")
+    try:
+        if not source_kept:
+            (tmp_path / "an_op_module.py").unlink()
+            _op._parsed_files.pop(module.__file__, None)
+        for _ in range(3):
+            assert module.doubled(3.0) == (6.0, "a string\n    over lines")
+            assert module.doubled(3.0, 0.5, skip_check=True) == (1.5, "a string\n    over lines")
+            with pytest.raises(ValueError, match="Expected factor to be nonzero"):
+                module.doubled(3.0, 0)
+        inlined = module.doubled.__code__.co_filename == module.__file__
+        assert inlined == source_kept
+    finally:
+        del __import__("sys").modules["an_op_module"]
+
+
+def test_ops_with_closures_keep_calling_the_body():
+    from aotinfer.utils import backend_requirement
+
+    factor = 3.0
+
+    @backend_requirement(backend_checks={}, common_check=lambda x: True)
+    def tripled(x):
+        return x * factor
+
+    assert tripled(2.0) == 6.0 and tripled(2.0) == 6.0
+    assert tripled.__code__.co_filename.startswith("<aotinfer op")

@@ -21,8 +21,9 @@ parameters plus a keyword-only ``skip_check=False``, and does, in order:
 2. Logs the call (only generated at AOTINFER_LOGLEVEL >= 1, see api_logging).
 3. Unless ``skip_check``, runs the checks (utils.backend_requirement): Python checks only what the
    bindings cannot name (scalars, backend choices); the bindings validate tensors.
-4. Runs the body. A binding's type mismatch or a tensor it cannot take (a meta tensor) reaches the
-   caller as TypeError or ValueError naming the argument, like every other check.
+4. Runs the body: from the second call on, its statements in the wrapper's own frame (see "the
+   body inlined" below). A binding's type mismatch or a tensor it cannot take (a meta tensor)
+   reaches the caller as TypeError or ValueError naming the argument, like every other check.
 
 The wrapper also answers ``is_compute_capability_supported(cc)``, ``is_backend_supported(backend,
 cc=None)``, ``has_backend(name)`` and ``has_backend_choices()``, against the builds installed.
@@ -82,25 +83,37 @@ def spec_of(fn: Callable) -> OpSpec:
 
 # ---- the wrapper ------------------------------------------------------------------------------
 
+# The wrapper is generated inside a factory whose parameters are its helpers, so that it reads them
+# from its closure (set again by _set_helpers once torch is imported) and the op's own module's
+# globals. Its variants differ only in calling the body (_fn) and in the first-call hook (_inline);
+# the `if False:` line names both in every variant, so all share one closure and a variant can
+# replace another in the published function object (_inline).
 _TEMPLATE = """
-def {name}({params}):
-    if {tracing}:
-        return _traced({call})
-{log_call}{checks}    try:
-        {result}_fn({call})
-    except (TypeError, RuntimeError) as e:
-        _explain(e, ({values},))
-        raise
-{log_result}"""
-_SINGLE_BACKEND = """    if not skip_check:
-{capability}        if _common({call}) is not True:
-            _rejected({call})
+def _make({helpers}):
+    def {name}({params}):
+{first_call}        if {tracing}:
+            return _traced({call})
+{log_call}{checks}        try:
+            {result}_fn({call})
+        except (TypeError, RuntimeError) as _error:
+            _explain(_error, ({values},))
+            raise
+{log_result}        if False:
+            _fn, _inline
+    return {name}
 """
-_SEVERAL_BACKENDS = """    if not skip_check:
-        _check({call})
-    elif {auto}:
-        _choose({call})
+_SINGLE_BACKEND = """        if not skip_check:
+{capability}            if _common({call}) is not True:
+                _rejected({call})
 """
+_SEVERAL_BACKENDS = """        if not skip_check:
+            _check({call})
+        elif {auto}:
+            _choose({call})
+"""
+# What a wrapper's code may name besides the body's parameters: the helpers, and the names the
+# template itself binds. A body that uses any of them is never inlined.
+_TEMPLATE_NAMES = frozenset(("skip_check", "_error", "result", "_make"))
 
 
 def _parameters(fn) -> list:
@@ -119,7 +132,8 @@ def _parameters(fn) -> list:
     return result
 
 
-def _source(spec: OpSpec) -> str:
+def _source(spec: OpSpec, helpers: List[str], tracing: Optional[str] = None, first_call: bool = False) -> str:
+    """The factory of the op's wrapper (see _TEMPLATE); ``tracing`` replaces the tracer test."""
     params, call = [], []
     star = False
     for name, keyword_only, default in spec.parameters:
@@ -139,24 +153,49 @@ def _source(spec: OpSpec) -> str:
         checks = _SEVERAL_BACKENDS.format(auto=auto, **fields)
     elif requirement is not None and requirement.common_check is not None:
         restricted = getattr(requirement.common_check, "supported_compute_capabilities", None) is not None
-        capability = f"        _require_capability({fields['call']})\n" if restricted else ""
+        capability = f"            _require_capability({fields['call']})\n" if restricted else ""
         checks = _SINGLE_BACKEND.format(capability=capability, **fields)
     logged = spec.logging is not None
     return _TEMPLATE.format(
+        helpers=", ".join(helpers),
         name=spec.fn.__name__,
-        tracing="_dynamo() or _modes()" if spec.is_method else "_modes()",
+        first_call="        _inline()\n" if first_call else "",
+        tracing=tracing or ("_dynamo() or _modes()" if spec.is_method else "_modes()"),
         params=", ".join(params),
         values=", ".join(spec.names),
-        log_call=f"    _log_call(({', '.join(spec.names)},))\n" if logged else "",
+        log_call=f"        _log_call(({', '.join(spec.names)},))\n" if logged else "",
         checks=checks,
         result="result = " if logged else "return ",
-        log_result="    _log_result(result)\n    return result\n" if logged else "",
+        log_result="        _log_result(result)\n        return result\n" if logged else "",
         **fields,
     )
 
 
+def make_wrapper(spec: OpSpec, tracing: Optional[str] = None, inline: bool = False, **extra: Any) -> Callable:
+    """A new wrapper function of the op, from its spec and current helpers (``extra`` adds some);
+    ``tracing`` replaces the tracer test; ``inline``: the body's statements run in the wrapper's
+    own frame where they can (see _inlined_code). Not published: build() does that."""
+    helpers = dict(spec.namespace, **extra)
+    names = sorted(helpers)
+    make = types.FunctionType(_factory_code(spec, _source(spec, names, tracing), inline), spec.fn.__globals__)
+    return make(*(helpers[n] for n in names))
+
+
+def _factory_code(spec: OpSpec, source: str, inline: bool) -> types.CodeType:
+    """The code of ``source``'s factory; with the body inlined where ``inline`` and it can be."""
+    code = None
+    if inline:
+        try:
+            code = _inlined_code(spec, source)
+        except (OSError, SyntaxError, ValueError, TypeError, UnicodeDecodeError):
+            pass  # the plain variant below
+    if code is None:
+        code = compile(source, f"<aotinfer op {spec.name}>", "exec")
+    return next(c for c in code.co_consts if isinstance(c, types.CodeType) and c.co_name == "_make")
+
+
 def build(spec: OpSpec) -> Callable:
-    """Generate the op's wrapper from its spec (see the module doc) and return it."""
+    """Generate the op's wrapper (see the module doc), publish it and return it."""
     import functools
 
     fn, requirement = spec.fn, spec.requirement
@@ -167,6 +206,7 @@ def build(spec: OpSpec) -> Callable:
         _modes=_untraced,
         _traced=None,
         _explain=lambda error, values: _explain(spec, error, values),
+        _inline=lambda: _inline(spec),
     )
     if requirement is not None:
         namespace.update(
@@ -178,8 +218,10 @@ def build(spec: OpSpec) -> Callable:
         )
     if spec.logging is not None:
         namespace["_log_call"], namespace["_log_result"] = spec.logging
-    exec(compile(_source(spec), f"<aotinfer op {spec.name}>", "exec"), namespace)
-    wrapper = functools.update_wrapper(namespace[fn.__name__], fn)
+    spec.namespace = namespace
+    names = sorted(namespace)
+    make = types.FunctionType(_factory_code(spec, _source(spec, names, first_call=_inlinable(spec)), False), fn.__globals__)
+    wrapper = functools.update_wrapper(make(*(namespace[n] for n in names)), fn)
     wrapper.__wrapped__ = fn
     wrapper.__aotinfer_spec__ = spec
     wrapper.suitable_auto_backends = []
@@ -191,12 +233,144 @@ def build(spec: OpSpec) -> Callable:
         requirement.wrapper = wrapper
     if spec.wrapper is None:
         _specs.append(spec)
-    spec.namespace, spec.wrapper = namespace, wrapper
+    spec.wrapper = wrapper
     if _torch is not None:
         _bind_tracers(spec, _torch)
     if _dynamo_loaded:
         _substitute_for_dynamo(spec, _torch)
     return wrapper
+
+
+def _set_helpers(spec: OpSpec, **values: Any) -> None:
+    """Give the op's wrapper new helper values (its closure's cells)."""
+    spec.namespace.update(values)
+    wrapper = spec.wrapper
+    for name, cell in zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()):
+        if name in values:
+            cell.cell_contents = values[name]
+
+
+# ---- the body inlined ---------------------------------------------------------------------------
+#
+# A small op's host time is mostly the binding's; the wrapper's Python frame and the body's add
+# to it (benchmarks/bench_overhead.py: a budget of 5% over the bare binding with skip_check). So
+# on the first call a wrapper's code is replaced by a variant that runs the body's statements in
+# its own frame: one Python call fewer. That is done then and not at import because it parses the
+# body's source (about 0.4 ms an op). The statements keep the body's file and line numbers, so
+# tracebacks show the real source; the wrapper's own lines show the op's first decorator line.
+# Where the source or the language version does not allow it, the wrapper keeps calling the body.
+
+
+def _inlinable(spec: OpSpec) -> bool:
+    """Whether the body can run in the wrapper's frame: a module-level function without logging,
+    a closure or generators, naming none of the wrapper's own names (nor do functions defined in
+    it)."""
+    code = spec.fn.__code__
+    if spec.is_method or spec.logging is not None or code.co_freevars:
+        return False
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        return False  # generators and coroutines
+    return _TEMPLATE_NAMES.union(spec.namespace).isdisjoint(_names(code))
+
+
+def _names(code: types.CodeType) -> set:
+    """Every name ``code`` and the functions defined in it use."""
+    names = set(code.co_varnames + code.co_names + code.co_freevars + code.co_cellvars)
+    for inner in code.co_consts:
+        if isinstance(inner, types.CodeType):
+            names |= _names(inner)
+    return names
+
+
+def _inline(spec: OpSpec) -> None:
+    """Replace the published wrapper's code by the inlined variant, or by the plain one (without
+    this first-call hook) where inlining fails."""
+    factory = _factory_code(spec, _source(spec, sorted(spec.namespace)), inline=True)
+    code = next(c for c in factory.co_consts if isinstance(c, types.CodeType) and c.co_name == spec.fn.__name__)
+    if code.co_freevars == spec.wrapper.__code__.co_freevars:
+        spec.wrapper.__code__ = code
+
+
+def _inlined_code(spec: OpSpec, source: str) -> Optional[types.CodeType]:
+    """``source`` (a wrapper factory calling the body) compiled with the body's statements in
+    place of the call, or None where that cannot be done (see _inlinable)."""
+    import _ast  # the parser's node types: 50 us to import, where the ast module takes ms
+
+    if not _inlinable(spec):
+        return None
+    code, name = spec.fn.__code__, spec.fn.__name__
+    parsed = _parsed_file(code.co_filename)
+    if parsed is None:
+        return None
+    # The body's statements from its file, only if the file still compiles to the body that runs
+    # (it may have changed since it was imported).
+    tree, compiled = parsed
+    definition = next((n for n in tree.body if isinstance(n, _ast.FunctionDef) and n.name == name and _first_line(n) == code.co_firstlineno), None)
+    if definition is None or not any(c == code for c in compiled.co_consts if isinstance(c, types.CodeType)):
+        return None
+    body = definition.body
+    if isinstance(body[0], _ast.Expr) and isinstance(body[0].value, _ast.Constant) and isinstance(body[0].value.value, str):
+        body = body[1:]  # the docstring
+    if not body:
+        return None
+    futures = code.co_flags & _future_flags()  # the body's module's __future__ imports, not ours
+    factory = compile(source, code.co_filename, "exec", _ast.PyCF_ONLY_AST | futures, dont_inherit=True)
+    decorator = definition.decorator_list[0] if definition.decorator_list else definition
+    _place(factory, code.co_firstlineno, decorator.end_col_offset if decorator.end_lineno == decorator.lineno else 0)
+    wrapper = factory.body[0].body[0]
+    calls = [n for n in wrapper.body if isinstance(n, _ast.Try)]
+    if len(calls) != 1:
+        return None
+    calls[0].body = body
+    return compile(factory, code.co_filename, "exec", futures, dont_inherit=True)
+
+
+_parsed_files: dict = {}
+
+
+def _parsed_file(path: str) -> Optional[tuple]:
+    """(syntax tree, module code) of a source file, made once (None where it cannot be read): the
+    whole file, since what it imports at module level changes how a function in it compiles."""
+    import _ast
+
+    if path not in _parsed_files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            tree = compile(text, path, "exec", _ast.PyCF_ONLY_AST, dont_inherit=True)
+            _parsed_files[path] = (tree, compile(tree, path, "exec", dont_inherit=True))
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            _parsed_files[path] = None
+    return _parsed_files[path]
+
+
+def _first_line(definition: Any) -> int:
+    """The line of a def's first decorator, or of the def: its code object's co_firstlineno."""
+    return definition.decorator_list[0].lineno if definition.decorator_list else definition.lineno
+
+
+def _future_flags() -> int:
+    import __future__
+
+    return sum(getattr(__future__, name).compiler_flag for name in __future__.all_feature_names)
+
+
+def _place(tree: Any, line: int, length: int) -> None:
+    """Give every node of ``tree`` the position (line, 0) to (line, length)."""
+    import _ast
+
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if hasattr(node, "lineno"):
+            node.lineno = node.end_lineno = line
+            node.col_offset, node.end_col_offset = 0, length
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                stack.extend(v for v in value if isinstance(v, _ast.AST))
+            elif isinstance(value, _ast.AST):
+                stack.append(value)
 
 
 # ---- tracing ----------------------------------------------------------------------------------
@@ -212,7 +386,7 @@ def _bind_tracers(spec: OpSpec, torch) -> None:
     twin = types.FunctionType(fn.__code__, {**fn.__globals__, **twins}, fn.__name__, fn.__defaults__, fn.__closure__)
     twin.__kwdefaults__ = fn.__kwdefaults__
     dynamo = getattr(torch.compiler, "is_dynamo_compiling", None) or torch.compiler.is_compiling  # torch < 2.3
-    spec.namespace.update(_dynamo=dynamo, _modes=torch._C._len_torch_dispatch_stack, _traced=twin)
+    _set_helpers(spec, _dynamo=dynamo, _modes=torch._C._len_torch_dispatch_stack, _traced=twin)
 
 
 def _substitute_for_dynamo(spec: OpSpec, torch) -> None:
