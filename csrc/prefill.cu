@@ -2,7 +2,7 @@
 // prefill.py) has written the work partition: `work` (row 0: the number of items; then a row
 // (request, row_begin, kv_begin, kv_end, chunk, -, -, -) an item) and `requests` rows (q_begin,
 // q_len, kv_offset, kv_len, first_partial, num_partials, -, -); this binding checks the tensors,
-// then launches the prefill kernel on `ctas` x num_kv_heads blocks and, when `merge`, the merge of
+// then launches the prefill kernel on num_kv_heads x `ctas` blocks and, when `merge`, the merge of
 // split requests.
 #include "aotinfer/prefill.cuh"
 #include "attention_checks.h"

@@ -48,21 +48,22 @@ constexpr float kRescaleSlack = 8.f;  // log2 units: exp2 of a logit stays below
 constexpr int kPrefillThreads = kPrefillWarps * 32;
 
 // Tiles of one head_dim: kMmaQ 16-row tiles a warp (two where registers allow: each K and V
-// fragment read feeds two tiles), kTileKV tokens a K/V tile; all three fit 96 KB of shared memory,
-// so every arch from sm80 (sm86, sm89 and sm120 allow 99 KB a block) runs one configuration.
+// fragment read feeds two tiles), kTileKV tokens a K/V tile (32 at d128: S in 32 registers leaves
+// ptxas room for a deeper ldmatrix prefetch, measured faster than 64 and 16); all three fit 96 KB
+// of shared memory, so every arch from sm80 (sm86, sm89 and sm120 allow 99 KB a block) runs one
+// configuration.
 template <typename T, int D>
 struct PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static constexpr int kMmaQ = D <= 128 ? 2 : 1;
   static constexpr int kTileQ = kPrefillWarps * 16 * kMmaQ;  // query rows a block
-  static constexpr int kTileKV = D <= 128 ? 64 : 32;
+  static constexpr int kTileKV = D == 64 ? 64 : 32;
   static constexpr int kRowChunks = D / 8;                    // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;            // one K or V tile
   static constexpr int kPageIdBytes = 2 * kTileKV * 4;       // paged: the page ids of two tiles
   static constexpr size_t kSharedBytes = size_t(kQBytes) + 4 * kKVBytes + kPageIdBytes;  // Q, K x2, V x2, ids
   static constexpr int kChunksPerThread = kTileKV * kRowChunks / kPrefillThreads;  // of K (or V) a tile
-  static constexpr int kTokenStep = kPrefillThreads / kRowChunks;
   static_assert(kChunksPerThread * kPrefillThreads == kTileKV * kRowChunks);
 };
 
@@ -104,7 +105,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   int32_t* const tile_pages = reinterpret_cast<int32_t*>(v_stages + 2 * S::kKVBytes);  // [2][kTileKV]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int kv_head = blockIdx.y;
+  const int kv_head = blockIdx.x;
   const int request = item.x, row_begin = item.y;
   const int4 info = p.requests[2 * request];
   const int4 split = p.requests[2 * request + 1];
@@ -117,6 +118,12 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   int end = min(item.w, kv_len);
   if (p.causal) end = min(end, last_token + delta + 1);
   if (p.window_left >= 0) begin = max(begin, first_token + delta - p.window_left);
+  // Paged copies take runs of kRun tokens from one page where the page size allows (see below):
+  // the runs start at multiples of kRun. Keys below the window's bound are masked anyway, and
+  // a split's item starts at a multiple of the page size.
+  constexpr int kRun = S::kChunksPerThread;
+  const bool runs_in_page = kPaged && p.page_size.divisor % kRun == 0;
+  if (runs_in_page) begin -= begin % kRun;
   const int num_tiles = end > begin ? (end - begin + kTileKV - 1) / kTileKV : 0;
   // Below these bounds no row of the block is masked (but for the keys' end).
   const int all_see_up_to = p.causal ? first_token + delta : INT_MAX;
@@ -152,17 +159,25 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
                         q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
     }
 
-    // Each thread copies chunk column `column` of tokens first_row + i * kTokenStep of every
-    // tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart; paged: each token's page
-    // id from shared memory (tile 0's from global memory).
-    const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks;
-    const uint32_t dst_first = SwizzledOffset<S::kRowChunks>(first_row, column);
+    // Each thread copies chunk column `column` of kRun consecutive tokens, first_row onwards, of
+    // every tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart, from a pointer that
+    // moves a tile at a time. Paged: where the page size is a multiple of kRun, a thread's run lies
+    // in one page (begin was rounded down to a multiple of kRun, so every run starts on one): one
+    // page id a tile, read from shared memory (tile 0's from global memory); otherwise each
+    // token's own.
+    static_assert(kRun <= 8 && (kRun & (kRun - 1)) == 0, "a run's rows share their swizzle phase but for i");
+    const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks * kRun;
+    // Row first_row + i holds this chunk at column ^ ((first_row + i) % 8); first_row % 8 is a
+    // multiple of kRun, so that is (column ^ first_row % 8) ^ i.
+    const int run_column = column ^ (first_row % 8);
+    auto chunk_at_row = [&](int i) { return uint32_t(first_row + i) * kRowBytes + uint32_t(run_column ^ i) * 16u; };
     const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + column * 8;
     const T* v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + column * 8;
-    if constexpr (!kPaged) {
-      k += int64_t(kv_offset + begin + first_row) * p.k_stride_page;
-      v += int64_t(kv_offset + begin + first_row) * p.v_stride_page;
-    }
+    // Ragged: where registers allow (one 16-row tile a warp), pointers that move a tile at a time;
+    // else recomputed from the tile (measured: each choice is faster where it is used).
+    const int first_key = kv_offset + begin + first_row;  // ragged: the row of this thread's first key
+    const T* k_next = k + (kPaged ? 0 : int64_t(first_key) * p.k_stride_page);
+    const T* v_next = v + (kPaged ? 0 : int64_t(first_key) * p.v_stride_page);
     // Paged: the page ids of a tile's tokens land in shared memory (cp.async, in the commit group of
     // the tile two before), so a copy never waits on a global load; tile 0's are read directly.
     const int32_t* pages = p.indices + kv_offset;
@@ -175,31 +190,56 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         }
       }
     };
-    auto copy = [&](const T* base, int64_t stride_page, int64_t stride_slot, uint8_t* stages, int tile) {
-      uint8_t* dst = stages + (tile % 2) * S::kKVBytes;
-      const int left = end - begin - tile * kTileKV - first_row;  // token i of this thread is valid when i * step < left
-      const T* row0 = base + (kPaged ? 0 : int64_t(tile) * kTileKV * stride_page);
+    auto page_of = [&](int tile, int token, int index, bool valid) {  // the page of a tile's token
+      return tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token];
+    };
+    // A run of kRun rows from src, stride apart, into dst (zeros for rows i >= left, past the
+    // keys' end, where `head` stands for an address that is not read).
+    auto copy_run = [&](uint8_t* dst, const T* src, int64_t stride, const T* head, int left) {
 #pragma unroll
-      for (int i = 0; i < S::kChunksPerThread; ++i) {
-        const int token = first_row + i * S::kTokenStep;
-        const bool valid = i * S::kTokenStep < left;
-        const T* src = base;
-        if constexpr (kPaged) {
-          const int pos = begin + tile * kTileKV + token;
-          const int index = int(p.page_size.Divide(uint32_t(pos)));
-          const int slot = pos - index * int(p.page_size.divisor);
-          const int page = tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token];
-          src = base + int64_t(page) * stride_page + int64_t(slot) * stride_slot;
-        } else {
-          src = row0 + int64_t(i * S::kTokenStep) * stride_page;
+      for (int i = 0; i < kRun; ++i, src += stride) CopyAsync16OrZero(dst + chunk_at_row(i), i < left ? src : head, i < left);
+    };
+    // This thread's runs of K and V of tile `tile`; paged, one page lookup serves both. (Ragged
+    // with two 16-row tiles a warp: the same copies written apart, which ptxas schedules ~7% faster.)
+    auto copy_tile = [&](int tile) {
+      if constexpr (!kPaged && kMmaQ > 1) {
+        const int left = end - begin - tile * kTileKV - first_row;
+        copy_run(k_stages + (tile % 2) * S::kKVBytes, k + int64_t(first_key + tile * kTileKV) * p.k_stride_page,
+                 p.k_stride_page, k, left);
+        copy_run(v_stages + (tile % 2) * S::kKVBytes, v + int64_t(first_key + tile * kTileKV) * p.v_stride_page,
+                 p.v_stride_page, v, left);
+        return;
+      }
+      const int pos = begin + tile * kTileKV + first_row;  // of row first_row
+      const int left = end - pos;
+      uint8_t* const k_dst = k_stages + (tile % 2) * S::kKVBytes;
+      uint8_t* const v_dst = v_stages + (tile % 2) * S::kKVBytes;
+      if constexpr (!kPaged) {
+        copy_run(k_dst, k_next, p.k_stride_page, k, left);
+        copy_run(v_dst, v_next, p.v_stride_page, v, left);
+        k_next += kTileKV * p.k_stride_page;
+        v_next += kTileKV * p.v_stride_page;
+      } else if (runs_in_page) {
+        const int index = int(p.page_size.Divide(uint32_t(pos)));
+        const int slot = pos - index * int(p.page_size.divisor);
+        const int page = page_of(tile, first_row, index, left > 0);
+        copy_run(k_dst, k + int64_t(page) * p.k_stride_page + int64_t(slot) * p.k_stride_slot, p.k_stride_slot, k, left);
+        copy_run(v_dst, v + int64_t(page) * p.v_stride_page + int64_t(slot) * p.v_stride_slot, p.v_stride_slot, v, left);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kRun; ++i) {
+          const bool valid = i < left;
+          const int index = int(p.page_size.Divide(uint32_t(pos + i)));
+          const int slot = pos + i - index * int(p.page_size.divisor);
+          const int page = page_of(tile, first_row + i, index, valid);
+          const T* k_src = k + int64_t(page) * p.k_stride_page + int64_t(slot) * p.k_stride_slot;
+          const T* v_src = v + int64_t(page) * p.v_stride_page + int64_t(slot) * p.v_stride_slot;
+          CopyAsync16OrZero(k_dst + chunk_at_row(i), valid ? k_src : k, valid);
+          CopyAsync16OrZero(v_dst + chunk_at_row(i), valid ? v_src : v, valid);
         }
-        const uint32_t at = S::kTokenStep % 8 == 0 ? dst_first + uint32_t(i * S::kTokenStep) * kRowBytes
-                                                   : SwizzledOffset<S::kRowChunks>(token, column);
-        CopyAsync16OrZero(dst + at, valid ? src : base, valid);
       }
     };
-    copy(k, p.k_stride_page, p.k_stride_slot, k_stages, 0);
-    copy(v, p.v_stride_page, p.v_stride_slot, v_stages, 0);
+    copy_tile(0);
     fetch_page_ids(1);
     CommitAsyncGroup();
 
@@ -221,8 +261,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
       __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
       if (tile + 1 < num_tiles) {
-        copy(k, p.k_stride_page, p.k_stride_slot, k_stages, tile + 1);
-        copy(v, p.v_stride_page, p.v_stride_slot, v_stages, tile + 1);
+        copy_tile(tile + 1);
         // Tile tile + 2's page ids go where tile tile's were, read when its copies were issued.
         if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
       }
@@ -253,33 +292,45 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         }
       }
 
-      // Cap, mask where a mask cuts this tile, and fold into each row's running softmax.
+      // Cap, mask where a mask cuts this tile, and fold into each row's running softmax. The cap
+      // and the mask are separate warp-uniform branches: folded into one loop, the compiler
+      // predicates both on every tile, ~400 issue slots a tile that most tiles never need.
       const int tile_pos = begin + tile * kTileKV;
       const bool masked = tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
-      const int col0 = tile_pos + (lane % 4) * 2;  // this thread's first key of the tile
+      if (capped) {
 #pragma unroll
-      for (int mq = 0; mq < kMmaQ; ++mq) {
-        // A row sees keys col0 + c for lo <= c <= hi (c: the column offset from col0).
-        int lo[2], hi[2];
+        for (int mq = 0; mq < kMmaQ; ++mq) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int diagonal = token_of(mq, r) + delta;
-          hi[r] = min(end - 1, p.causal ? diagonal : INT_MAX) - col0;
-          lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
-        }
+          for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = s[mq][nt][e];
-            if (capped) x = cap_log2 * TanhApprox(x * cap_scale);
-            if (masked) {
-              const int c = nt * 8 + (e & 1);
-              x = c <= hi[e / 2] && c >= lo[e / 2] ? x : -INFINITY;
-            }
-            s[mq][nt][e] = x;
+            for (int e = 0; e < 4; ++e) s[mq][nt][e] = cap_log2 * TanhApprox(s[mq][nt][e] * cap_scale);
           }
         }
+      }
+      if (masked) {
+        const int col0 = tile_pos + (lane % 4) * 2;  // this thread's first key of the tile
+#pragma unroll
+        for (int mq = 0; mq < kMmaQ; ++mq) {
+          // A row sees keys col0 + c for lo <= c <= hi (c: the column offset from col0).
+          int lo[2], hi[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int diagonal = token_of(mq, r) + delta;
+            hi[r] = min(end - 1, p.causal ? diagonal : INT_MAX) - col0;
+            lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int c = nt * 8 + (e & 1);
+              s[mq][nt][e] = c <= hi[e / 2] && c >= lo[e / 2] ? s[mq][nt][e] : -INFINITY;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mq = 0; mq < kMmaQ; ++mq) {
         // Row maxima and sums as trees (chains of dependent adds would leave the warp waiting).
         float partial[2][kNT];
 #pragma unroll
@@ -429,13 +480,16 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 }
 
 // Blocks stride over the work items (one each, unless a CUDA graph's fixed grid is smaller than
-// the plan's items); grid.y: the KV heads.
+// the plan's items); grid.x: the KV heads, so that blocks start in the plan's order of items
+// (most costly first) for every head at once: with the heads outermost, the last head's costly
+// items would start last and run alone at the end (a causal 8192-token prefill with 32 KV heads
+// lost 12% so).
 template <typename T, int D, bool kPaged>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
   const int num_items = p.work[0].x;
-  for (int i = blockIdx.x; i < num_items; i += gridDim.x) {
+  for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
     PrefillItem<T, D, kPaged>(p, item, p.work[3 + 2 * i].x, shared);
@@ -450,12 +504,12 @@ cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream,
   if (BlocksPerSm<PrefillKernel<T, D, kPaged>>(kPrefillThreads, kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
-  const dim3 grid(unsigned(ctas), unsigned(p.num_kv_heads));
+  const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
   return LaunchWithSharedMemory(PrefillKernel<T, D, kPaged>, grid, dim3(kPrefillThreads), kSharedBytes, stream, pdl, p);
 }
 
-// The prefill kernel (paged where p.indices is set, else ragged) on a grid of `ctas` x
-// num_kv_heads blocks, then, if `merge`, the merge of split requests' partials over the first
+// The prefill kernel (paged where p.indices is set, else ragged) on a grid of num_kv_heads x
+// `ctas` blocks, then, if `merge`, the merge of split requests' partials over the first
 // `merge_rows` query tokens.
 template <typename T, int D>
 cudaError_t BatchPrefill(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
