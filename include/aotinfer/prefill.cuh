@@ -80,8 +80,8 @@ struct PrefillShape {
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;            // one 16-bit K or V tile
   static constexpr int kCachedKVBytes = kTileKV * D * int(sizeof(KV));  // ... as stored
-  // fp8: the widened K and V tiles, two pairs where shared memory allows (a thread widens tile
-  // t + 1 while other warps still read tile t: one barrier a tile), else one (two barriers).
+  // fp8: the widened K and V tiles, two pairs where shared memory allows (a thread widens tile t
+  // while other warps still read tile t - 1: one barrier a tile), else one (two barriers a tile).
   static constexpr int kWidenedStages = !kWiden ? 0 : D <= 128 ? 2 : 1;
   static constexpr int kPageIdBytes = 2 * kTileKV * 4;       // paged: the page ids of two tiles
   // Q, K x2, V x2 (as stored), the widened K and V tiles, the page ids.
@@ -188,11 +188,11 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     }
 
     // Each thread copies chunk column `column` (of the row as stored) of kRun consecutive tokens,
-    // first_row onwards, of every tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart, from a pointer that
-    // moves a tile at a time. Paged: where the page size is a multiple of kRun, a thread's run lies
-    // in one page (begin was rounded down to a multiple of kRun, so every run starts on one): one
-    // page id a tile, read from shared memory (tile 0's from global memory); otherwise each
-    // token's own.
+    // first_row onwards, of every tile, of K and of V. Ragged: rows kv_offset + pos, a stride
+    // apart, from a pointer that moves a tile at a time. Paged: where the page size is a multiple
+    // of kRun, a thread's run lies in one page (begin was rounded down to a multiple of kRun, so
+    // every run starts on one): one page id a tile, read from shared memory (tile 0's from global
+    // memory); otherwise each token's own.
     static_assert(kRun <= 8 && (kRun & (kRun - 1)) == 0, "a run's rows share their swizzle phase but for i");
     const int column = tid % S::kCachedRowChunks, first_row = tid / S::kCachedRowChunks * kRun;
     // 16-bit: row first_row + i holds this chunk at column ^ ((first_row + i) % 8); first_row % 8
