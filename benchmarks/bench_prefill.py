@@ -9,7 +9,9 @@ before it is timed; times are medians of CUDA-event timings after warm-up (aotin
 Single sequences run through the ragged wrapper (planned once); SDPA gets K and V with every
 query head's copy (its flash backend has no GQA), made before timing. The batch case: 16
 sequences of 512-4096 tokens (causal prefill), once against a paged cache (page 16, pages
-scattered over a pool of twice the pages used) and once against the same keys contiguous.
+scattered over a pool of twice the pages used) and once against the same keys contiguous; then
+against the same pages in fp8 (e4m3 and e5m2, checked against the ragged run over the keys and
+values dequantized).
 """
 
 import argparse
@@ -113,6 +115,23 @@ def batch_paged_vs_ragged(heads=32, kv_heads=8, head_dim=128, page_size=16, dtyp
     print(f"  16 sequences of 512-4096 (total {total}), {heads}/{kv_heads} heads d{head_dim} causal, page {page_size}:")
     print(f"    ragged {n / t_r / 1e12:6.1f} TFLOP/s ({t_r * 1e3:.3f} ms)   paged {n / t_p / 1e12:6.1f} TFLOP/s "
           f"({t_p * 1e3:.3f} ms)   paged/ragged throughput {t_r / t_p:5.3f}")
+
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        paged8 = aotinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"))
+        try:
+            paged8.plan(qo_indptr.cuda(), page_indptr.cuda(), order.cuda(), last.cuda(), heads, kv_heads, head_dim,
+                        page_size, causal=True, q_data_type=dtype, kv_data_type=fp8)  # fmt: skip
+        except NotImplementedError:
+            print(f"    paged {str(fp8)[6:]}: not in this build")
+            continue
+        caches8 = (k_cache.to(fp8), v_cache.to(fp8))
+        out_8 = torch.full_like(q, float("nan"))
+        run_8 = lambda: paged8.run(q, caches8, out=out_8)  # noqa: E731
+        run_8()
+        ragged.run(q, k.to(fp8).to(dtype), v.to(fp8).to(dtype), out=out_r)  # the same keys and values, dequantized
+        torch.testing.assert_close(out_8, out_r, rtol=2e-2, atol=2e-2)
+        t_8, _ = bench_gpu_time(run_8, cold_l2_cache=False)
+        print(f"    paged {str(fp8)[6:]} {n / t_8 / 1e12:6.1f} TFLOP/s ({t_8 * 1e3:.3f} ms)   /paged bf16 {t_p / t_8:5.3f}")
 
 
 def main():

@@ -19,14 +19,15 @@ using aotinfer::CheckLastDimContiguous;
 using aotinfer::CheckOptionalDevices;
 using aotinfer::CheckQuery;
 using aotinfer::CheckRows16;
+using aotinfer::DtypeKey;
 
 template <typename T>
-cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, int ctas, bool merge, int merge_rows,
+cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp8, int ctas, bool merge, int merge_rows,
                      cudaStream_t stream, bool pdl, int device) {
   switch (head_dim) {
-    case 64: return aotinfer::BatchPrefill<T, 64>(p, ctas, merge, merge_rows, stream, pdl, device);
-    case 128: return aotinfer::BatchPrefill<T, 128>(p, ctas, merge, merge_rows, stream, pdl, device);
-    default: return aotinfer::BatchPrefill<T, 256>(p, ctas, merge, merge_rows, stream, pdl, device);
+    case 64: return aotinfer::BatchPrefill<T, 64>(p, fp8, ctas, merge, merge_rows, stream, pdl, device);
+    case 128: return aotinfer::BatchPrefill<T, 128>(p, fp8, ctas, merge, merge_rows, stream, pdl, device);
+    default: return aotinfer::BatchPrefill<T, 256>(p, fp8, ctas, merge, merge_rows, stream, pdl, device);
   }
 }
 
@@ -35,11 +36,12 @@ cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, int cta
 // Prefill attention of q ([tokens, num_qo_heads, head_dim]) against k and v: ragged, 3-D
 // [kv_tokens, num_kv_heads, head_dim] (any strides of the first two dimensions) with `indices`
 // empty; or paged, 4-D (kv_layout 0: [pages, page_size, kv_heads, head_dim], 1: [pages, kv_heads,
-// page_size, head_dim]) with `indices` the page ids. Over the planned work items.
+// page_size, head_dim]) with `indices` the page ids. Over the planned work items. K and V have q's
+// dtype, or (paged) float8_e4m3fn or float8_e5m2; v_scale multiplies the output.
 void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                    TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
                    TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
-                   bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
+                   double v_scale, bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
   CheckQuery(q);
   const int64_t total_q = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
@@ -50,8 +52,17 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
                               << " (shape " << aotinfer::ShapeString(k.shape()) << ")";
   }
   aotinfer::CheckSameShape(v, k, "v", "k");
-  aotinfer::CheckSameDtype(k, q, "k", "q");
-  aotinfer::CheckSameDtype(v, q, "v", "q");
+  aotinfer::CheckSameDtype(v, k, "v", "k");
+  const uint32_t kv_key = DtypeKey(k.dtype());
+  const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
+  if (fp8 && !paged) {
+    AOTINFER_THROW(TypeError) << "Expected k to have q's dtype " << q.dtype() << " with ragged (3-D) KV, got "
+                             << k.dtype() << " (fp8 KV is taken paged only)";
+  }
+  if (!fp8 && k.dtype() != q.dtype()) {
+    AOTINFER_THROW(TypeError) << "Expected k to have q's dtype " << q.dtype() << (paged ? ", float8_e4m3fn or float8_e5m2" : "")
+                             << ", got " << k.dtype();
+  }
   const int head_axis = !paged ? 1 : kv_layout == 0 ? 2 : 1, slot_axis = kv_layout == 0 ? 1 : 2;
   const int64_t num_kv_heads = k.size(head_axis), page_size = paged ? k.size(slot_axis) : 1;
   if (k.size(-1) != head_dim) {
@@ -62,8 +73,8 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   if (paged && page_size == 0) AOTINFER_THROW(ValueError) << "Expected a page_size of 1 or more, got k of shape " << aotinfer::ShapeString(k.shape());
   CheckLastDimContiguous(k, "k");
   CheckLastDimContiguous(v, "v");
-  CheckRows16(k, 8, "k", k.ndim() - 1);
-  CheckRows16(v, 8, "v", v.ndim() - 1);
+  CheckRows16(k, fp8 ? 16 : 8, "k", k.ndim() - 1);
+  CheckRows16(v, fp8 ? 16 : 8, "v", v.ndim() - 1);
   CheckIndexTable(indices, 0, "indices");
   if (!paged && indices.numel() != 0) {
     AOTINFER_THROW(ValueError) << "Expected no indices with a ragged (3-D) k, got " << indices.numel();
@@ -95,7 +106,10 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   p.work = aotinfer::data_ptr<int4>(work);
   p.requests = aotinfer::data_ptr<int4>(requests);
   p.group_divisor = aotinfer::PageDivisor(uint32_t(p.group));
+  p.v_scale = float(v_scale);
   p.causal = causal;
+  p.bf16_io = q.dtype().code == kDLBfloat;
+  p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
   if (batch == 0 || ctas == 0 || total_q == 0) return;
 
   // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
@@ -104,7 +118,7 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   cudaStream_t stream = aotinfer::get_stream(q.device());
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
-    CHECK_LAUNCH(Dispatch<T>(p, head_dim, int(ctas), merge, int(total_q), stream, pdl, device), "batch_prefill");
+    CHECK_LAUNCH(Dispatch<T>(p, head_dim, fp8, int(ctas), merge, int(total_q), stream, pdl, device), "batch_prefill");
     return true;
   });
 }

@@ -79,7 +79,7 @@ def indptr_of(lengths):
 class Case:
     """One batch: queries, keys and values ragged or in pages, and the reference inputs."""
 
-    def __init__(self, pairs, heads, dtype, kind="paged", layout="NHD", page_size=16, form="tuple", device="cuda"):
+    def __init__(self, pairs, heads, dtype, kind="paged", layout="NHD", page_size=16, form="tuple", device="cuda", kv_dtype=None):
         self.num_qo_heads, self.num_kv_heads, self.head_dim = heads
         self.kind, self.layout, self.dtype, self.page_size = kind, layout, dtype, page_size
         q_lens, kv_lens = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -97,7 +97,7 @@ class Case:
             self.values = [v_nhd[int(self.kv_indptr[b]) : int(self.kv_indptr[b + 1])] for b in range(len(pairs))]
         else:
             self.indptr, self.indices, self.last_page_len, pool = page_table(kv_lens, page_size)
-            self.cache, k, v = kv_pool(pool, page_size, self.num_kv_heads, self.head_dim, dtype, layout, form, device)
+            self.cache, k, v = kv_pool(pool, page_size, self.num_kv_heads, self.head_dim, kv_dtype or dtype, layout, form, device)
             self.keys, self.values = gather(k, v, self.indptr, self.indices, self.last_page_len, layout)
 
     def wrapper(self, device="cuda", nbytes=128 << 20, **kwargs):
@@ -120,9 +120,12 @@ class Case:
             return wrapper.run(self.q, self.k, self.v, **kwargs)
         return wrapper.run(self.q, self.cache, **kwargs)
 
-    def reference(self, **options):
+    def reference(self, k_scale=1.0, **options):
+        """The reference over the keys and values as float32 (an fp8 cache's dequantized: K times
+        k_scale; V times v_scale, an option)."""
         options.setdefault("sm_scale", 1 / math.sqrt(self.head_dim))
-        return reference(self.q, self.qo_indptr, self.keys, self.values, **options)
+        keys = [k.float() * k_scale for k in self.keys]
+        return reference(self.q, self.qo_indptr, keys, self.values, **options)
 
 
 # ---- the batch wrappers on a GPU ---------------------------------------------------------------
@@ -182,6 +185,65 @@ def test_attention_options(kind, layout, dtype, page_size, option):
     check(out, want, dtype, lse, want_lse)
 
 
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp8_paged_kv_cache(causal, layout, kv_dtype, dtype, heads, page_size):
+    # Against the float32 reference over the dequantized pages: K times k_scale, V times v_scale.
+    case = Case(PAIRS, heads, dtype, "paged", layout, page_size, kv_dtype=kv_dtype)
+    wrapper = case.wrapper()
+    case.plan(wrapper, causal=causal, kv_data_type=kv_dtype)
+    want, want_lse = case.reference(causal=causal, k_scale=0.7, v_scale=1.3)
+    out, lse = poisoned(case.q.shape, dtype), poisoned(case.q.shape[:2], torch.float32)
+    result = case.run(wrapper, k_scale=0.7, v_scale=1.3, out=out, lse=lse, return_lse=True)
+    assert result[0] is out and result[1] is lse
+    check(out, want, dtype, lse, want_lse)
+    want = case.reference(causal=causal)[0]  # no scales, no lse
+    check(case.run(wrapper, out=poisoned(case.q.shape, dtype)), want, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (16, 2, 256)], ids=["g4d128", "g1d64", "g8d256"])
+def test_fp8_split_keys_options_and_page_sizes_off_the_runs(heads, kv_dtype):
+    # Long keys split and merged (v_scale on the partials), sinks, soft cap and window, a page
+    # size that is no multiple of a thread's run of rows, q bfloat16 (converted to half).
+    pairs = [(40, 3000), (1, 900), (130, 2000), (0, 70)]
+    case = Case(pairs, heads, torch.bfloat16, "paged", "HND", page_size=5, kv_dtype=kv_dtype)
+    wrapper = case.wrapper()
+    case.plan(wrapper, causal=True, window_left=1500, logits_soft_cap=4.0, kv_data_type=kv_dtype)
+    assert wrapper._plan.partition.num_slots > 0, "the case should split some request"
+    sinks = torch.randn(heads[0], device="cuda")
+    want, want_lse = case.reference(causal=True, window_left=1500, soft_cap=4.0, sinks=sinks, k_scale=0.5, v_scale=0.25)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True, sinks=sinks, k_scale=0.5, v_scale=0.25)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
+def test_fp8_cache_checked_against_the_plan():
+    case = Case([(10, 40)], (8, 8, 64), torch.float16, "paged", kv_dtype=torch.float8_e4m3fn)
+    wrapper = case.wrapper()
+    case.plan(wrapper)  # kv_data_type: q's
+    with pytest.raises(ValueError, match="kv_data_type"):
+        case.run(wrapper)
+    case.plan(wrapper, kv_data_type=torch.float8_e5m2)
+    with pytest.raises(ValueError, match="kv_data_type"):
+        case.run(wrapper)
+    ragged = Case([(10, 40)], (8, 8, 64), torch.float16, "ragged")
+    wrapper = ragged.wrapper()
+    ragged.plan(wrapper)
+    fp8_k, fp8_v = ragged.k.to(torch.float8_e4m3fn), ragged.v.to(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="k"):  # the binding: fp8 KV is paged only
+        wrapper.run(ragged.q, fp8_k, fp8_v, skip_check=True)
+
+
 @gpu
 @pytest.mark.parametrize("mode", ["auto", "fixed_split_size", "disable_split_kv"])
 @pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (16, 2, 256)], ids=["g4d128", "g1d64", "g8d256"])
@@ -199,9 +261,9 @@ def test_long_keys_split_and_merge(kind, heads, mode):
     out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True)
     check(out, want, torch.bfloat16, lse, want_lse)
     sinks = torch.randn(heads[0], device="cuda")
-    if kind == "paged":  # sinks are added once, by the merge, to split requests
-        want, want_lse = case.reference(causal=True, sinks=sinks)
-        out, lse = case.run(wrapper, return_lse=True, sinks=sinks)
+    if kind == "paged":  # sinks are added once, by the merge, to split requests; v_scale scales the partials
+        want, want_lse = case.reference(causal=True, sinks=sinks, v_scale=0.5)
+        out, lse = case.run(wrapper, return_lse=True, sinks=sinks, v_scale=0.5)
         check(out, want, torch.bfloat16, lse, want_lse)
 
 
@@ -405,12 +467,16 @@ def test_sanitizer_clean(tmp_path, tool):
         "import sys, torch\n"
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "from test_prefill import Case\n"
-        "for kind, pairs, heads in (('paged', [(40, 300), (3, 3)], (8, 2, 64)), ('ragged', [(130, 130)], (4, 4, 128)),\n"
-        "                           ('paged', [(20, 2000)], (4, 4, 256))):\n"
-        "    case = Case(pairs, heads, torch.float16, kind)\n"
+        "fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)\n"
+        "for kind, pairs, heads, dtype, kv_dtype in (\n"
+        "    ('paged', [(40, 300), (3, 3)], (8, 2, 64), torch.float16, None), ('ragged', [(130, 130)], (4, 4, 128), torch.float16, None),\n"
+        "    ('paged', [(20, 2000)], (4, 4, 256), torch.float16, None),\n"
+        "    ('paged', [(150, 400), (3, 35)], (8, 2, 128), torch.bfloat16, fp8[0]), ('paged', [(70, 300)], (4, 2, 256), torch.float16, fp8[1]),\n"
+        "):\n"
+        "    case = Case(pairs, heads, dtype, kind, kv_dtype=kv_dtype)\n"
         "    wrapper = case.wrapper()\n"
-        "    case.plan(wrapper, causal=True)\n"
-        "    case.run(wrapper, return_lse=True)\n"
+        "    case.plan(wrapper, causal=True, **({} if kv_dtype is None else dict(kv_data_type=kv_dtype)))\n"
+        "    case.run(wrapper, return_lse=True, **({} if kind == 'ragged' else dict(v_scale=0.5)))\n"
         "torch.cuda.synchronize()\n"
     )
     result = subprocess.run(
@@ -484,7 +550,7 @@ def test_partition_orders_causal_tiles_by_their_keys():
 
 
 def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout,
-                        sm_scale, logits_soft_cap, window_left, causal, ctas, merge, enable_pdl):  # fmt: skip
+                        sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge, enable_pdl):  # fmt: skip
     """The batch_prefill binding's contract (modules.toml; the table formats in aotinfer/prefill.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     paged = k.dim() == 4
@@ -504,7 +570,8 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
         page_size = cache.shape[1 if nhd else 2]
         pages = indices[kv_offset + positions // page_size].long()
         slot = positions % page_size
-        return (cache[pages, slot] if nhd else cache[pages, :, slot]).float()
+        bytes_ = cache.view(torch.uint8) if cache.element_size() == 1 else cache  # fp8: indexed as bytes
+        return (bytes_[pages, slot] if nhd else bytes_[pages, :, slot]).view(cache.dtype).float()
 
     def write(token, head, o, s, final):
         if final:
@@ -537,6 +604,7 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
                 logits = logits.masked_fill(~seen, float("-inf"))
                 total = torch.logsumexp(logits, 0) if positions.numel() else torch.tensor(float("-inf"))
                 o = (torch.exp(logits - total).nan_to_num(0.0) @ values[:, kv_head]) if positions.numel() else torch.zeros(head_dim)
+                o = o * v_scale  # the output's, final or partial (the merge is linear); not the LSE's
                 if n <= 1:
                     write(q_begin + token, head, o, total / LN2, True)
                 else:
@@ -595,6 +663,19 @@ def test_plan_and_run_drive_the_kernel_contract(kernel_model, kind, layout, mode
     check(out, want, torch.float16, lse, want_lse)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_fp8_plan_and_run_drive_the_kernel_contract(kernel_model, layout, kv_dtype):
+    torch.manual_seed(0)
+    case = Case(CPU_PAIRS, (12, 2, 64), torch.bfloat16, "paged", layout, page_size=8, device="cpu", kv_dtype=kv_dtype)
+    wrapper = case.wrapper("cpu", 16 << 20)
+    case.plan(wrapper, causal=True, kv_data_type=kv_dtype)
+    assert wrapper._plan.partition.num_slots > 0, "the case should split some request"
+    want, want_lse = case.reference(causal=True, k_scale=0.6, v_scale=1.5)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16, "cpu"), return_lse=True, k_scale=0.6, v_scale=1.5)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
 def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
     batch = 3
     buffers = dict(qo_indptr_buf=torch.empty(batch + 1, dtype=torch.int32), kv_indptr_buf=torch.empty(batch + 1, dtype=torch.int32))
@@ -650,7 +731,7 @@ def test_mask_buffers_are_not_implemented(name):
         (dict(pos_encoding_mode="XYZ"), ValueError, "pos_encoding_mode"),
         (dict(head_dim_vo=128), NotImplementedError, "head_dim_vo"),
         (dict(use_fp16_qk_reduction=True), NotImplementedError, "use_fp16_qk_reduction"),
-        (dict(kv_data_type=torch.float8_e4m3fn), NotImplementedError, "kv_data_type"),
+        (dict(kv_data_type=torch.float32), NotImplementedError, "kv_data_type"),
         (dict(q_data_type=torch.float32), ValueError, "q_data_type"),
         (dict(o_data_type=torch.float32), NotImplementedError, "o_data_type"),
         (dict(window_left=-2), ValueError, "window_left"),
@@ -664,6 +745,16 @@ def test_mask_buffers_are_not_implemented(name):
 def test_plan_options_are_checked(options, error, match):
     with pytest.raises(error, match=match):
         cpu_wrapper().plan(*paged_plan_args(), **options)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_kv_outside_a_paged_cache_is_not_implemented(kv_dtype):
+    with pytest.raises(NotImplementedError, match="kv_data_type"):
+        cpu_wrapper("ragged").plan(indptr_of([5]), indptr_of([5]), 8, 8, 64, kv_data_type=kv_dtype)
+    q, k = torch.zeros(5, 8, 64).half(), torch.zeros(5, 8, 64).to(kv_dtype)
+    with pytest.raises(NotImplementedError, match="k of dtype"):
+        aotinfer.single_prefill_with_kv_cache(q, k, k)
+    cpu_wrapper().plan(*paged_plan_args(), kv_data_type=kv_dtype)  # the paged wrapper takes it
 
 
 def test_plan_tables_are_checked():
@@ -702,5 +793,7 @@ def test_run_checks_against_the_plan(kernel_model):
         wrapper.run(torch.zeros(5, 8, 64).half(), torch.zeros(2, 2, 8, 8, 64).half())
     with pytest.raises(ValueError, match="kv_data_type"):
         wrapper.run(torch.zeros(5, 8, 64).half(), cache.bfloat16())
+    with pytest.raises(ValueError, match="kv_data_type"):
+        wrapper.run(torch.zeros(5, 8, 64).half(), cache.to(torch.float8_e4m3fn))
     with pytest.raises(TypeError, match="enable_pdl"):
         wrapper.run(torch.zeros(5, 8, 64).half(), cache, enable_pdl=3)

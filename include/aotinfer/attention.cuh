@@ -1,5 +1,5 @@
-// What decode and prefill attention share: base-2 softmax helpers, the page-index divisor, and
-// the merge of a split sequence's partial results.
+// What decode and prefill attention share: base-2 softmax helpers, the page-index divisor, the
+// widening of fp8 KV to half, and the merge of a split sequence's partial results.
 //
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and an LSE is log2 of the sum of exp2 of them. A sequence whose
@@ -7,9 +7,13 @@
 // MergePartialsKernel combines them, adding a sink (per query head, natural-log domain) once.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "aotinfer/launch.cuh"
 #include "aotinfer/mma.cuh"
@@ -40,6 +44,38 @@ __device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
 
 // Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
 __device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
+
+// fp8 KV caches land in shared memory as stored and are widened to half, which holds every
+// fp8 value exactly (one conversion instruction a pair; two fp8 to bfloat16 take four), before the
+// tensor cores read them; the tensor cores then run in half, and a bfloat16 q is converted once,
+// clamped to half's range (+-65504).
+// Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
+template <typename KV>
+__device__ __forceinline__ uint4 WidenToHalf8(uint2 raw) {
+  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
+  uint4 r;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], kFormat);
+    w[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
+  }
+  return r;
+}
+
+// A 16-byte chunk of 8 bfloat16 as 8 halves, clamped to half's finite range (the fp8 path's q).
+__device__ __forceinline__ uint4 BfloatToHalf8(uint4 raw) {
+  const nv_bfloat16* x = reinterpret_cast<const nv_bfloat16*>(&raw);
+  uint4 r;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = PackPair<half>(fminf(fmaxf(__bfloat162float(x[2 * i]), -65504.f), 65504.f),
+                          fminf(fmaxf(__bfloat162float(x[2 * i + 1]), -65504.f), 65504.f));
+  }
+  return r;
+}
 
 // The tensors and options of one attention launch that decode and prefill share; each op's params
 // add its work tables. Every pointer is on the same GPU, strides are in elements.

@@ -87,34 +87,6 @@ constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 3 : 2;
 template <typename KV, int D>
 constexpr int kDecodeStagesSmall = D <= 64 ? 4 : sizeof(KV) == 1 && D <= 128 ? 3 : D <= 128 ? 2 : 1;
 
-// Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
-template <typename KV>
-__device__ __forceinline__ uint4 WidenToHalf8(uint2 raw) {
-  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
-  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-  uint4 r;
-  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], kFormat);
-    w[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
-  }
-  return r;
-}
-
-// A 16-byte chunk of 8 bfloat16 as 8 halves, clamped to half's finite range (the fp8 path's q).
-__device__ __forceinline__ uint4 BfloatToHalf8(uint4 raw) {
-  const nv_bfloat16* x = reinterpret_cast<const nv_bfloat16*>(&raw);
-  uint4 r;
-  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = PackPair<half>(fminf(fmaxf(__bfloat162float(x[2 * i]), -65504.f), 65504.f),
-                          fminf(fmaxf(__bfloat162float(x[2 * i + 1]), -65504.f), 65504.f));
-  }
-  return r;
-}
-
 template <typename T, typename KV, int D, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
   using S = DecodeShape<T, KV, D, kStages>;

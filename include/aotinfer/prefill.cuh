@@ -15,14 +15,23 @@
 // the end of the keys) are applied only on tiles that a mask cuts; tiles that every row masks are
 // never visited. A request whose keys were split over several items (the caller's plan decides)
 // writes float32 partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
+// v_scale multiplies the output (final or partial) where it is finished, never the LSE.
+//
+// An fp8 cache (paged only) lands in the stages as stored, half the bytes, and each thread widens
+// the chunks it copied to half (attention.cuh) into 16-bit K and V tiles that the tensor cores
+// read, in half; a bfloat16 q is converted to half where it lands, and the output back to bfloat16.
+// One kernel a head_dim serves every fp8 case: q's type (half or bfloat16) and the cache's format
+// (e4m3 or e5m2) are launch parameters, read in uniform branches outside the inner loops.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "aotinfer/async_copy.cuh"
 #include "aotinfer/attention.cuh"
@@ -40,7 +49,11 @@ struct PrefillParams : AttentionParams {
   const int4* work;              // [1 + items][2]: row 0 (items, -); then (request, row_begin, kv_begin, kv_end), (chunk, -)
   const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, -, -)
   PageDivisor group_divisor;
+  float v_scale;                 // multiplies the output
   bool causal;
+  // An fp8 cache only (the kernel then runs in half): q and out are bfloat16; the cache is e5m2.
+  bool bf16_io;
+  bool e5m2;
 };
 
 constexpr int kPrefillWarps = 4;
@@ -49,22 +62,34 @@ constexpr int kPrefillThreads = kPrefillWarps * 32;
 
 // Tiles of one head_dim: kMmaQ 16-row tiles a warp (two where registers allow: each K and V
 // fragment read feeds two tiles), kTileKV tokens a K/V tile (32 at d128: S in 32 registers leaves
-// ptxas room for a deeper ldmatrix prefetch, measured faster than 64 and 16); all three fit 96 KB
-// of shared memory, so every arch from sm80 (sm86, sm89 and sm120 allow 99 KB a block) runs one
-// configuration.
-template <typename T, int D>
+// ptxas room for a deeper ldmatrix prefetch, measured faster than 64 and 16); all fit 96.5 KB of
+// shared memory, so every arch from sm80 (sm86, sm89 and sm120 allow 99 KB a block) runs one
+// configuration. T: the tensor cores' type (q's and out's but with an fp8 cache: half); KV: T, or
+// uint8_t for an fp8 cache.
+template <typename T, typename KV, int D>
 struct PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
+  static constexpr bool kWiden = sizeof(KV) == 1;  // an fp8 cache
+  static_assert(!kWiden || std::is_same_v<T, half>, "fp8 caches run the tensor cores in half");
   static constexpr int kMmaQ = D <= 128 ? 2 : 1;
   static constexpr int kTileQ = kPrefillWarps * 16 * kMmaQ;  // query rows a block
   static constexpr int kTileKV = D == 64 ? 64 : 32;
-  static constexpr int kRowChunks = D / 8;                    // 16-byte chunks a row
+  static constexpr int kRowChunks = D / 8;                    // 16-byte chunks of a 16-bit row
+  static constexpr int kCachedRowChunks = D * int(sizeof(KV)) / 16;  // ... of a row as stored
+  static constexpr int kElemsPerChunk = 16 / int(sizeof(KV));
   static constexpr int kQBytes = kTileQ * D * 2;
-  static constexpr int kKVBytes = kTileKV * D * 2;            // one K or V tile
+  static constexpr int kKVBytes = kTileKV * D * 2;            // one 16-bit K or V tile
+  static constexpr int kCachedKVBytes = kTileKV * D * int(sizeof(KV));  // ... as stored
+  // fp8: the widened K and V tiles, two pairs where shared memory allows (a thread widens tile t
+  // while other warps still read tile t - 1: one barrier a tile), else one (two barriers a tile).
+  static constexpr int kWidenedStages = !kWiden ? 0 : D <= 128 ? 2 : 1;
   static constexpr int kPageIdBytes = 2 * kTileKV * 4;       // paged: the page ids of two tiles
-  static constexpr size_t kSharedBytes = size_t(kQBytes) + 4 * kKVBytes + kPageIdBytes;  // Q, K x2, V x2, ids
-  static constexpr int kChunksPerThread = kTileKV * kRowChunks / kPrefillThreads;  // of K (or V) a tile
-  static_assert(kChunksPerThread * kPrefillThreads == kTileKV * kRowChunks);
+  // Q, K x2, V x2 (as stored), the widened K and V tiles, the page ids.
+  static constexpr size_t kSharedBytes =
+      size_t(kQBytes) + 4 * kCachedKVBytes + size_t(kWidenedStages) * 2 * kKVBytes + kPageIdBytes;
+  static constexpr int kChunksPerThread = kTileKV * kCachedRowChunks / kPrefillThreads;  // of K (or V) a tile
+  static_assert(kChunksPerThread * kPrefillThreads == kTileKV * kCachedRowChunks);
+  static_assert(kSharedBytes <= 96 * 1024 + 256, "one configuration for every arch from sm80");
 };
 
 __device__ __forceinline__ float TanhApprox(float x) {
@@ -94,15 +119,18 @@ struct PrefillPartials {
   }
 };
 
-template <typename T, int D, bool kPaged>
+template <typename T, typename KV, int D, bool kPaged>
 __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, int chunk, uint8_t* shared) {
-  using S = PrefillShape<T, D>;
+  using S = PrefillShape<T, KV, D>;
+  static_assert(!S::kWiden || kPaged, "fp8 caches are paged");
   constexpr int kMmaQ = S::kMmaQ, kTileKV = S::kTileKV, kNT = kTileKV / 8;
   constexpr uint32_t kRowBytes = S::kRowChunks * 16;
+  constexpr uint32_t kCachedRowBytes = S::kCachedRowChunks * 16;
   uint8_t* const q_tile = shared;
-  uint8_t* const k_stages = shared + S::kQBytes;          // [2][kTileKV][D]
-  uint8_t* const v_stages = k_stages + 2 * S::kKVBytes;   // [2][kTileKV][D]
-  int32_t* const tile_pages = reinterpret_cast<int32_t*>(v_stages + 2 * S::kKVBytes);  // [2][kTileKV]
+  uint8_t* const k_stages = shared + S::kQBytes;                // [2][kTileKV][D] as stored
+  uint8_t* const v_stages = k_stages + 2 * S::kCachedKVBytes;   // [2][kTileKV][D] as stored
+  uint8_t* const widened = v_stages + 2 * S::kCachedKVBytes;    // fp8: [kWidenedStages][K, V][kTileKV][D]
+  int32_t* const tile_pages = reinterpret_cast<int32_t*>(widened + S::kWidenedStages * 2 * S::kKVBytes);  // [2][kTileKV]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.x;
@@ -159,25 +187,29 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
                         q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
     }
 
-    // Each thread copies chunk column `column` of kRun consecutive tokens, first_row onwards, of
-    // every tile, of K and of V. Ragged: rows kv_offset + pos, a stride apart, from a pointer that
-    // moves a tile at a time. Paged: where the page size is a multiple of kRun, a thread's run lies
-    // in one page (begin was rounded down to a multiple of kRun, so every run starts on one): one
-    // page id a tile, read from shared memory (tile 0's from global memory); otherwise each
-    // token's own.
+    // Each thread copies chunk column `column` (of the row as stored) of kRun consecutive tokens,
+    // first_row onwards, of every tile, of K and of V. Ragged: rows kv_offset + pos, a stride
+    // apart, from a pointer that moves a tile at a time. Paged: where the page size is a multiple
+    // of kRun, a thread's run lies in one page (begin was rounded down to a multiple of kRun, so
+    // every run starts on one): one page id a tile, read from shared memory (tile 0's from global
+    // memory); otherwise each token's own.
     static_assert(kRun <= 8 && (kRun & (kRun - 1)) == 0, "a run's rows share their swizzle phase but for i");
-    const int column = tid % S::kRowChunks, first_row = tid / S::kRowChunks * kRun;
-    // Row first_row + i holds this chunk at column ^ ((first_row + i) % 8); first_row % 8 is a
-    // multiple of kRun, so that is (column ^ first_row % 8) ^ i.
+    const int column = tid % S::kCachedRowChunks, first_row = tid / S::kCachedRowChunks * kRun;
+    // 16-bit: row first_row + i holds this chunk at column ^ ((first_row + i) % 8); first_row % 8
+    // is a multiple of kRun, so that is (column ^ first_row % 8) ^ i. fp8: unswizzled (each
+    // thread reads back only its own chunks, a warp's 16-byte reads over consecutive bytes).
     const int run_column = column ^ (first_row % 8);
-    auto chunk_at_row = [&](int i) { return uint32_t(first_row + i) * kRowBytes + uint32_t(run_column ^ i) * 16u; };
-    const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + column * 8;
-    const T* v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + column * 8;
+    auto chunk_at_row = [&](int i) {
+      if constexpr (S::kWiden) return uint32_t(first_row + i) * kCachedRowBytes + uint32_t(column) * 16u;
+      else return uint32_t(first_row + i) * kRowBytes + uint32_t(run_column ^ i) * 16u;
+    };
+    const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
+    const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
     // Ragged: where registers allow (one 16-row tile a warp), pointers that move a tile at a time;
     // else recomputed from the tile (measured: each choice is faster where it is used).
     const int first_key = kv_offset + begin + first_row;  // ragged: the row of this thread's first key
-    const T* k_next = k + (kPaged ? 0 : int64_t(first_key) * p.k_stride_page);
-    const T* v_next = v + (kPaged ? 0 : int64_t(first_key) * p.v_stride_page);
+    const KV* k_next = k + (kPaged ? 0 : int64_t(first_key) * p.k_stride_page);
+    const KV* v_next = v + (kPaged ? 0 : int64_t(first_key) * p.v_stride_page);
     // Paged: the page ids of a tile's tokens land in shared memory (cp.async, in the commit group of
     // the tile two before), so a copy never waits on a global load; tile 0's are read directly.
     const int32_t* pages = p.indices + kv_offset;
@@ -195,7 +227,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     };
     // A run of kRun rows from src, stride apart, into dst (zeros for rows i >= left, past the
     // keys' end, where `head` stands for an address that is not read).
-    auto copy_run = [&](uint8_t* dst, const T* src, int64_t stride, const T* head, int left) {
+    auto copy_run = [&](uint8_t* dst, const KV* src, int64_t stride, const KV* head, int left) {
 #pragma unroll
       for (int i = 0; i < kRun; ++i, src += stride) CopyAsync16OrZero(dst + chunk_at_row(i), i < left ? src : head, i < left);
     };
@@ -204,16 +236,16 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     auto copy_tile = [&](int tile) {
       if constexpr (!kPaged && kMmaQ > 1) {
         const int left = end - begin - tile * kTileKV - first_row;
-        copy_run(k_stages + (tile % 2) * S::kKVBytes, k + int64_t(first_key + tile * kTileKV) * p.k_stride_page,
+        copy_run(k_stages + (tile % 2) * S::kCachedKVBytes, k + int64_t(first_key + tile * kTileKV) * p.k_stride_page,
                  p.k_stride_page, k, left);
-        copy_run(v_stages + (tile % 2) * S::kKVBytes, v + int64_t(first_key + tile * kTileKV) * p.v_stride_page,
+        copy_run(v_stages + (tile % 2) * S::kCachedKVBytes, v + int64_t(first_key + tile * kTileKV) * p.v_stride_page,
                  p.v_stride_page, v, left);
         return;
       }
       const int pos = begin + tile * kTileKV + first_row;  // of row first_row
       const int left = end - pos;
-      uint8_t* const k_dst = k_stages + (tile % 2) * S::kKVBytes;
-      uint8_t* const v_dst = v_stages + (tile % 2) * S::kKVBytes;
+      uint8_t* const k_dst = k_stages + (tile % 2) * S::kCachedKVBytes;
+      uint8_t* const v_dst = v_stages + (tile % 2) * S::kCachedKVBytes;
       if constexpr (!kPaged) {
         copy_run(k_dst, k_next, p.k_stride_page, k, left);
         copy_run(v_dst, v_next, p.v_stride_page, v, left);
@@ -232,8 +264,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
           const int index = int(p.page_size.Divide(uint32_t(pos + i)));
           const int slot = pos + i - index * int(p.page_size.divisor);
           const int page = page_of(tile, first_row + i, index, valid);
-          const T* k_src = k + int64_t(page) * p.k_stride_page + int64_t(slot) * p.k_stride_slot;
-          const T* v_src = v + int64_t(page) * p.v_stride_page + int64_t(slot) * p.v_stride_slot;
+          const KV* k_src = k + int64_t(page) * p.k_stride_page + int64_t(slot) * p.k_stride_slot;
+          const KV* v_src = v + int64_t(page) * p.v_stride_page + int64_t(slot) * p.v_stride_slot;
           CopyAsync16OrZero(k_dst + chunk_at_row(i), valid ? k_src : k, valid);
           CopyAsync16OrZero(v_dst + chunk_at_row(i), valid ? v_src : v, valid);
         }
@@ -242,6 +274,39 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     copy_tile(0);
     fetch_page_ids(1);
     CommitAsyncGroup();
+
+    // fp8: this thread's chunks of tile `tile` (landed: its own copies), K and V, widened to half
+    // into the 16-bit tiles at SwizzledOffset, two chunks each; the format a uniform branch.
+    auto widen = [&](int tile) {
+      if constexpr (S::kWiden) {
+        const uint8_t* const k_src = k_stages + (tile % 2) * S::kCachedKVBytes;
+        const uint8_t* const v_src = v_stages + (tile % 2) * S::kCachedKVBytes;
+        uint8_t* const k_dst = widened + (tile % S::kWidenedStages) * 2 * S::kKVBytes;
+        uint8_t* const v_dst = k_dst + S::kKVBytes;
+        auto widen_as = [&](auto format) {
+          using Fp8 = decltype(format);
+#pragma unroll
+          for (int i = 0; i < kRun; ++i) {
+            const int row = first_row + i;
+            const uint4 k_raw = *reinterpret_cast<const uint4*>(k_src + chunk_at_row(i));
+            const uint4 v_raw = *reinterpret_cast<const uint4*>(v_src + chunk_at_row(i));
+            *reinterpret_cast<uint4*>(k_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column)) = WidenToHalf8<Fp8>(make_uint2(k_raw.x, k_raw.y));
+            *reinterpret_cast<uint4*>(k_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column + 1)) = WidenToHalf8<Fp8>(make_uint2(k_raw.z, k_raw.w));
+            *reinterpret_cast<uint4*>(v_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column)) = WidenToHalf8<Fp8>(make_uint2(v_raw.x, v_raw.y));
+            *reinterpret_cast<uint4*>(v_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column + 1)) = WidenToHalf8<Fp8>(make_uint2(v_raw.z, v_raw.w));
+          }
+        };
+        if (p.e5m2) widen_as(__nv_fp8_e5m2());
+        else widen_as(__nv_fp8_e4m3());
+      }
+    };
+    // fp8 with a bfloat16 q: this thread's chunks of Q (landed with tile 0), to half in place.
+    auto q_to_half = [&] {
+      for (int c = tid; c < S::kTileQ * S::kRowChunks; c += kPrefillThreads) {
+        uint4* const chunk = reinterpret_cast<uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, c % S::kRowChunks));
+        *chunk = BfloatToHalf8(*chunk);
+      }
+    };
 
     const bool capped = p.soft_cap > 0.f;
     const float cap_scale = capped ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
@@ -252,13 +317,21 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     // at c ^ (lane % 8); tiles further down add whole rows.
     const int l7 = lane % 8;
     const uint32_t q_lane = SharedAddress(q_tile) + uint32_t(warp_row0 + (lane / 8) % 2 * 8 + l7) * kRowBytes;
-    const uint32_t k_lane = SharedAddress(k_stages) + uint32_t(lane / 16 * 8 + l7) * kRowBytes;
-    const uint32_t v_lane = SharedAddress(v_stages) + uint32_t((lane / 8) % 2 * 8 + l7) * kRowBytes;
+    // The 16-bit K and V tiles mma reads: the stages, or (fp8) the widened tiles.
+    const uint32_t k_lane = SharedAddress(S::kWiden ? widened : k_stages) + uint32_t(lane / 16 * 8 + l7) * kRowBytes;
+    const uint32_t v_lane = SharedAddress(S::kWiden ? widened + S::kKVBytes : v_stages) + uint32_t((lane / 8) % 2 * 8 + l7) * kRowBytes;
+    constexpr int kReadStages = S::kWiden ? S::kWidenedStages : 2;
+    constexpr uint32_t kReadStride = S::kWiden ? 2 * S::kKVBytes : S::kKVBytes;
     const int q_half = lane / 16, k_half = (lane / 8) % 2;
     auto chunk_at = [&](int c) { return uint32_t(c ^ l7) * 16u; };
 
     for (int tile = 0; tile < num_tiles; ++tile) {
       WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
+      if constexpr (S::kWiden) {
+        if (tile == 0 && p.bf16_io) q_to_half();
+        // Two widened stages: this one was last read for tile - 2, before the last barrier.
+        if constexpr (S::kWidenedStages == 2) widen(tile);
+      }
       __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
       if (tile + 1 < num_tiles) {
         copy_tile(tile + 1);
@@ -266,6 +339,10 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
       }
       CommitAsyncGroup();
+      if constexpr (S::kWidenedStages == 1) {  // one widened stage: free once every warp passed the barrier
+        widen(tile);
+        __syncthreads();
+      }
 
       // S = Q K^T: kMmaQ x kNT 16x8 tiles a warp, over D / 16 steps.
       float s[kMmaQ][kNT][4];
@@ -274,7 +351,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) s[mq][nt][0] = s[mq][nt][1] = s[mq][nt][2] = s[mq][nt][3] = 0.f;
       }
-      const uint32_t k_base = k_lane + (tile % 2) * S::kKVBytes;
+      const uint32_t k_base = k_lane + (tile % kReadStages) * kReadStride;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[kMmaQ][4];
@@ -397,7 +474,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       }
 
       // O += P V: P straight from the score registers, V through ldmatrix.trans.
-      const uint32_t v_base = v_lane + (tile % 2) * S::kKVBytes;
+      const uint32_t v_base = v_lane + (tile % kReadStages) * kReadStride;
 #pragma unroll
       for (int j = 0; j < kTileKV / 16; ++j) {
         uint32_t pa[kMmaQ][4];
@@ -424,9 +501,14 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   }
 
   // Finish each row: its sum over the quad, the sink (once, where the request is not split), the
-  // LSE; then the output, through shared memory (16-byte stores) or as float32 partials.
+  // LSE; then the output times v_scale, through shared memory (16-byte stores) or as float32
+  // partials (the merge is linear in them).
   const bool final = split.y <= 1;
   const int g = lane / 4, t = lane % 4;
+  auto pack_out = [&](float lo, float hi) {  // two outputs in out's type
+    if constexpr (S::kWiden) return p.bf16_io ? PackPair<nv_bfloat16>(lo, hi) : PackPair<half>(lo, hi);
+    else return PackPair<T>(lo, hi);
+  };
   __syncthreads();  // every warp is done reading Q: its tile takes the output
 #pragma unroll
   for (int mq = 0; mq < kMmaQ; ++mq) {
@@ -443,14 +525,14 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
       const float base = SafeBase(fmaxf(m, sink));
       const float total = sum * Exp2(m - base) + Exp2(sink - base);
-      const float inv = total > 0.f ? Exp2(m - base) / total : 0.f;
+      const float inv = total > 0.f ? p.v_scale * Exp2(m - base) / total : 0.f;
       const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
       const bool valid = local < rows;
       if (final) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           *reinterpret_cast<uint32_t*>(q_tile + SwizzledOffset<S::kRowChunks>(local, n) + 4 * t) =
-              PackPair<T>(o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
+              pack_out(o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
         }
         if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token) * p.num_qo_heads + head] = lse;
       } else if (valid) {
@@ -484,7 +566,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 // (most costly first) for every head at once: with the heads outermost, the last head's costly
 // items would start last and run alone at the end (a causal 8192-token prefill with 32 KV heads
 // lost 12% so).
-template <typename T, int D, bool kPaged>
+template <typename T, typename KV, int D, bool kPaged>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
@@ -492,31 +574,33 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
-    PrefillItem<T, D, kPaged>(p, item, p.work[3 + 2 * i].x, shared);
+    PrefillItem<T, KV, D, kPaged>(p, item, p.work[3 + 2 * i].x, shared);
   }
   AllowDependentGrids();
 }
 
-template <typename T, int D, bool kPaged>
+template <typename T, typename KV, int D, bool kPaged>
 cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
-  constexpr size_t kSharedBytes = PrefillShape<T, D>::kSharedBytes;
+  constexpr size_t kSharedBytes = PrefillShape<T, KV, D>::kSharedBytes;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
-  if (BlocksPerSm<PrefillKernel<T, D, kPaged>>(kPrefillThreads, kSharedBytes, device) == 0) {
+  if (BlocksPerSm<PrefillKernel<T, KV, D, kPaged>>(kPrefillThreads, kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
-  return LaunchWithSharedMemory(PrefillKernel<T, D, kPaged>, grid, dim3(kPrefillThreads), kSharedBytes, stream, pdl, p);
+  return LaunchWithSharedMemory(PrefillKernel<T, KV, D, kPaged>, grid, dim3(kPrefillThreads), kSharedBytes, stream, pdl, p);
 }
 
-// The prefill kernel (paged where p.indices is set, else ragged) on a grid of num_kv_heads x
-// `ctas` blocks, then, if `merge`, the merge of split requests' partials over the first
-// `merge_rows` query tokens.
+// The prefill kernel (paged where p.indices is set, else ragged; one fp8 kernel for both q types
+// where `fp8_cache`, with p.bf16_io and p.e5m2 set) on a grid of num_kv_heads x `ctas` blocks,
+// then, if `merge`, the merge of split requests' partials over the first `merge_rows` query
+// tokens. T: q's and out's type.
 template <typename T, int D>
-cudaError_t BatchPrefill(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
-                         int device) {
+cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, int ctas, bool merge, int merge_rows,
+                         cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  const cudaError_t status = p.indices != nullptr ? LaunchPrefill<T, D, true>(p, ctas, stream, pdl, device)
-                                                  : LaunchPrefill<T, D, false>(p, ctas, stream, pdl, device);
+  const cudaError_t status = fp8_cache            ? LaunchPrefill<half, uint8_t, D, true>(p, ctas, stream, pdl, device)
+                             : p.indices != nullptr ? LaunchPrefill<T, T, D, true>(p, ctas, stream, pdl, device)
+                                                    : LaunchPrefill<T, T, D, false>(p, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }

@@ -41,8 +41,15 @@ FlashInfer behaviours followed, and the decisions they settle:
   not depend on them.
 - ``custom_mask`` / ``packed_custom_mask`` (and the wrappers' mask buffers), position encodings
   other than ``"NONE"``, ``head_dim_vo != head_dim_qk``, ``use_fp16_qk_reduction=True`` and fp8
-  KV caches raise NotImplementedError naming the argument; they are never ignored.
-- ``k_scale`` (and ``q_scale``) multiply ``sm_scale``; ``v_scale`` multiplies the output.
+  K and V outside a paged cache (the ragged wrapper's ``kv_data_type``, an fp8 ``k`` given to
+  ``single_prefill_with_kv_cache``) raise NotImplementedError naming the argument; they are never
+  ignored.
+- The paged wrapper takes fp8 caches (``kv_data_type`` float8_e4m3fn or float8_e5m2; q float16
+  or bfloat16, the output q's dtype): the kernel widens them to float16, which holds every fp8
+  value exactly, and runs the tensor cores in float16; a bfloat16 q is converted to float16 once,
+  clamped to +-65504 (P is float16 there too, with more mantissa than bfloat16).
+- ``k_scale`` (and ``q_scale``) multiply ``sm_scale``; ``v_scale`` multiplies the output, in the
+  kernel's epilogue (any cache dtype); the log-sum-exp is that of the logits alone.
 - Sinks (``run(sinks=...)`` of the paged wrapper, float32 per query head) are natural-log logits
   added once to each query's softmax denominator; the log-sum-exp includes them.
 - ``fixed_split_size`` is in pages (tokens for ragged KV); ``disable_split_kv=True`` gives each
@@ -58,6 +65,7 @@ from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
 from .api_logging import aotinfer_api
 from .decode import (
     _BACKENDS,
+    _FP8_DTYPES,
     _check_head_dim,
     _check_heads,
     _check_int32,
@@ -117,23 +125,26 @@ def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_s
         check_int(fixed_split_size, "fixed_split_size", 1)
 
 
-def _check_dtypes(q_data_type, kv_data_type, o_data_type) -> "torch.dtype":
+def _check_dtypes(q_data_type, kv_data_type, o_data_type, paged) -> "Tuple[torch.dtype, torch.dtype]":
+    """(q's dtype, K's and V's): q float16 or bfloat16; K and V q's, or (paged) fp8."""
     q_dtype = _dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
     if dtype_name(q_dtype) not in _Q_DTYPES:
         raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {dtype_name(q_dtype)}")
+    kv_dtype = q_dtype
     if kv_data_type is not None:
         kv_dtype = _dtype(kv_data_type, "kv_data_type")
-        if kv_dtype != q_dtype:
+        if kv_dtype != q_dtype and not (paged and dtype_name(kv_dtype) in _FP8_DTYPES):
+            takes = "q's dtype, float8_e4m3fn or float8_e5m2" if paged else "q's dtype (fp8 KV: the paged wrapper)"
             raise NotImplementedError(
-                f"kv_data_type={dtype_name(kv_dtype)} is not implemented: prefill takes K and V of q's dtype "
-                f"({dtype_name(q_dtype)})"
+                f"kv_data_type={dtype_name(kv_dtype)} is not implemented: this wrapper takes K and V of {takes}; "
+                f"q_data_type is {dtype_name(q_dtype)}"
             )
     if o_data_type is not None and _dtype(o_data_type, "o_data_type") != q_dtype:
         raise NotImplementedError(
             f"o_data_type={dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has q's dtype "
             f"({dtype_name(q_dtype)})"
         )
-    return q_dtype
+    return q_dtype, kv_dtype
 
 
 def _indptr_on_host(indptr: Any, name: str, batch: Optional[int] = None) -> "torch.Tensor":
@@ -238,7 +249,7 @@ class _Plan:
     """What plan decided, for run: the tables on the device and the shapes they were made for."""
 
     __slots__ = (
-        "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype",
+        "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
         "work", "requests", "indices", "partial_out", "partial_lse", "merge", "ctas", "empty", "partition",
     )  # fmt: skip
 
@@ -269,13 +280,12 @@ def _run_prefill(
         sm_scale,
         wrapper._logits_soft_cap or 0.0,
         wrapper._window_left,
+        1.0 if v_scale is None else v_scale,
         wrapper._causal,
         plan.ctas,
         plan.merge,
         -1 if enable_pdl is None else enable_pdl,
     )
-    if v_scale is not None and v_scale != 1.0:
-        out.mul_(v_scale)
     return (out, lse) if return_lse else out
 
 
@@ -337,8 +347,8 @@ class _BatchPrefillWrapper(AttentionWorkspace):
 
     def _plan_common(
         self, qo_host, kv_offset, kv_len, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
-        window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, fixed_split_size, disable_split_kv,
-        non_blocking, indices, total_kv,
+        window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
+        disable_split_kv, non_blocking, indices, total_kv,
     ) -> None:  # fmt: skip
         import torch
 
@@ -391,7 +401,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
         plan.partition = partition
         plan.batch_size, plan.total_q, plan.total_kv = batch, int(qo_host[-1]), total_kv
         plan.num_qo_heads, plan.num_kv_heads, plan.head_dim = num_qo_heads, num_kv_heads, head_dim
-        plan.page_size, plan.q_dtype = page_size, q_dtype
+        plan.page_size, plan.q_dtype, plan.kv_dtype = page_size, q_dtype, kv_dtype
 
         self._plan = plan
         self._causal = bool(causal)
@@ -572,7 +582,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         rope_scale, rope_theta : Optional[float]
             Unused (no position encoding).
         q_data_type, kv_data_type, o_data_type : str or torch.dtype
-            float16 (FlashInfer's default) or bfloat16; K, V and the output have q's dtype.
+            float16 (FlashInfer's default) or bfloat16; K, V and the output have q's dtype (fp8
+            K and V: the paged wrapper; here NotImplementedError).
         non_blocking : bool
             Copy the tables to the GPU without waiting for the copy.
         fixed_split_size : Optional[int]
@@ -583,13 +594,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
-        q_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type)
+        q_dtype, kv_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type, paged=False)
         qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
         kv_host = _indptr_on_host(kv_indptr, "kv_indptr", qo_host.numel() - 1)
         kv_len = kv_host[1:] - kv_host[:-1]
         self._plan_common(
             qo_host, kv_host[:-1], kv_len, num_qo_heads, num_kv_heads, head_dim_qk, 1, causal, pos_encoding_mode,
-            window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, fixed_split_size,
+            window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
             disable_split_kv, non_blocking, _empty_indices(self.device), int(kv_host[-1]),
         )  # fmt: skip
         if self._use_cuda_graph:
@@ -829,7 +840,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         non_blocking, fixed_split_size, disable_split_kv
             As ``BatchPrefillWithRaggedKVCacheWrapper.plan``; ``fixed_split_size`` in pages.
         kv_data_type : str or torch.dtype
-            None or q's dtype (fp8 caches raise NotImplementedError).
+            The cache's dtype: None (q's), q's, ``float8_e4m3fn`` or ``float8_e5m2`` (widened to
+            float16 in the kernel; ``run``'s ``k_scale`` and ``v_scale`` dequantize).
         seq_lens : Optional[torch.Tensor]
             KV lengths ``[batch_size]`` to use instead of those of ``paged_kv_last_page_len``.
         """
@@ -839,7 +851,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
         check_int(page_size, "page_size", 1)
-        q_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type)
+        q_dtype, kv_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type, paged=True)
         qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
         batch = qo_host.numel() - 1
         indptr_host = _indptr_on_host(paged_kv_indptr, "paged_kv_indptr", batch)
@@ -871,7 +883,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         indices = self._paged_kv_indices_buf if self._use_cuda_graph else paged_kv_indices.to(self.device, non_blocking=non_blocking)
         self._plan_common(
             qo_host, indptr_host[:-1], kv_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
-            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype,
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype,
             fixed_split_size, disable_split_kv, non_blocking, indices, 0,
         )  # fmt: skip
         if self._use_cuda_graph:
@@ -903,8 +915,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         window_left: Optional[int] = None,
         sinks: Optional[torch.Tensor] = None,
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        r"""Prefill attention of one layer with the planned page table. Launches only (and, with
-        ``v_scale``, one scaling of the output).
+        r"""Prefill attention of one layer with the planned page table. Launches only.
 
         Parameters
         ----------
@@ -915,9 +926,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             ``[pages, num_kv_heads, page_size, head_dim]`` (HND), or 3-D for page_size 1; or one
             tensor ``[pages, 2, ...]``. Views into a larger pool are fine (last dimension contiguous).
         q_scale, k_scale : Optional[float]
-            Multiply ``sm_scale``.
+            Multiply ``sm_scale`` (fp8 calibration scales: the logits are ``sm_scale * q_scale *
+            k_scale * q.k`` over the cache as stored).
         v_scale : Optional[float]
-            Multiplies the output.
+            Multiplies the output (in the kernel's epilogue, any cache dtype), not the log-sum-exp.
         out, lse, return_lse, enable_pdl
             As ``BatchPrefillWithRaggedKVCacheWrapper.run``.
         window_left : Optional[int]
@@ -929,8 +941,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         if plan is None:
             raise RuntimeError("BatchPrefillWithPagedKVCacheWrapper.run: call plan() first")
         k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
-        if k_cache.dtype != plan.q_dtype:
-            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.q_dtype} specified in plan")
+        if k_cache.dtype != plan.kv_dtype:
+            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")
         page_size = k_cache.shape[1 if self._kv_layout_code == 0 else 2]
         if page_size != plan.page_size:
             raise ValueError(f"Expected paged_kv_cache with the planned page_size {plan.page_size}, got {page_size}")
@@ -1007,6 +1019,12 @@ def _check_single_prefill(
     _check_window_left(window_left)
     _check_soft_cap(logits_soft_cap)
     _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+    for value, name in ((k, "k"), (v, "v")):
+        if dtype_name(getattr(value, "dtype", None)) in _FP8_DTYPES:
+            raise NotImplementedError(
+                f"{name} of dtype {dtype_name(value.dtype)} is not implemented: single_prefill_with_kv_cache takes K and V "
+                "of q's dtype (fp8 KV: BatchPrefillWithPagedKVCacheWrapper)"
+            )
     return True
 
 
@@ -1117,6 +1135,7 @@ def single_prefill_with_kv_cache(
         1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
         logits_soft_cap or 0.0,
         window_left,
+        1.0,
         causal,
         tiles,
         False,
