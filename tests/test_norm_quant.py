@@ -116,10 +116,11 @@ def test_matches_reference(kind, dtype, fp8, scale_kind, hidden, strided):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("hidden, strided", [(4096, False), (4096, True), (1001, False)])
+@pytest.mark.parametrize("hidden, strided", [(4096, False), (4096, True), (2056, False), (1001, False)])
 def test_more_rows_than_multiprocessors(kind, hidden, strided):
     """Past one block an SM the weights are read after the reduction (up to one block an SM,
-    beside the row, as in test_matches_reference's 37 rows), strided rows too."""
+    beside the row, as in test_matches_reference's 37 rows), strided rows too; 2056: threads with
+    accesses past the row's end."""
     rows = 2 * torch.cuda.get_device_properties(0).multi_processor_count + 7
     torch.manual_seed(rows + hidden)
     x, residual, weight, bias, out = case(kind, rows, hidden, torch.bfloat16, torch.float8_e4m3fn, strided)
