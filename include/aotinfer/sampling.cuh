@@ -34,6 +34,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -44,6 +45,7 @@ namespace aotinfer {
 
 constexpr int kSamplingThreads = 1024;
 constexpr int kSamplingWarps = kSamplingThreads / 32;
+static_assert(kSamplingWarps == 32, "block scans give each warp's total to one lane");
 constexpr int kSamplingBins = 4096;    // 12 bits of the key per histogram level
 constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted in shared memory
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
@@ -128,6 +130,15 @@ __device__ __forceinline__ float Exponential(uint32_t bits) {
   if (d < 0.0625f) return d * (1.f + d * (0.5f + d * (1.f / 3.f + d * (0.25f + d * 0.2f))));
   return -0.69314718f * __log2f(1.f - d);
 }
+
+// A uniform in (0, 1) from 64 random bits, on a 2^-53 grid.
+__device__ __forceinline__ double Uniform53(uint32_t hi, uint32_t lo) {
+  const uint64_t bits = (uint64_t(hi) << 32 | lo) >> 11;
+  return (double(bits) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+// The Philox group of a row's draws that are not tied to an element (elements use groups below 2^62).
+constexpr int64_t kDrawGroup = int64_t(1) << 62;
 
 // ---- keys: the bit patterns that order like the values --------------------------------------------
 
@@ -269,8 +280,15 @@ __device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh
   }
   if (lane == 31) sh.scratch_d[warp] = incl;
   __syncthreads();
-  double warp_base = 0;
-  for (int w = 0; w < warp; ++w) warp_base += sh.scratch_d[w];
+  // The warps' totals, scanned the same way by every warp (kSamplingWarps == 32 lanes).
+  double warps_incl = sh.scratch_d[lane];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double other = __shfl_up_sync(0xffffffffu, warps_incl, o);
+    if (lane >= o) warps_incl += other;
+  }
+  const double below = __shfl_sync(0xffffffffu, warps_incl, (warp + 31) % 32);
+  const double warp_base = warp == 0 ? 0.0 : below;
   __syncthreads();
   return warp_base + incl - v;
 }
@@ -417,6 +435,21 @@ __device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need ne
   return b;
 }
 
+// The highest bin whose cumulative mass (this bin and above) exceeds `mass`: the bin holding the
+// point `mass` below the top of the row when the bins are laid out from the top; -1 where none
+// does. Needs ScanBinsFromTop first.
+__device__ __forceinline__ int BinHoldingMass(SamplingShared& sh, double mass) {
+  if (threadIdx.x == 0) sh.found = -1;
+  __syncthreads();
+  for (int b = threadIdx.x; b < kSamplingBins; b += kSamplingThreads) {
+    if (sh.cum_mass[b] > mass) atomicMax(&sh.found, b);
+  }
+  __syncthreads();
+  const int b = sh.found;
+  __syncthreads();
+  return b;
+}
+
 // The smallest of `v` over the block.
 __device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
 #pragma unroll
@@ -506,7 +539,8 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
   }
   const int n = sh.num_candidates;
   const bool with_mass = need == Need::kMass;
-  for (int level = 0; level < 3; ++level) {
+  // Candidates of one level-0 bin: its level would have one bin, so start below it.
+  for (int level = (lo >> LevelShift(0)) == (hi >> LevelShift(0)) ? 1 : 0; level < 3; ++level) {
     const int shift = LevelShift(level);
     const uint32_t base = lo >> shift;
     const int bins = int((hi >> shift) - base) + 1;
@@ -674,13 +708,13 @@ __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int6
 
 // ---- sampling ---------------------------------------------------------------------------------------
 
-// The race over one group of elements: those with keys >= t_key take part (key 0: never).
+// The race over one group of elements: those with keys in [lo_key, hi_key] take part (key 0: never).
 template <bool kLogits>
-__device__ __forceinline__ void Race(const float* x, int count, int64_t first, const RowRandom& rng, uint32_t t_key,
-                                     Best& best) {
+__device__ __forceinline__ void Race(const float* x, int count, int64_t first, const RowRandom& rng, uint32_t lo_key,
+                                     uint32_t hi_key, Best& best) {
   auto kept = [&](float v) {
     const uint32_t key = kLogits ? LogitKey(v) : ProbKey(v);
-    return key >= t_key && key != 0u;
+    return key >= lo_key && key <= hi_key && key != 0u;
   };
   auto race_key = [&](float v, uint32_t bits) {
     const float e = Exponential(bits);
@@ -729,7 +763,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
 
   if (p.from_logits) {
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-      Race<true>(x, count, first, rng, 1u, best);
+      Race<true>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kNone || filter == Filter::kMinP) {
     uint32_t t_key = 1u;
@@ -741,7 +775,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       t_key = max(1u, ProbKey(p.min_p.at(out_row) * RowMax(m, sh)));
     }
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-      Race<false>(x, count, first, rng, t_key, best);
+      Race<false>(x, count, first, rng, t_key, 0xFFFFFFFFu, best);
     });
   } else {
     const bool use_k = filter != Filter::kTopP;
@@ -776,10 +810,24 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const uint32_t in_range =
         lo_bin >= 0 ? sh.cum_count[lo_bin] - (hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u) : 0u;
     if (lo_bin >= 0 && in_range <= uint32_t(kCandidates)) {
-      // 3. One more pass: the race over the elements above the range, the range gathered.
+      // 3. One more pass: the range gathered, and a race over what lies above it. The kept set is
+      // the bins above the range (mass A, known now where the histogram has masses) and the
+      // range's elements at or above t (mass K, known after the pass). With masses, the draw comes
+      // from above with probability A / (A + K), and then from the bin above that one uniform picks
+      // by the bins' exact masses, by the race among that bin's elements: so the race runs over one
+      // bin rather than over every kept element (top-p keeps most of a flat row). Without (top-k
+      // alone: fewer than k elements above), one race runs over all of them and the kept range.
       const uint32_t range_lo = uint32_t(lo_bin) << 20, range_hi = (uint32_t(hi_bin) << 20) | 0xFFFFFu;
       const uint32_t above_count = hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u;
       const double above_mass = hi_bin + 1 < kSamplingBins ? sh.cum_mass[hi_bin + 1] : 0.0;
+      const bool by_bin = use_p;  // the bins' masses are known
+      const uint4 draw = rng.group(kDrawGroup);
+      uint32_t race_lo = range_hi + 1u, race_hi = 0xFFFFFFFFu;  // everything above the range
+      if (by_bin) {
+        const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
+        race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
+        race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
+      }
       __syncthreads();
       if (threadIdx.x == 0) sh.num_candidates = 0;
       __syncthreads();
@@ -792,9 +840,10 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
             sh.cand_index[slot] = int(first + e);
           }
         }
-        Race<false>(x, count, first, rng, range_hi + 1u, best);
+        Race<false>(x, count, first, rng, race_lo, race_hi, best);
       });
       __syncthreads();
+      const Best above_best = best;  // this thread's
       uint32_t t = 1u;
       uint32_t t_k = 0u;
       if (k_active) {
@@ -806,13 +855,17 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
             k_then_p ? double(top_p) * (above_mass + CandidateMassFrom(sh, t_k, range_hi)) : p_target;
         t = max(t, CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, range_lo, range_hi));
       }
-      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+      const bool from_above =
+          by_bin && Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi)) < above_mass;
+      Best in_range{-INFINITY, INT32_MAX};
+      for (int i = threadIdx.x; i < sh.num_candidates && !from_above; i += kSamplingThreads) {
         const uint32_t key = sh.cand_key[i];
         if (key >= t) {
           const int index = sh.cand_index[i];
-          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+          in_range = Better(in_range, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
         }
       }
+      best = from_above ? above_best : by_bin ? in_range : Better(above_best, in_range);
     } else {
       // The general path (no filter left, or a threshold's bin too full to gather): exact
       // thresholds over more passes, then the race.
@@ -831,7 +884,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true).key;
       }
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-        Race<false>(x, count, first, rng, t, best);
+        Race<false>(x, count, first, rng, t, 0xFFFFFFFFu, best);
       });
     }
   }
@@ -1001,7 +1054,123 @@ __global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams 
   AllowDependentGrids();
 }
 
+// The softmax of a row held in registers: the row is split over a cluster of RowParts() blocks of
+// kThreads threads, each holding kLoads 16-byte vectors of its block's slice, so it is read once
+// (the kernel above reads it twice) and written from the registers. Rows of up to
+// RowParts() * kThreads * kLoads * kVec elements.
+template <typename T, int kVec, int kLoads, int kThreads>
+__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResidentKernel(SoftmaxParams p) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float2 partial[kWarps];
+  __shared__ float2 part_acc;
+  const int64_t r = blockIdx.x / RowParts();
+  WaitForPriorGrids();
+  const T* row = static_cast<const T*>(p.logits) + r * p.in_stride;
+  float* out = p.out + r * p.out_stride;
+  const int64_t n = p.vocab;
+  const float scale = 1.4426950408889634f / p.temperature.at(r);  // log2(e) / temperature
+  const int64_t groups = n / kVec;
+  const int64_t first = int64_t(RowPart()) * (kThreads * kLoads) + threadIdx.x;  // this thread's groups
+  Vec<T, kVec> v[kLoads];
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    if (first + u * kThreads < groups) v[u].load(row + (first + u * kThreads) * kVec);
+  }
+  const int64_t tail = groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
+  const bool has_tail = kVec > 1 && RowPart() == RowParts() - 1 && tail < n;
+  const float tail_y = has_tail ? to_float(row[tail]) * scale : -INFINITY;
+  float m = tail_y;
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    if (first + u * kThreads < groups) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) m = fmaxf(m, to_float(v[u][e]) * scale);
+    }
+  }
+  float s = 0.f;
+  if (m != -INFINITY) {
+    s = has_tail ? exp2f(tail_y - m) : 0.f;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (first + u * kThreads < groups) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) s += exp2f(to_float(v[u][e]) * scale - m);
+      }
+    }
+  }
+  float2 acc = make_float2(m, s);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
+  }
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
+  __syncthreads();
+  acc = threadIdx.x % 32 < kWarps ? partial[threadIdx.x % 32] : make_float2(-INFINITY, 0.f);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
+  }
+  if (threadIdx.x == 0) part_acc = acc;
+  SyncRow();
+  acc = make_float2(-INFINITY, 0.f);
+  for (int part = 0; part < RowParts(); ++part) acc = MergeMaxSum(acc, *PartShared(&part_acc, part));
+  // The other blocks may leave once every block has read their part_acc: arrive now, wait at the
+  // end, so that the writes do not wait for the slowest reader.
+  const bool split = RowParts() > 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (split) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+  const float row_max = acc.x;
+  const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
+  auto y_of = [&](float x) { return row_max == -INFINITY ? 0.f : exp2f(x * scale - row_max) * inv_sum; };
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    const int64_t g = first + u * kThreads;
+    if (g < groups) {
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4) {
+        Vec<float, 4> w;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = y_of(to_float(v[u][e + j]));
+        w.store(out + g * kVec + e);
+      }
+    }
+  }
+  if (has_tail) out[tail] = row_max == -INFINITY ? 0.f : exp2f(tail_y - row_max) * inv_sum;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (split) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+  AllowDependentGrids();
+}
+
 // ---- launchers ------------------------------------------------------------------------------------
+
+// Whether clusters of `parts` blocks of kKernel (`threads` threads, shared_bytes each; both fixed per
+// kernel) can run on `device` (asked once per kernel, device and size).
+template <auto kKernel>
+bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
+  if (parts == 1) return true;
+  if (GetDeviceFacts(device).major < 9 || parts > kMaxRowParts || device < 0 || device >= kMaxDevices) return false;
+  static int fits[kMaxDevices][kMaxRowParts + 1] = {};  // 0 not asked, 1 runs, 2 does not
+  int& known = fits[device][parts];
+  if (known == 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(parts));
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = shared_bytes;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = unsigned(parts);
+    attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
+    cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
+    known = ok ? 1 : 2;
+  }
+  return known == 1;
+}
 
 // The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
 // grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
@@ -1009,29 +1178,9 @@ template <auto kKernel>
 int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
   const DeviceFacts& facts = GetDeviceFacts(device);
   if (facts.major < 9) return 1;
-  static int fits[kMaxDevices][4] = {};  // by log2(parts): 0 not asked, 1 runs, 2 does not
   int parts = 1;
   while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
-  for (; parts > 1; parts /= 2) {
-    int& known = fits[device][parts == 2 ? 1 : parts == 4 ? 2 : 3];
-    if (known == 0) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(unsigned(parts));
-      config.blockDim = dim3(kSamplingThreads);
-      config.dynamicSmemBytes = shared_bytes;
-      cudaLaunchAttribute attribute;
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = unsigned(parts);
-      attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-      int clusters = 0;
-      const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
-      cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
-      known = ok ? 1 : 2;
-    }
-    if (known == 1) break;
-  }
+  while (parts > 1 && !ClusterFits<kKernel>(parts, shared_bytes, device)) parts /= 2;
   return parts;
 }
 
@@ -1039,10 +1188,10 @@ int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
 // blocks, with the PDL attribute when `pdl`.
 template <typename Params>
 cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t shared_bytes, cudaStream_t stream,
-                        bool pdl, const Params& p) {
+                        bool pdl, const Params& p, int threads = kSamplingThreads) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(rows * parts));
-  config.blockDim = dim3(kSamplingThreads);
+  config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attributes[2];
@@ -1113,10 +1262,41 @@ cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, b
                                                                              device, stream, pdl, kSearchRowParts);
 }
 
+// SoftmaxResidentKernel<kLoads> where the row fits a cluster's registers: the blocks it needs, or
+// more (up to kMaxRowParts) where the batch leaves SMs idle. False where it does not apply.
+template <auto kKernel, int kVec, int kLoads, int kThreads>
+bool LaunchResidentSoftmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl, cudaError_t* status) {
+  constexpr int64_t kPerBlock = int64_t(kThreads) * kLoads * kVec;
+  int parts = int((p.vocab + kPerBlock - 1) / kPerBlock);
+  if (parts > kMaxRowParts || p.rows > 0x7FFFFFFF / kMaxRowParts) return false;
+  parts = std::max(parts, 1);
+  const int sms = GetDeviceFacts(device).sms;
+  if (p.rows * parts * 2 <= sms) parts = int(std::min<int64_t>(kMaxRowParts, std::max<int64_t>(parts, sms / p.rows)));
+  if (BlocksPerSm<kKernel>(kThreads, 0, device) == 0) return false;
+  while (parts > 1 && !ClusterFits<kKernel>(parts, 0, device, kThreads)) {
+    if (int64_t(parts - 1) * kPerBlock < p.vocab) return false;  // fewer blocks cannot hold the row
+    --parts;
+  }
+  *status = LaunchSplit(kKernel, p.rows, parts, 0, stream, pdl, p, kThreads);
+  return true;
+}
+
 template <typename T>
 cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.logits, p.in_stride) && RowsAligned<float>(p.out, p.out_stride) &&
                        p.out_stride % kVec16<T> == 0;
+  if (p.rows == 0) return cudaSuccess;
+  if (aligned) {
+    // The row read once where a cluster's registers hold it: blocks of 512 threads (two to an SM,
+    // so that one block's loads overlap the other's reduction and writes) up to 8 * 512 * 32
+    // floats, blocks of 1024 up to twice that.
+    constexpr int kVec = kVec16<T>;
+    cudaError_t status = cudaSuccess;
+    if (LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 512>, kVec, 8, 512>(p, device, stream, pdl, &status) ||
+        LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) {
+      return status;
+    }
+  }
   return LaunchRows<SoftmaxKernel<T, kVec16<T>>, SoftmaxKernel<T, 1>>(p, p.rows, aligned, 0, device, stream, pdl);
 }
 
