@@ -195,6 +195,7 @@ struct SamplingShared {
   int found;                               // a bin or position found by a block-wide search
   float part_value;                        // this block's share of a row-wide reduction
   unsigned long long part_sum;
+  double part_double;
   Best part_best;
 };
 
@@ -259,6 +260,23 @@ __device__ __forceinline__ float RowSum(float v, SamplingShared& sh) {
   SyncRow();
   return v;
 }
+// The sum of doubles over the row, in a fixed order (the same on every run), valid in every thread.
+__device__ __forceinline__ double RowSumDouble(double v, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) sh.scratch_d[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = sh.scratch_d[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x == 0) sh.part_double = v;
+  SyncRow();
+  v = 0;
+  for (int r = 0; r < RowParts(); ++r) v += *PartShared(&sh.part_double, r);
+  SyncRow();
+  return v;
+}
+
 // The race's winner over the row (valid in every thread).
 __device__ __forceinline__ Best RowBest(Best b, SamplingShared& sh) {
   b = BlockBest(b, sh);
@@ -782,52 +800,71 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const bool use_p = filter != Filter::kTopK;
     const int k = use_k ? p.top_k.at(out_row) : 0;
     const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
-    // 1. The level-0 histogram: count and mass per bin of the top 12 bits.
+    const bool p_active = use_p && top_p < 1.f;
+    const bool joint = filter == Filter::kJoint;
+    // Where top-k may leave part of the row out, the kept set is decided among the elements of the
+    // bins down to the k-th largest's bin (fewer than k lie above it), gathered: top-p's threshold
+    // lies among them too (top_k_first: within the top-k set; joint: where the top-k set holds
+    // top_p of the row's mass, else top-k's threshold binds). So the histogram needs counts only,
+    // no masses (two of its three atomics), and joint the row's mass, summed in registers.
+    const bool k_decides = use_k && k > 0 && int64_t(k) < n;
+    const bool with_mass = use_p && !k_decides;
+    const bool row_mass_needed = k_decides && joint && p_active;
+    // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
     ClearBins(sh, kSamplingBins);
     __syncthreads();
+    double row_mass = 0;  // this thread's elements, in a fixed order
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-      for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, use_p);
+      for (int e = 0; e < count; ++e) {
+        const uint32_t key = ProbKey(x[e]);
+        AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, with_mass);
+        if (row_mass_needed && key != 0u) row_mass += x[e];
+      }
     });
     __syncthreads();
-    ScanBinsFromTop(sh, kSamplingBins, 0, 20, use_p);
+    ScanBinsFromTop(sh, kSamplingBins, 0, 20, with_mass);
+    if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
     const uint32_t total_count = sh.cum_count[0];
-    const double total_mass = sh.cum_mass[0];
     const bool k_active = use_k && k > 0 && uint32_t(k) < total_count;
-    const bool p_active = use_p && top_p < 1.f;
     const bool k_then_p = filter == Filter::kTopKFirst && k_active && p_active;
-    const double p_target = double(top_p) * total_mass;
-    // 2. The bins [lo_bin, hi_bin] that hold every threshold that decides the kept set.
     const int bin_k = k_active ? CrossingBin(sh, kSamplingBins, Need::kCount, double(k)) : -1;
-    int lo_bin = bin_k, hi_bin = bin_k;
-    if (k_then_p) {
-      // Top-p over the mass top-k keeps, which is at least the mass above bin_k: its threshold lies
-      // between bin_k and the bin where top_p of that lower bound is reached.
-      const double kept_at_least = bin_k + 1 < kSamplingBins ? sh.cum_mass[bin_k + 1] : 0.0;
-      hi_bin = max(bin_k, CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * kept_at_least));
-    } else if (p_active) {  // top-p alone, or joint: the larger of the two thresholds
-      lo_bin = hi_bin = max(bin_k, CrossingBin(sh, kSamplingBins, Need::kMass, p_target));
-    }
-    const uint32_t in_range =
-        lo_bin >= 0 ? sh.cum_count[lo_bin] - (hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u) : 0u;
-    if (lo_bin >= 0 && in_range <= uint32_t(kCandidates)) {
-      // 3. One more pass: the range gathered, and a race over what lies above it. The kept set is
-      // the bins above the range (mass A, known now where the histogram has masses) and the
-      // range's elements at or above t (mass K, known after the pass). With masses, the draw comes
-      // from above with probability A / (A + K), and then from the bin above that one uniform picks
-      // by the bins' exact masses, by the race among that bin's elements: so the race runs over one
-      // bin rather than over every kept element (top-p keeps most of a flat row). Without (top-k
-      // alone: fewer than k elements above), one race runs over all of them and the kept range.
-      const uint32_t range_lo = uint32_t(lo_bin) << 20, range_hi = (uint32_t(hi_bin) << 20) | 0xFFFFFu;
-      const uint32_t above_count = hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u;
-      const double above_mass = hi_bin + 1 < kSamplingBins ? sh.cum_mass[hi_bin + 1] : 0.0;
-      const bool by_bin = use_p;  // the bins' masses are known
-      const uint4 draw = rng.group(kDrawGroup);
-      uint32_t race_lo = range_hi + 1u, race_hi = 0xFFFFFFFFu;  // everything above the range
-      if (by_bin) {
-        const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
-        race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
-        race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
+    const int p_bin = with_mass && p_active ? CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * sh.cum_mass[0]) : -1;
+    const uint32_t p_bin_count =
+        p_bin >= 0 ? sh.cum_count[p_bin] - (p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u) : 0u;
+    if (k_decides && bin_k >= 0 && sh.cum_count[bin_k] <= uint32_t(kCandidates)) {
+      // 2. One more pass gathers every element from bin_k up: the thresholds, then the race, among them.
+      const int top_bin = CrossingBin(sh, kSamplingBins, Need::kCount, 1.0);  // the highest nonempty
+      const uint32_t range_lo = uint32_t(bin_k) << 20, range_hi = (uint32_t(top_bin) << 20) | 0xFFFFFu;
+      __syncthreads();
+      GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
+      const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi);
+      uint32_t t = max(1u, t_k);
+      if (p_active) {
+        const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, range_hi));
+        t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi));
       }
+      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+        const uint32_t key = sh.cand_key[i];
+        if (key >= t) {
+          const int index = sh.cand_index[i];
+          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+        }
+      }
+    } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
+      // 2. Top-p alone: one more pass gathers the threshold's bin and runs a race over one bin above
+      // it. The kept set is the bins above (mass A, known now) and the gathered elements at or above
+      // t (mass K, known after the pass). The draw comes from above with probability A / (A + K),
+      // and then from the bin that one uniform picks by the bins' exact masses, by the race among
+      // that bin's elements: the race runs over one bin rather than over every kept element (top-p
+      // keeps most of a flat row).
+      const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
+      const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
+      const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
+      const double p_target = double(top_p) * sh.cum_mass[0];
+      const uint4 draw = rng.group(kDrawGroup);
+      const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
+      const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
+      const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
       __syncthreads();
       if (threadIdx.x == 0) sh.num_candidates = 0;
       __syncthreads();
@@ -843,29 +880,19 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         Race<false>(x, count, first, rng, race_lo, race_hi, best);
       });
       __syncthreads();
-      const Best above_best = best;  // this thread's
-      uint32_t t = 1u;
-      uint32_t t_k = 0u;
-      if (k_active) {
-        t_k = CandidateThreshold(sh, Need::kCount, double(k), above_count, above_mass, range_lo, range_hi);
-        t = max(t, t_k);
-      }
-      if (p_active) {
-        const double target =
-            k_then_p ? double(top_p) * (above_mass + CandidateMassFrom(sh, t_k, range_hi)) : p_target;
-        t = max(t, CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, range_lo, range_hi));
-      }
-      const bool from_above =
-          by_bin && Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi)) < above_mass;
-      Best in_range{-INFINITY, INT32_MAX};
-      for (int i = threadIdx.x; i < sh.num_candidates && !from_above; i += kSamplingThreads) {
-        const uint32_t key = sh.cand_key[i];
-        if (key >= t) {
-          const int index = sh.cand_index[i];
-          in_range = Better(in_range, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+      const uint32_t t =
+          max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi));
+      const bool from_above = Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi)) < above_mass;
+      if (!from_above) {
+        best = Best{-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+          const uint32_t key = sh.cand_key[i];
+          if (key >= t) {
+            const int index = sh.cand_index[i];
+            best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+          }
         }
       }
-      best = from_above ? above_best : by_bin ? in_range : Better(above_best, in_range);
     } else {
       // The general path (no filter left, or a threshold's bin too full to gather): exact
       // thresholds over more passes, then the race.
