@@ -17,18 +17,27 @@
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
+// The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
+// (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
+// lie above that bin), and decides top-k's threshold and top-p's among them: the histogram needs
+// counts only (one shared atomic an element rather than three), and the race runs over the kept
+// candidates, not in the pass. Top-p alone gathers its threshold's bin, and draws from the bins
+// above it without a race over all of them (see the kernel).
+//
 // One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
 // (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
-// and the blocks merge their histograms, their candidates' histograms and the race's winner
-// through distributed shared memory, in integer sums and fixed orders, so the tokens do not depend
-// on the split. The launchers split only the plain races (see kSearchRowParts for why).
+// and the blocks merge their histograms and the race's winner through distributed shared memory,
+// in integer sums and fixed orders, so the tokens do not depend on the split. A searched row's
+// blocks then each copy all the row's candidates and search them alone. The launchers split the
+// plain races up to 8 ways and the searched samplers 2 ways (see kSearchRowParts for why).
 //
 // Sampling is an exponential race: token i wins with key p_i / E_i, E_i ~ Exp(1) independent per
 // element, which picks i with probability p_i / sum(p) over the kept set, in one pass, with no
 // normalization and no prefix sum; for logits, x_i - log(E_i) (Gumbel-max). E_i comes from
 // Philox4x32-10 keyed by the seed, with counter (element / 4, output row, offset): the same seed
 // and offset give the same tokens, whatever the launch, and the winner is the same on every run
-// (ties go to the lower index).
+// (ties go to the lower index). Top-p alone draws two more uniforms per row from a counter no
+// element uses (kDrawGroup).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -385,12 +394,14 @@ __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint
 
 // Turns the histogram of `bins` bins (lowest key of bin b: (base + b) << shift) into cumulative
 // counts and masses from the top bin down. Every thread calls it.
-__device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, uint32_t base, int shift, bool with_mass) {
+// With merge_parts false, the block's own histogram alone (of candidates every block of the row holds).
+__device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, uint32_t base, int shift, bool with_mass,
+                                                bool merge_parts = true) {
   // Thread t owns bins [bins - 4(t+1), bins - 4t): the top four are thread 0's.
   // The histograms of every block of the row, summed (integers: any order gives the same).
   constexpr int kPer = kSamplingBins / kSamplingThreads;
-  const int parts = RowParts();
-  SyncRow();
+  const int parts = merge_parts ? RowParts() : 1;
+  if (parts > 1) SyncRow(); else __syncthreads();
   uint32_t count = 0;
   double mass = 0;
   uint32_t c[kPer];
@@ -435,7 +446,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
       sh.cum_mass[b] = running_mass;
     }
   }
-  SyncRow();  // every block has read the others' histograms before any clears its own
+  if (parts > 1) SyncRow(); else __syncthreads();  // every block has read the others' histograms before any clears its own
 }
 
 // The highest bin whose cumulative value (this bin and above) reaches `target` with at least one
@@ -550,8 +561,9 @@ __device__ __forceinline__ uint32_t SortedThreshold(SamplingShared& sh, Need nee
 // probabilities.
 __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need need, double target,
                                                        uint32_t above_count, double above_mass, uint32_t lo,
-                                                       uint32_t hi) {
-  if (RowParts() == 1 && sh.num_candidates <= kSortedCandidates) {  // few, in one block: sorting is quicker
+                                                       uint32_t hi, bool local = false) {
+  local = local || RowParts() == 1;  // every candidate of the row in this block
+  if (local && sh.num_candidates <= kSortedCandidates) {  // few, in one block: sorting is quicker
     SortCandidates(sh);
     return SortedThreshold(sh, need, target, above_count, above_mass);
   }
@@ -566,7 +578,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
     __syncthreads();
-    ScanBinsFromTop(sh, bins, base, shift, with_mass);
+    ScanBinsFromTop(sh, bins, base, shift, with_mass, !local);
     const double wanted = with_mass ? target - above_mass : target - double(above_count);
     const int b = CrossingBin(sh, bins, need, wanted);
     if (b < 0) return 0u;
@@ -583,8 +595,9 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
 }
 
 // The mass of the candidates with keys >= t (probabilities, keys <= hi), exactly: mantissas as
-// fixed point below hi's exponent, summed in 64-bit integers, so in any order.
-__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi) {
+// fixed point below hi's exponent, summed in 64-bit integers, so in any order. in_block: every
+// candidate of the row is in this block (no sum over the row's blocks).
+__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi, bool in_block = false) {
   const int top = int((hi >> 23) & 0xFF);
   unsigned long long local = 0;
   for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
@@ -604,10 +617,11 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
     for (int w = 0; w < kSamplingWarps; ++w) block += (unsigned long long)__double_as_longlong(sh.scratch_d[w]);
     sh.part_sum = block;
   }
-  SyncRow();
+  const int parts = in_block ? 1 : RowParts();
+  if (parts > 1) SyncRow(); else __syncthreads();
   unsigned long long total = 0;
-  for (int r = 0; r < RowParts(); ++r) total += *PartShared(&sh.part_sum, r);
-  SyncRow();
+  for (int r = 0; r < parts; ++r) total += *PartShared(&sh.part_sum, r);
+  if (parts > 1) SyncRow(); else __syncthreads();
   const int scale = max(top, 1) - 150 - 27;
   return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
 }
@@ -628,6 +642,32 @@ __device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, Sampli
       }
     }
   });
+  __syncthreads();
+}
+
+// Gives every block of a split row all the row's candidates (each block's own first, then the
+// others' in part order), so that the search among them runs in each block alone (`local`), with
+// no merges across blocks; the blocks find the same thresholds, the candidates' order not mattering.
+// Their number must fit kCandidates.
+__device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
+  const int parts = RowParts();
+  if (parts == 1) return;
+  SyncRow();
+  const int own = sh.num_candidates, me = RowPart();
+  int at = own;
+  for (int r = 0; r < parts; ++r) {
+    if (r == me) continue;
+    const int count = *PartShared(&sh.num_candidates, r);
+    const uint32_t* keys = PartShared(sh.cand_key, r);
+    const int* indices = PartShared(sh.cand_index, r);
+    for (int i = threadIdx.x; i < count; i += kSamplingThreads) {
+      sh.cand_key[at + i] = keys[i];
+      sh.cand_index[at + i] = indices[i];
+    }
+    at += count;
+  }
+  SyncRow();  // every block has read the others' candidates
+  if (threadIdx.x == 0) sh.num_candidates = at;
   __syncthreads();
 }
 
@@ -833,17 +873,20 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         p_bin >= 0 ? sh.cum_count[p_bin] - (p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u) : 0u;
     if (k_decides && bin_k >= 0 && sh.cum_count[bin_k] <= uint32_t(kCandidates)) {
       // 2. One more pass gathers every element from bin_k up: the thresholds, then the race, among them.
-      const int top_bin = CrossingBin(sh, kSamplingBins, Need::kCount, 1.0);  // the highest nonempty
+      // Masses are summed in fixed point below the top bin's exponent: found where top-p asks them.
+      const int top_bin = p_active ? CrossingBin(sh, kSamplingBins, Need::kCount, 1.0) : kSamplingBins - 1;
       const uint32_t range_lo = uint32_t(bin_k) << 20, range_hi = (uint32_t(top_bin) << 20) | 0xFFFFFu;
       __syncthreads();
       GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
-      const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi);
+      ShareCandidates(sh);
+      const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi, true);
       uint32_t t = max(1u, t_k);
       if (p_active) {
-        const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, range_hi));
-        t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi));
+        const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, range_hi, true));
+        t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi, true));
       }
-      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+      // Every block holds every candidate: part 0 runs the race.
+      for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
         const uint32_t key = sh.cand_key[i];
         if (key >= t) {
           const int index = sh.cand_index[i];
@@ -880,12 +923,15 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         Race<false>(x, count, first, rng, race_lo, race_hi, best);
       });
       __syncthreads();
+      ShareCandidates(sh);
       const uint32_t t =
-          max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi));
-      const bool from_above = Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi)) < above_mass;
+          max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
+      const bool from_above =
+          Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
       if (!from_above) {
+        // Every block holds every candidate: part 0 runs the race.
         best = Best{-INFINITY, INT32_MAX};
-        for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+        for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
           const uint32_t key = sh.cand_key[i];
           if (key >= t) {
             const int index = sh.cand_index[i];
@@ -1263,11 +1309,16 @@ bool RowsAligned(const void* base, int64_t stride) {
   return Aligned16(base) && stride % kVec16<T> == 0;
 }
 
-// Rows searched by histograms merge them across the blocks of a split at every level, through
-// distributed shared memory: on the H200 that cost more than the split saved (top-k + top-p at
-// vocab 128256: 53 us unsplit, 186 us over 8 blocks at batch 1; 55 against 79 us over 2 at batch
-// 64), so they are not split; a plain race (no filter, min-p, logits) is (42 -> 16 us at batch 1).
-constexpr int kSearchRowParts = 1;
+// Rows searched by histograms merge the level-0 histogram across the blocks of a split through
+// distributed shared memory, and every block then gets all the gathered candidates and searches
+// them alone. On the H200 at vocab 128256 (top-k + top-p, top-p, top-k): 2 blocks a row gave
+// 46 / 65 / 35 us at batch 1 against 53 / 87 / 44 unsplit, 50 / 66 / 41 at batch 64 against
+// 55 / 88 / 47; 4 blocks no better than 2. (Merging every candidate level across blocks instead
+// had made the split slower than one block.)
+constexpr int kSearchRowParts = 2;
+// The renormalizations and the mask search through FindThreshold, which merges every candidate
+// level across the blocks: not split.
+constexpr int kThresholdRowParts = 1;
 
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
@@ -1279,14 +1330,14 @@ inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stre
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
   return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
-                                                      kSearchRowParts);
+                                                      kThresholdRowParts);
 }
 
 template <typename T>
 cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
-                                                                             device, stream, pdl, kSearchRowParts);
+                                                                             device, stream, pdl, kThresholdRowParts);
 }
 
 // SoftmaxResidentKernel<kLoads> where the row fits a cluster's registers: the blocks it needs, or
@@ -1314,12 +1365,16 @@ cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, boo
                        p.out_stride % kVec16<T> == 0;
   if (p.rows == 0) return cudaSuccess;
   if (aligned) {
-    // The row read once where a cluster's registers hold it: blocks of 512 threads (two to an SM,
-    // so that one block's loads overlap the other's reduction and writes) up to 8 * 512 * 32
-    // floats, blocks of 1024 up to twice that.
+    // The row read once where a cluster's registers hold it. Blocks of 1024 threads (128 KB of
+    // float32 each) where the grid fills the SMs four times over (on the H200 at vocab 128256:
+    // 2.67-2.83 passes at batch 256-1024 against 2.99-3.02 for 512), else blocks of 512, two to an SM
+    // (3.02 against 3.30 at batch 64), up to 8 * 512 * 32 elements.
     constexpr int kVec = kVec16<T>;
+    constexpr int64_t kBig = 1024 * 8 * kVec;
+    const bool many = p.rows * ((p.vocab + kBig - 1) / kBig) >= 4 * int64_t(GetDeviceFacts(device).sms);
     cudaError_t status = cudaSuccess;
-    if (LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 512>, kVec, 8, 512>(p, device, stream, pdl, &status) ||
+    if ((many && LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) ||
+        LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 512>, kVec, 8, 512>(p, device, stream, pdl, &status) ||
         LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) {
       return status;
     }
