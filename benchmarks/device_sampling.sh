@@ -3,8 +3,8 @@
 # wheel to test (built elsewhere for 9.0a) and, optionally, ../dist/base a baseline wheel to
 # time beside it in the same run; the tvm-ffi wheel in ../../.whl. Logs under $OUT.
 #   TESTS=1 BENCH="--vocab 128256" SANITIZE=1 bash benchmarks/device_sampling.sh
-# TESTS: run tests/test_sampling.py; BENCH: bench_sampling.py's arguments (baseline first where
-# there is one and NOBASE is unset, then the wheel); SANITIZE: memcheck (and racecheck with RACECHECK=1) of sanitize_sampling.py.
+# TESTS: run tests/test_sampling.py; BENCH (and BENCH2): bench_sampling.py's arguments (baseline
+# first where there is one and NOBASE is unset, then the wheel); SANITIZE: memcheck (and racecheck with RACECHECK=1) of sanitize_sampling.py.
 set -x
 export PYTHONUNBUFFERED=1
 SITE=/tmp/site-sampling BASE=/tmp/site-sampling-base
@@ -21,6 +21,9 @@ if [ -n "$BENCH" ]; then
   if [ -d $BASE ]; then
     echo "== baseline" | tee $OUT/bench.txt
     PYTHONPATH=$BASE timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_sampling.py $BENCH 2>&1 | tee -a $OUT/bench.txt
+    if [ -n "$BENCH2" ]; then
+      PYTHONPATH=$BASE timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_sampling.py $BENCH2 2>&1 | tee -a $OUT/bench.txt
+    fi
   fi
   echo "== this branch" | tee -a $OUT/bench.txt
   PYTHONPATH=$SITE timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/bench_sampling.py $BENCH 2>&1 | tee -a $OUT/bench.txt
