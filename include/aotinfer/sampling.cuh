@@ -18,13 +18,11 @@
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
 // The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
-// (alone, top_k_first or joint) decides top-k's threshold and top-p's among gathered candidates
-// that hold the whole top-k set: for k up to kSampledMaxK, every element at or above a bound from a
-// sample of the row, in one pass (SampledTopK); else every element from the k-th largest's bin up
-// (fewer than k lie above that bin), where the histogram needs counts only (one shared atomic an
-// element rather than three). The race then runs over the kept candidates, not in the pass. Top-p
-// alone gathers its threshold's bin, and draws from the bins above it without a race over all of
-// them (see the kernel).
+// (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
+// lie above that bin), and decides top-k's threshold and top-p's among them: the histogram needs
+// counts only (one shared atomic an element rather than three), and the race runs over the kept
+// candidates, not in the pass. Top-p alone gathers its threshold's bin, and draws from the bins
+// above it without a race over all of them (see the kernel).
 //
 // One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
 // (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
@@ -797,90 +795,6 @@ __device__ __forceinline__ void Race(const float* x, int count, int64_t first, c
   }
 }
 
-// Top-k that may leave part of the row out (alone, top_k_first or joint), in one pass where a sample
-// of the row bounds its threshold from below: the k-th largest of any subset of the row is at most
-// the row's k-th largest, so every element at or above the lower edge of the bin where a sample's
-// count reaches k is gathered, the whole top-k set among them, and the thresholds (top-k's, and
-// top-p's within the top-k set or, joint, where the top-k set holds top_p of the row's mass) and
-// the race are decided among those candidates. Each block of a split row samples its own slice
-// (its bound is one as well) and the blocks then share their candidates. The sample is sized for
-// about kSampledCandidates candidates (k of them per sampled fraction of the slice). False, with
-// nothing drawn, where more than kCandidates are gathered (a sample unlike the row): the caller
-// searches by histograms then.
-constexpr int kSampledCandidates = 2048;
-constexpr int kSampledMaxK = kSampledCandidates / 4;  // samples of at most a quarter of the slice
-
-template <int kVec>
-__device__ bool SampledTopK(const float* row, int64_t n, SamplingShared& sh, const RowRandom& rng, int k, float top_p,
-                            bool p_active, bool joint, Best& best) {
-  const int64_t all_groups = n / kVec;
-  const int parts = RowParts(), part = RowPart();
-  const int64_t begin = all_groups * part / parts, groups = all_groups * (part + 1) / parts - begin;
-  const int64_t sample_groups =
-      min(groups, (int64_t(k) * groups + kSampledCandidates - 1) / kSampledCandidates);  // spread over the slice
-  ClearBins(sh, kSamplingBins);
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < sample_groups; i += kSamplingThreads) {
-    Vec<float, kVec> v;
-    v.load(row + (begin + i * groups / sample_groups) * kVec);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) AddToBins(sh, ProbKey(v[e]), 1u, 0xFFFFFFFFu, 20, false);
-  }
-  __syncthreads();
-  ScanBinsFromTop(sh, kSamplingBins, 0, 20, false, false);
-  const int sample_bin = CrossingBin(sh, kSamplingBins, Need::kCount, double(k));
-  const uint32_t floor_key = max(1u, sample_bin >= 0 ? uint32_t(sample_bin) << 20 : 1u);  // no bound: all of it
-  const bool row_mass_needed = joint && p_active;
-  double row_mass = 0;  // this thread's elements, in a fixed order
-  if (threadIdx.x == 0) sh.num_candidates = 0;
-  __syncthreads();
-  ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-    for (int e = 0; e < count; ++e) {
-      const uint32_t key = ProbKey(x[e]);
-      if (row_mass_needed && key != 0u) row_mass += x[e];
-      if (key >= floor_key) {
-        const int slot = atomicAdd(&sh.num_candidates, 1);
-        if (slot < kCandidates) {
-          sh.cand_key[slot] = key;
-          sh.cand_index[slot] = int(first + e);
-        }
-      }
-    }
-  });
-  __syncthreads();
-  SyncRow();
-  int64_t gathered = 0;
-  for (int r = 0; r < parts; ++r) gathered += *PartShared(&sh.num_candidates, r);
-  SyncRow();
-  if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
-  if (gathered > kCandidates) return false;
-  ShareCandidates(sh);
-  const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, 1u, 0xFFFFFFFFu, true);
-  uint32_t t = max(1u, t_k);
-  if (p_active) {
-    // The candidates' largest key: masses are summed in fixed point below its exponent.
-    if (threadIdx.x == 0) sh.found = 0;
-    __syncthreads();
-    int top = 0;
-    for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) top = max(top, int(sh.cand_key[i]));
-    if (top > 0) atomicMax(&sh.found, top);
-    __syncthreads();
-    const uint32_t top_key = uint32_t(sh.found);
-    __syncthreads();
-    const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, top_key, true));
-    t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, 1u, top_key, true));
-  }
-  // Every block holds every candidate: part 0 runs the race.
-  for (int i = threadIdx.x; i < sh.num_candidates && part == 0; i += kSamplingThreads) {
-    const uint32_t key = sh.cand_key[i];
-    if (key >= t) {
-      const int index = sh.cand_index[i];
-      best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
-    }
-  }
-  return true;
-}
-
 template <int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -934,7 +848,6 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     // top_p of the row's mass, else top-k's threshold binds). So the histogram needs counts only,
     // no masses (two of its three atomics), and joint the row's mass, summed in registers.
     const bool k_decides = use_k && k > 0 && int64_t(k) < n;
-    if (!(k_decides && k <= kSampledMaxK && SampledTopK<kVec>(row, n, sh, rng, k, top_p, p_active, joint, best))) {
     const bool with_mass = use_p && !k_decides;
     const bool row_mass_needed = k_decides && joint && p_active;
     // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
@@ -1047,7 +960,6 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         Race<false>(x, count, first, rng, t, 0xFFFFFFFFu, best);
       });
     }
-    }  // not sampled
   }
   best = RowBest(best, sh);
   if (threadIdx.x == 0 && RowPart() == 0) {
