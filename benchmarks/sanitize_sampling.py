@@ -24,6 +24,6 @@ for rows, vocab in ((2, 1001), (200, 4099)):
 aotinfer.softmax(torch.randn(600, 4099, device="cuda"))  # enough blocks for the 1024-thread blocks
 flat = torch.full((2, 20000), 1 / 20000, device="cuda")
 aotinfer.top_k_top_p_sampling_from_probs(flat, 15000, 0.5)
-aotinfer.top_k_top_p_sampling_from_probs(flat, 50, 0.5)  # a sample's bound gathers too many: the histogram path
+aotinfer.top_k_top_p_sampling_from_probs(flat, 50, 0.5)  # the k-th largest's bin too full to gather: more passes
 torch.cuda.synchronize()
 print("sanitize_sampling: done")

@@ -201,6 +201,7 @@ struct SamplingShared {
   float scratch_f[kSamplingWarps];
   int scratch_i[kSamplingWarps];
   int num_candidates;
+  int sorted_count;                        // num_candidates when last sorted; -1 after a gather
   int found;                               // a bin or position found by a block-wide search
   float part_value;                        // this block's share of a row-wide reduction
   unsigned long long part_sum;
@@ -496,6 +497,7 @@ __device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
 // power of two, padded with key 0, which no element has).
 __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
   const int n = sh.num_candidates;
+  if (sh.sorted_count == n) return;  // sorted by the search before, since the last gather
   int size = 1;
   while (size < n) size <<= 1;
   for (int i = n + threadIdx.x; i < size; i += kSamplingThreads) {
@@ -522,6 +524,8 @@ __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
       __syncthreads();
     }
   }
+  if (threadIdx.x == 0) sh.sorted_count = n;
+  __syncthreads();
 }
 
 // CandidateThreshold (below) over candidates sorted by SortCandidates: the k-th key, or the first
@@ -630,7 +634,10 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
 template <typename T, int kVec, typename KeyOf>
 __device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of,
                                                  uint32_t lo, uint32_t hi) {
-  if (threadIdx.x == 0) sh.num_candidates = 0;
+  if (threadIdx.x == 0) {
+    sh.num_candidates = 0;
+    sh.sorted_count = -1;
+  }
   __syncthreads();
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     for (int e = 0; e < count; ++e) {
@@ -667,7 +674,10 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
     at += count;
   }
   SyncRow();  // every block has read the others' candidates
-  if (threadIdx.x == 0) sh.num_candidates = at;
+  if (threadIdx.x == 0) {
+    sh.num_candidates = at;
+    sh.sorted_count = -1;
+  }
   __syncthreads();
 }
 
@@ -854,13 +864,19 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     ClearBins(sh, kSamplingBins);
     __syncthreads();
     double row_mass = 0;  // this thread's elements, in a fixed order
-    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-      for (int e = 0; e < count; ++e) {
-        const uint32_t key = ProbKey(x[e]);
-        AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, with_mass);
-        if (row_mass_needed && key != 0u) row_mass += x[e];
-      }
-    });
+    if (row_mass_needed) {  // two loops: the sum's test costs the histogram's loop where not needed
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) {
+          const uint32_t key = ProbKey(x[e]);
+          AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, false);
+          if (key != 0u) row_mass += x[e];
+        }
+      });
+    } else {
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, with_mass);
+      });
+    }
     __syncthreads();
     ScanBinsFromTop(sh, kSamplingBins, 0, 20, with_mass);
     if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
@@ -909,7 +925,10 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
       const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
       __syncthreads();
-      if (threadIdx.x == 0) sh.num_candidates = 0;
+      if (threadIdx.x == 0) {
+        sh.num_candidates = 0;
+        sh.sorted_count = -1;
+      }
       __syncthreads();
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
         for (int e = 0; e < count; ++e) {
