@@ -560,8 +560,9 @@ __device__ __forceinline__ uint32_t SortedThreshold(SamplingShared& sh, Need nee
 // mass that lie above hi), the key at which the upper set first reaches `target`; 0 where the
 // candidates do not reach it. The same radix search as over the row, on shared memory: histograms
 // of the candidates over the bits below each level, so no order of the candidates matters (their
-// order is the atomics', different on every run), and the blocks of a split row merge them. Up to
-// kSortedCandidates in an unsplit row are sorted instead (fewer barriers). Mass is only asked of
+// order is the atomics', different on every run), and the blocks of a split row merge them, unless
+// each holds all of the row's candidates (`local`, after ShareCandidates). Up to kSortedCandidates
+// held by one block are sorted instead (fewer barriers; once per gather). Mass is only asked of
 // probabilities.
 __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need need, double target,
                                                        uint32_t above_count, double above_mass, uint32_t lo,
