@@ -1,5 +1,6 @@
-"""A small call of every sampling kernel, for compute-sanitizer (memcheck, racecheck): split rows,
-unsplit rows, the multi-pass path, misaligned rows, 16-bit logits."""
+"""A small call of every sampling kernel, for compute-sanitizer (memcheck, racecheck): split rows
+(the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
+16-bit logits, softmax held in registers (both block sizes) and read twice (misaligned)."""
 import torch
 
 import aotinfer
@@ -17,7 +18,12 @@ for rows, vocab in ((2, 1001), (200, 4099)):
     aotinfer.top_p_renorm_probs(probs, 0.7)
     aotinfer.top_k_mask_logits(logits, 9)
     aotinfer.softmax(logits, 0.7)
+    aotinfer.softmax(logits[:, 1:], 0.7)
+    aotinfer.top_k_sampling_from_probs(probs, 30)
+    aotinfer.top_k_top_p_sampling_from_probs(probs, torch.full((rows,), 40, device="cuda", dtype=torch.int32), 0.6)
+aotinfer.softmax(torch.randn(600, 4099, device="cuda"))  # enough blocks for the 1024-thread blocks
 flat = torch.full((2, 20000), 1 / 20000, device="cuda")
 aotinfer.top_k_top_p_sampling_from_probs(flat, 15000, 0.5)
+aotinfer.top_k_top_p_sampling_from_probs(flat, 50, 0.5)  # the k-th largest's bin too full to gather: more passes
 torch.cuda.synchronize()
 print("sanitize_sampling: done")

@@ -406,3 +406,25 @@ def test_batch_zero_and_nan():
     # without the check, NaN is never drawn
     samples = aotinfer.sampling_from_probs(probs, indices=torch.ones(4096, dtype=torch.int32, device="cuda"))
     assert (samples != 7).all()
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_split_rows_draw_what_whole_rows_draw(vocab):
+    """Small batches split a row over a cluster of blocks; the same rows in a large batch are not
+    split. The tokens (same seed, offset and output row) must not depend on that."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    flat = torch.softmax(torch.randn(2, vocab, device="cuda", generator=g), -1)
+    peaked = llm_like(2, vocab, seed=6, scale=3.0)
+    for probs in (flat, peaked):
+        big = probs.repeat(100, 1)  # rows 0 and 1 as in probs
+        for op in (lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=9, offset=3),
+                   lambda p: aotinfer.top_p_sampling_from_probs(p, 0.9, seed=9, offset=3),
+                   lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=9, offset=3),
+                   lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 1000, 0.5, seed=9, offset=3),
+                   lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint",
+                                                                      seed=9, offset=3)):
+            for step in range(4):  # other rows: the vocabulary rolled
+                small = op(probs)
+                assert torch.equal(small, op(big)[:2])
+                probs, big = probs.roll(step + 1, -1), big.roll(step + 1, -1)

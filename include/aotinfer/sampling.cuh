@@ -17,23 +17,33 @@
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
+// The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
+// (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
+// lie above that bin), and decides top-k's threshold and top-p's among them: the histogram needs
+// counts only (one shared atomic an element rather than three), and the race runs over the kept
+// candidates, not in the pass. Top-p alone gathers its threshold's bin, and draws from the bins
+// above it without a race over all of them (see the kernel).
+//
 // One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
 // (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
-// and the blocks merge their histograms, their candidates' histograms and the race's winner
-// through distributed shared memory, in integer sums and fixed orders, so the tokens do not depend
-// on the split. The launchers split only the plain races (see kSearchRowParts for why).
+// and the blocks merge their histograms and the race's winner through distributed shared memory,
+// in integer sums and fixed orders, so the tokens do not depend on the split. A searched row's
+// blocks then each copy all the row's candidates and search them alone. The launchers split the
+// plain races up to 8 ways and the searched samplers 2 ways (see kSearchRowParts for why).
 //
 // Sampling is an exponential race: token i wins with key p_i / E_i, E_i ~ Exp(1) independent per
 // element, which picks i with probability p_i / sum(p) over the kept set, in one pass, with no
 // normalization and no prefix sum; for logits, x_i - log(E_i) (Gumbel-max). E_i comes from
 // Philox4x32-10 keyed by the seed, with counter (element / 4, output row, offset): the same seed
 // and offset give the same tokens, whatever the launch, and the winner is the same on every run
-// (ties go to the lower index).
+// (ties go to the lower index). Top-p alone draws two more uniforms per row from a counter no
+// element uses (kDrawGroup).
 #pragma once
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -44,6 +54,7 @@ namespace aotinfer {
 
 constexpr int kSamplingThreads = 1024;
 constexpr int kSamplingWarps = kSamplingThreads / 32;
+static_assert(kSamplingWarps == 32, "block scans give each warp's total to one lane");
 constexpr int kSamplingBins = 4096;    // 12 bits of the key per histogram level
 constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted in shared memory
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
@@ -129,6 +140,15 @@ __device__ __forceinline__ float Exponential(uint32_t bits) {
   return -0.69314718f * __log2f(1.f - d);
 }
 
+// A uniform in (0, 1) from 64 random bits, on a 2^-53 grid.
+__device__ __forceinline__ double Uniform53(uint32_t hi, uint32_t lo) {
+  const uint64_t bits = (uint64_t(hi) << 32 | lo) >> 11;
+  return (double(bits) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+// The Philox group of a row's draws that are not tied to an element (elements use groups below 2^62).
+constexpr int64_t kDrawGroup = int64_t(1) << 62;
+
 // ---- keys: the bit patterns that order like the values --------------------------------------------
 
 // Probabilities: the float's bits; only positive finite values take part (0 for the rest).
@@ -181,9 +201,11 @@ struct SamplingShared {
   float scratch_f[kSamplingWarps];
   int scratch_i[kSamplingWarps];
   int num_candidates;
+  int sorted_count;                        // num_candidates when last sorted; -1 after a gather
   int found;                               // a bin or position found by a block-wide search
   float part_value;                        // this block's share of a row-wide reduction
   unsigned long long part_sum;
+  double part_double;
   Best part_best;
 };
 
@@ -248,6 +270,23 @@ __device__ __forceinline__ float RowSum(float v, SamplingShared& sh) {
   SyncRow();
   return v;
 }
+// The sum of doubles over the row, in a fixed order (the same on every run), valid in every thread.
+__device__ __forceinline__ double RowSumDouble(double v, SamplingShared& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) sh.scratch_d[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = sh.scratch_d[threadIdx.x % 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x == 0) sh.part_double = v;
+  SyncRow();
+  v = 0;
+  for (int r = 0; r < RowParts(); ++r) v += *PartShared(&sh.part_double, r);
+  SyncRow();
+  return v;
+}
+
 // The race's winner over the row (valid in every thread).
 __device__ __forceinline__ Best RowBest(Best b, SamplingShared& sh) {
   b = BlockBest(b, sh);
@@ -269,8 +308,15 @@ __device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh
   }
   if (lane == 31) sh.scratch_d[warp] = incl;
   __syncthreads();
-  double warp_base = 0;
-  for (int w = 0; w < warp; ++w) warp_base += sh.scratch_d[w];
+  // The warps' totals, scanned the same way by every warp (kSamplingWarps == 32 lanes).
+  double warps_incl = sh.scratch_d[lane];
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double other = __shfl_up_sync(0xffffffffu, warps_incl, o);
+    if (lane >= o) warps_incl += other;
+  }
+  const double below = __shfl_sync(0xffffffffu, warps_incl, (warp + 31) % 32);
+  const double warp_base = warp == 0 ? 0.0 : below;
   __syncthreads();
   return warp_base + incl - v;
 }
@@ -349,12 +395,14 @@ __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint
 
 // Turns the histogram of `bins` bins (lowest key of bin b: (base + b) << shift) into cumulative
 // counts and masses from the top bin down. Every thread calls it.
-__device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, uint32_t base, int shift, bool with_mass) {
+// With merge_parts false, the block's own histogram alone (of candidates every block of the row holds).
+__device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, uint32_t base, int shift, bool with_mass,
+                                                bool merge_parts = true) {
   // Thread t owns bins [bins - 4(t+1), bins - 4t): the top four are thread 0's.
   // The histograms of every block of the row, summed (integers: any order gives the same).
   constexpr int kPer = kSamplingBins / kSamplingThreads;
-  const int parts = RowParts();
-  SyncRow();
+  const int parts = merge_parts ? RowParts() : 1;
+  if (parts > 1) SyncRow(); else __syncthreads();
   uint32_t count = 0;
   double mass = 0;
   uint32_t c[kPer];
@@ -399,7 +447,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
       sh.cum_mass[b] = running_mass;
     }
   }
-  SyncRow();  // every block has read the others' histograms before any clears its own
+  if (parts > 1) SyncRow(); else __syncthreads();  // every block has read the others' histograms before any clears its own
 }
 
 // The highest bin whose cumulative value (this bin and above) reaches `target` with at least one
@@ -410,6 +458,21 @@ __device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need ne
   for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
     const bool reached = need == Need::kCount ? double(sh.cum_count[b]) >= target : sh.cum_mass[b] >= target;
     if (reached && sh.cum_count[b] > 0) atomicMax(&sh.found, b);
+  }
+  __syncthreads();
+  const int b = sh.found;
+  __syncthreads();
+  return b;
+}
+
+// The highest bin whose cumulative mass (this bin and above) exceeds `mass`: the bin holding the
+// point `mass` below the top of the row when the bins are laid out from the top; -1 where none
+// does. Needs ScanBinsFromTop first.
+__device__ __forceinline__ int BinHoldingMass(SamplingShared& sh, double mass) {
+  if (threadIdx.x == 0) sh.found = -1;
+  __syncthreads();
+  for (int b = threadIdx.x; b < kSamplingBins; b += kSamplingThreads) {
+    if (sh.cum_mass[b] > mass) atomicMax(&sh.found, b);
   }
   __syncthreads();
   const int b = sh.found;
@@ -434,6 +497,7 @@ __device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
 // power of two, padded with key 0, which no element has).
 __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
   const int n = sh.num_candidates;
+  if (sh.sorted_count == n) return;  // sorted by the search before, since the last gather
   int size = 1;
   while (size < n) size <<= 1;
   for (int i = n + threadIdx.x; i < size; i += kSamplingThreads) {
@@ -460,6 +524,8 @@ __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
       __syncthreads();
     }
   }
+  if (threadIdx.x == 0) sh.sorted_count = n;
+  __syncthreads();
 }
 
 // CandidateThreshold (below) over candidates sorted by SortCandidates: the k-th key, or the first
@@ -494,19 +560,22 @@ __device__ __forceinline__ uint32_t SortedThreshold(SamplingShared& sh, Need nee
 // mass that lie above hi), the key at which the upper set first reaches `target`; 0 where the
 // candidates do not reach it. The same radix search as over the row, on shared memory: histograms
 // of the candidates over the bits below each level, so no order of the candidates matters (their
-// order is the atomics', different on every run), and the blocks of a split row merge them. Up to
-// kSortedCandidates in an unsplit row are sorted instead (fewer barriers). Mass is only asked of
+// order is the atomics', different on every run), and the blocks of a split row merge them, unless
+// each holds all of the row's candidates (`local`, after ShareCandidates). Up to kSortedCandidates
+// held by one block are sorted instead (fewer barriers; once per gather). Mass is only asked of
 // probabilities.
 __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need need, double target,
                                                        uint32_t above_count, double above_mass, uint32_t lo,
-                                                       uint32_t hi) {
-  if (RowParts() == 1 && sh.num_candidates <= kSortedCandidates) {  // few, in one block: sorting is quicker
+                                                       uint32_t hi, bool local = false) {
+  local = local || RowParts() == 1;  // every candidate of the row in this block
+  if (local && sh.num_candidates <= kSortedCandidates) {  // few, in one block: sorting is quicker
     SortCandidates(sh);
     return SortedThreshold(sh, need, target, above_count, above_mass);
   }
   const int n = sh.num_candidates;
   const bool with_mass = need == Need::kMass;
-  for (int level = 0; level < 3; ++level) {
+  // Candidates of one level-0 bin: its level would have one bin, so start below it.
+  for (int level = (lo >> LevelShift(0)) == (hi >> LevelShift(0)) ? 1 : 0; level < 3; ++level) {
     const int shift = LevelShift(level);
     const uint32_t base = lo >> shift;
     const int bins = int((hi >> shift) - base) + 1;
@@ -514,7 +583,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
     __syncthreads();
-    ScanBinsFromTop(sh, bins, base, shift, with_mass);
+    ScanBinsFromTop(sh, bins, base, shift, with_mass, !local);
     const double wanted = with_mass ? target - above_mass : target - double(above_count);
     const int b = CrossingBin(sh, bins, need, wanted);
     if (b < 0) return 0u;
@@ -531,8 +600,9 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
 }
 
 // The mass of the candidates with keys >= t (probabilities, keys <= hi), exactly: mantissas as
-// fixed point below hi's exponent, summed in 64-bit integers, so in any order.
-__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi) {
+// fixed point below hi's exponent, summed in 64-bit integers, so in any order. in_block: every
+// candidate of the row is in this block (no sum over the row's blocks).
+__device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi, bool in_block = false) {
   const int top = int((hi >> 23) & 0xFF);
   unsigned long long local = 0;
   for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
@@ -552,10 +622,11 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
     for (int w = 0; w < kSamplingWarps; ++w) block += (unsigned long long)__double_as_longlong(sh.scratch_d[w]);
     sh.part_sum = block;
   }
-  SyncRow();
+  const int parts = in_block ? 1 : RowParts();
+  if (parts > 1) SyncRow(); else __syncthreads();
   unsigned long long total = 0;
-  for (int r = 0; r < RowParts(); ++r) total += *PartShared(&sh.part_sum, r);
-  SyncRow();
+  for (int r = 0; r < parts; ++r) total += *PartShared(&sh.part_sum, r);
+  if (parts > 1) SyncRow(); else __syncthreads();
   const int scale = max(top, 1) - 150 - 27;
   return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
 }
@@ -564,7 +635,10 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
 template <typename T, int kVec, typename KeyOf>
 __device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of,
                                                  uint32_t lo, uint32_t hi) {
-  if (threadIdx.x == 0) sh.num_candidates = 0;
+  if (threadIdx.x == 0) {
+    sh.num_candidates = 0;
+    sh.sorted_count = -1;
+  }
   __syncthreads();
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     for (int e = 0; e < count; ++e) {
@@ -576,6 +650,35 @@ __device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, Sampli
       }
     }
   });
+  __syncthreads();
+}
+
+// Gives every block of a split row all the row's candidates (each block's own first, then the
+// others' in part order), so that the search among them runs in each block alone (`local`), with
+// no merges across blocks; the blocks find the same thresholds, the candidates' order not mattering.
+// Their number must fit kCandidates.
+__device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
+  const int parts = RowParts();
+  if (parts == 1) return;
+  SyncRow();
+  const int own = sh.num_candidates, me = RowPart();
+  int at = own;
+  for (int r = 0; r < parts; ++r) {
+    if (r == me) continue;
+    const int count = *PartShared(&sh.num_candidates, r);
+    const uint32_t* keys = PartShared(sh.cand_key, r);
+    const int* indices = PartShared(sh.cand_index, r);
+    for (int i = threadIdx.x; i < count; i += kSamplingThreads) {
+      sh.cand_key[at + i] = keys[i];
+      sh.cand_index[at + i] = indices[i];
+    }
+    at += count;
+  }
+  SyncRow();  // every block has read the others' candidates
+  if (threadIdx.x == 0) {
+    sh.num_candidates = at;
+    sh.sorted_count = -1;
+  }
   __syncthreads();
 }
 
@@ -674,13 +777,13 @@ __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int6
 
 // ---- sampling ---------------------------------------------------------------------------------------
 
-// The race over one group of elements: those with keys >= t_key take part (key 0: never).
+// The race over one group of elements: those with keys in [lo_key, hi_key] take part (key 0: never).
 template <bool kLogits>
-__device__ __forceinline__ void Race(const float* x, int count, int64_t first, const RowRandom& rng, uint32_t t_key,
-                                     Best& best) {
+__device__ __forceinline__ void Race(const float* x, int count, int64_t first, const RowRandom& rng, uint32_t lo_key,
+                                     uint32_t hi_key, Best& best) {
   auto kept = [&](float v) {
     const uint32_t key = kLogits ? LogitKey(v) : ProbKey(v);
-    return key >= t_key && key != 0u;
+    return key >= lo_key && key <= hi_key && key != 0u;
   };
   auto race_key = [&](float v, uint32_t bits) {
     const float e = Exponential(bits);
@@ -729,7 +832,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
 
   if (p.from_logits) {
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-      Race<true>(x, count, first, rng, 1u, best);
+      Race<true>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kNone || filter == Filter::kMinP) {
     uint32_t t_key = 1u;
@@ -741,47 +844,92 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       t_key = max(1u, ProbKey(p.min_p.at(out_row) * RowMax(m, sh)));
     }
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-      Race<false>(x, count, first, rng, t_key, best);
+      Race<false>(x, count, first, rng, t_key, 0xFFFFFFFFu, best);
     });
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
     const int k = use_k ? p.top_k.at(out_row) : 0;
     const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
-    // 1. The level-0 histogram: count and mass per bin of the top 12 bits.
+    const bool p_active = use_p && top_p < 1.f;
+    const bool joint = filter == Filter::kJoint;
+    // Where top-k may leave part of the row out, the kept set is decided among the elements of the
+    // bins down to the k-th largest's bin (fewer than k lie above it), gathered: top-p's threshold
+    // lies among them too (top_k_first: within the top-k set; joint: where the top-k set holds
+    // top_p of the row's mass, else top-k's threshold binds). So the histogram needs counts only,
+    // no masses (two of its three atomics), and joint the row's mass, summed in registers.
+    const bool k_decides = use_k && k > 0 && int64_t(k) < n;
+    const bool with_mass = use_p && !k_decides;
+    const bool row_mass_needed = k_decides && joint && p_active;
+    // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
     ClearBins(sh, kSamplingBins);
     __syncthreads();
-    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-      for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, use_p);
-    });
-    __syncthreads();
-    ScanBinsFromTop(sh, kSamplingBins, 0, 20, use_p);
-    const uint32_t total_count = sh.cum_count[0];
-    const double total_mass = sh.cum_mass[0];
-    const bool k_active = use_k && k > 0 && uint32_t(k) < total_count;
-    const bool p_active = use_p && top_p < 1.f;
-    const bool k_then_p = filter == Filter::kTopKFirst && k_active && p_active;
-    const double p_target = double(top_p) * total_mass;
-    // 2. The bins [lo_bin, hi_bin] that hold every threshold that decides the kept set.
-    const int bin_k = k_active ? CrossingBin(sh, kSamplingBins, Need::kCount, double(k)) : -1;
-    int lo_bin = bin_k, hi_bin = bin_k;
-    if (k_then_p) {
-      // Top-p over the mass top-k keeps, which is at least the mass above bin_k: its threshold lies
-      // between bin_k and the bin where top_p of that lower bound is reached.
-      const double kept_at_least = bin_k + 1 < kSamplingBins ? sh.cum_mass[bin_k + 1] : 0.0;
-      hi_bin = max(bin_k, CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * kept_at_least));
-    } else if (p_active) {  // top-p alone, or joint: the larger of the two thresholds
-      lo_bin = hi_bin = max(bin_k, CrossingBin(sh, kSamplingBins, Need::kMass, p_target));
+    double row_mass = 0;  // this thread's elements, in a fixed order
+    if (row_mass_needed) {  // two loops: the sum's test costs the histogram's loop where not needed
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) {
+          const uint32_t key = ProbKey(x[e]);
+          AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, false);
+          if (key != 0u) row_mass += x[e];
+        }
+      });
+    } else {
+      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, with_mass);
+      });
     }
-    const uint32_t in_range =
-        lo_bin >= 0 ? sh.cum_count[lo_bin] - (hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u) : 0u;
-    if (lo_bin >= 0 && in_range <= uint32_t(kCandidates)) {
-      // 3. One more pass: the race over the elements above the range, the range gathered.
-      const uint32_t range_lo = uint32_t(lo_bin) << 20, range_hi = (uint32_t(hi_bin) << 20) | 0xFFFFFu;
-      const uint32_t above_count = hi_bin + 1 < kSamplingBins ? sh.cum_count[hi_bin + 1] : 0u;
-      const double above_mass = hi_bin + 1 < kSamplingBins ? sh.cum_mass[hi_bin + 1] : 0.0;
+    __syncthreads();
+    ScanBinsFromTop(sh, kSamplingBins, 0, 20, with_mass);
+    if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
+    const uint32_t total_count = sh.cum_count[0];
+    const bool k_active = use_k && k > 0 && uint32_t(k) < total_count;
+    const bool k_then_p = filter == Filter::kTopKFirst && k_active && p_active;
+    const int bin_k = k_active ? CrossingBin(sh, kSamplingBins, Need::kCount, double(k)) : -1;
+    const int p_bin = with_mass && p_active ? CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * sh.cum_mass[0]) : -1;
+    const uint32_t p_bin_count =
+        p_bin >= 0 ? sh.cum_count[p_bin] - (p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u) : 0u;
+    if (k_decides && bin_k >= 0 && sh.cum_count[bin_k] <= uint32_t(kCandidates)) {
+      // 2. One more pass gathers every element from bin_k up: the thresholds, then the race, among them.
+      // Masses are summed in fixed point below the top bin's exponent: found where top-p asks them.
+      const int top_bin = p_active ? CrossingBin(sh, kSamplingBins, Need::kCount, 1.0) : kSamplingBins - 1;
+      const uint32_t range_lo = uint32_t(bin_k) << 20, range_hi = (uint32_t(top_bin) << 20) | 0xFFFFFu;
       __syncthreads();
-      if (threadIdx.x == 0) sh.num_candidates = 0;
+      GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
+      ShareCandidates(sh);
+      const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi, true);
+      uint32_t t = max(1u, t_k);
+      if (p_active) {
+        const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, range_hi, true));
+        t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi, true));
+      }
+      // Every block holds every candidate: part 0 runs the race.
+      for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
+        const uint32_t key = sh.cand_key[i];
+        if (key >= t) {
+          const int index = sh.cand_index[i];
+          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+        }
+      }
+    } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
+      // 2. Top-p alone: one more pass gathers the threshold's bin and runs a race over one bin above
+      // it. The kept set is the bins above (mass A, known now) and the gathered elements at or above
+      // t (mass K, known after the pass). The draw comes from above with probability A / (A + K),
+      // and then from the bin that one uniform picks by the bins' exact masses, by the race among
+      // that bin's elements: the race runs over one bin rather than over every kept element (top-p
+      // keeps most of a flat row).
+      const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
+      const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
+      const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
+      const double p_target = double(top_p) * sh.cum_mass[0];
+      const uint4 draw = rng.group(kDrawGroup);
+      const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
+      const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
+      const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        sh.num_candidates = 0;
+        sh.sorted_count = -1;
+      }
       __syncthreads();
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
         for (int e = 0; e < count; ++e) {
@@ -792,25 +940,23 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
             sh.cand_index[slot] = int(first + e);
           }
         }
-        Race<false>(x, count, first, rng, range_hi + 1u, best);
+        Race<false>(x, count, first, rng, race_lo, race_hi, best);
       });
       __syncthreads();
-      uint32_t t = 1u;
-      uint32_t t_k = 0u;
-      if (k_active) {
-        t_k = CandidateThreshold(sh, Need::kCount, double(k), above_count, above_mass, range_lo, range_hi);
-        t = max(t, t_k);
-      }
-      if (p_active) {
-        const double target =
-            k_then_p ? double(top_p) * (above_mass + CandidateMassFrom(sh, t_k, range_hi)) : p_target;
-        t = max(t, CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, range_lo, range_hi));
-      }
-      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
-        const uint32_t key = sh.cand_key[i];
-        if (key >= t) {
-          const int index = sh.cand_index[i];
-          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+      ShareCandidates(sh);
+      const uint32_t t =
+          max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
+      const bool from_above =
+          Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
+      if (!from_above) {
+        // Every block holds every candidate: part 0 runs the race.
+        best = Best{-INFINITY, INT32_MAX};
+        for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
+          const uint32_t key = sh.cand_key[i];
+          if (key >= t) {
+            const int index = sh.cand_index[i];
+            best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+          }
         }
       }
     } else {
@@ -831,7 +977,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true).key;
       }
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-        Race<false>(x, count, first, rng, t, best);
+        Race<false>(x, count, first, rng, t, 0xFFFFFFFFu, best);
       });
     }
   }
@@ -1001,7 +1147,123 @@ __global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams 
   AllowDependentGrids();
 }
 
+// The softmax of a row held in registers: the row is split over a cluster of RowParts() blocks of
+// kThreads threads, each holding kLoads 16-byte vectors of its block's slice, so it is read once
+// (the kernel above reads it twice) and written from the registers. Rows of up to
+// RowParts() * kThreads * kLoads * kVec elements.
+template <typename T, int kVec, int kLoads, int kThreads>
+__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResidentKernel(SoftmaxParams p) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float2 partial[kWarps];
+  __shared__ float2 part_acc;
+  const int64_t r = blockIdx.x / RowParts();
+  WaitForPriorGrids();
+  const T* row = static_cast<const T*>(p.logits) + r * p.in_stride;
+  float* out = p.out + r * p.out_stride;
+  const int64_t n = p.vocab;
+  const float scale = 1.4426950408889634f / p.temperature.at(r);  // log2(e) / temperature
+  const int64_t groups = n / kVec;
+  const int64_t first = int64_t(RowPart()) * (kThreads * kLoads) + threadIdx.x;  // this thread's groups
+  Vec<T, kVec> v[kLoads];
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    if (first + u * kThreads < groups) v[u].load(row + (first + u * kThreads) * kVec);
+  }
+  const int64_t tail = groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
+  const bool has_tail = kVec > 1 && RowPart() == RowParts() - 1 && tail < n;
+  const float tail_y = has_tail ? to_float(row[tail]) * scale : -INFINITY;
+  float m = tail_y;
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    if (first + u * kThreads < groups) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) m = fmaxf(m, to_float(v[u][e]) * scale);
+    }
+  }
+  float s = 0.f;
+  if (m != -INFINITY) {
+    s = has_tail ? exp2f(tail_y - m) : 0.f;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (first + u * kThreads < groups) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) s += exp2f(to_float(v[u][e]) * scale - m);
+      }
+    }
+  }
+  float2 acc = make_float2(m, s);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
+  }
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
+  __syncthreads();
+  acc = threadIdx.x % 32 < kWarps ? partial[threadIdx.x % 32] : make_float2(-INFINITY, 0.f);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
+  }
+  if (threadIdx.x == 0) part_acc = acc;
+  SyncRow();
+  acc = make_float2(-INFINITY, 0.f);
+  for (int part = 0; part < RowParts(); ++part) acc = MergeMaxSum(acc, *PartShared(&part_acc, part));
+  // The other blocks may leave once every block has read their part_acc: arrive now, wait at the
+  // end, so that the writes do not wait for the slowest reader.
+  const bool split = RowParts() > 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (split) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+  const float row_max = acc.x;
+  const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
+  auto y_of = [&](float x) { return row_max == -INFINITY ? 0.f : exp2f(x * scale - row_max) * inv_sum; };
+#pragma unroll
+  for (int u = 0; u < kLoads; ++u) {
+    const int64_t g = first + u * kThreads;
+    if (g < groups) {
+#pragma unroll
+      for (int e = 0; e < kVec; e += 4) {
+        Vec<float, 4> w;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = y_of(to_float(v[u][e + j]));
+        w.store(out + g * kVec + e);
+      }
+    }
+  }
+  if (has_tail) out[tail] = row_max == -INFINITY ? 0.f : exp2f(tail_y - row_max) * inv_sum;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (split) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+  AllowDependentGrids();
+}
+
 // ---- launchers ------------------------------------------------------------------------------------
+
+// Whether clusters of `parts` blocks of kKernel (`threads` threads, shared_bytes each; both fixed per
+// kernel) can run on `device` (asked once per kernel, device and size).
+template <auto kKernel>
+bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
+  if (parts == 1) return true;
+  if (GetDeviceFacts(device).major < 9 || parts > kMaxRowParts || device < 0 || device >= kMaxDevices) return false;
+  static int fits[kMaxDevices][kMaxRowParts + 1] = {};  // 0 not asked, 1 runs, 2 does not
+  int& known = fits[device][parts];
+  if (known == 0) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(parts));
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = shared_bytes;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = unsigned(parts);
+    attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
+    cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
+    known = ok ? 1 : 2;
+  }
+  return known == 1;
+}
 
 // The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
 // grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
@@ -1009,29 +1271,9 @@ template <auto kKernel>
 int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
   const DeviceFacts& facts = GetDeviceFacts(device);
   if (facts.major < 9) return 1;
-  static int fits[kMaxDevices][4] = {};  // by log2(parts): 0 not asked, 1 runs, 2 does not
   int parts = 1;
   while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
-  for (; parts > 1; parts /= 2) {
-    int& known = fits[device][parts == 2 ? 1 : parts == 4 ? 2 : 3];
-    if (known == 0) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(unsigned(parts));
-      config.blockDim = dim3(kSamplingThreads);
-      config.dynamicSmemBytes = shared_bytes;
-      cudaLaunchAttribute attribute;
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = unsigned(parts);
-      attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-      int clusters = 0;
-      const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
-      cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
-      known = ok ? 1 : 2;
-    }
-    if (known == 1) break;
-  }
+  while (parts > 1 && !ClusterFits<kKernel>(parts, shared_bytes, device)) parts /= 2;
   return parts;
 }
 
@@ -1039,10 +1281,10 @@ int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
 // blocks, with the PDL attribute when `pdl`.
 template <typename Params>
 cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t shared_bytes, cudaStream_t stream,
-                        bool pdl, const Params& p) {
+                        bool pdl, const Params& p, int threads = kSamplingThreads) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(rows * parts));
-  config.blockDim = dim3(kSamplingThreads);
+  config.blockDim = dim3(unsigned(threads));
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attributes[2];
@@ -1087,11 +1329,16 @@ bool RowsAligned(const void* base, int64_t stride) {
   return Aligned16(base) && stride % kVec16<T> == 0;
 }
 
-// Rows searched by histograms merge them across the blocks of a split at every level, through
-// distributed shared memory: on the H200 that cost more than the split saved (top-k + top-p at
-// vocab 128256: 53 us unsplit, 186 us over 8 blocks at batch 1; 55 against 79 us over 2 at batch
-// 64), so they are not split; a plain race (no filter, min-p, logits) is (42 -> 16 us at batch 1).
-constexpr int kSearchRowParts = 1;
+// Rows searched by histograms merge the level-0 histogram across the blocks of a split through
+// distributed shared memory, and every block then gets all the gathered candidates and searches
+// them alone. On the H200 at vocab 128256 (top-k + top-p, top-p, top-k): 2 blocks a row gave
+// 46 / 65 / 35 us at batch 1 against 53 / 87 / 44 unsplit, 50 / 66 / 41 at batch 64 against
+// 55 / 88 / 47; 4 blocks no better than 2. (Merging every candidate level across blocks instead
+// had made the split slower than one block.)
+constexpr int kSearchRowParts = 2;
+// The renormalizations and the mask search through FindThreshold, which merges every candidate
+// level across the blocks: not split.
+constexpr int kThresholdRowParts = 1;
 
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
@@ -1103,20 +1350,55 @@ inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stre
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
   return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
-                                                      kSearchRowParts);
+                                                      kThresholdRowParts);
 }
 
 template <typename T>
 cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
-                                                                             device, stream, pdl, kSearchRowParts);
+                                                                             device, stream, pdl, kThresholdRowParts);
+}
+
+// SoftmaxResidentKernel<kLoads> where the row fits a cluster's registers: the blocks it needs, or
+// more (up to kMaxRowParts) where the batch leaves SMs idle. False where it does not apply.
+template <auto kKernel, int kVec, int kLoads, int kThreads>
+bool LaunchResidentSoftmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl, cudaError_t* status) {
+  constexpr int64_t kPerBlock = int64_t(kThreads) * kLoads * kVec;
+  int parts = int((p.vocab + kPerBlock - 1) / kPerBlock);
+  if (parts > kMaxRowParts || p.rows > 0x7FFFFFFF / kMaxRowParts) return false;
+  parts = std::max(parts, 1);
+  const int sms = GetDeviceFacts(device).sms;
+  if (p.rows * parts * 2 <= sms) parts = int(std::min<int64_t>(kMaxRowParts, std::max<int64_t>(parts, sms / p.rows)));
+  if (BlocksPerSm<kKernel>(kThreads, 0, device) == 0) return false;
+  while (parts > 1 && !ClusterFits<kKernel>(parts, 0, device, kThreads)) {
+    if (int64_t(parts - 1) * kPerBlock < p.vocab) return false;  // fewer blocks cannot hold the row
+    --parts;
+  }
+  *status = LaunchSplit(kKernel, p.rows, parts, 0, stream, pdl, p, kThreads);
+  return true;
 }
 
 template <typename T>
 cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.logits, p.in_stride) && RowsAligned<float>(p.out, p.out_stride) &&
                        p.out_stride % kVec16<T> == 0;
+  if (p.rows == 0) return cudaSuccess;
+  if (aligned) {
+    // The row read once where a cluster's registers hold it. Blocks of 1024 threads (128 KB of
+    // float32 each) where the grid fills the SMs four times over (on the H200 at vocab 128256:
+    // 2.67-2.83 passes at batch 256-1024 against 2.99-3.02 for 512), else blocks of 512, two to an SM
+    // (3.02 against 3.30 at batch 64), up to 8 * 512 * 32 elements.
+    constexpr int kVec = kVec16<T>;
+    constexpr int64_t kBig = 1024 * 8 * kVec;
+    const bool many = p.rows * ((p.vocab + kBig - 1) / kBig) >= 4 * int64_t(GetDeviceFacts(device).sms);
+    cudaError_t status = cudaSuccess;
+    if ((many && LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) ||
+        LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 512>, kVec, 8, 512>(p, device, stream, pdl, &status) ||
+        LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) {
+      return status;
+    }
+  }
   return LaunchRows<SoftmaxKernel<T, kVec16<T>>, SoftmaxKernel<T, 1>>(p, p.rows, aligned, 0, device, stream, pdl);
 }
 
