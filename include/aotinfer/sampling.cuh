@@ -209,28 +209,27 @@ struct SamplingShared {
   Best part_best;
 };
 
-__device__ __forceinline__ float BlockMax(float v, SamplingShared& sh) {
+// `v` combined by `op` over the block, in every thread: each warp's result goes through
+// `scratch` (one slot a warp: kSamplingWarps == 32, one a lane), then the warps' results combine.
+template <typename T, typename Op>
+__device__ __forceinline__ T BlockReduce(T v, T* scratch, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) sh.scratch_f[threadIdx.x / 32] = v;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
   __syncthreads();
-  v = sh.scratch_f[threadIdx.x % 32];
+  v = scratch[threadIdx.x % 32];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   __syncthreads();
   return v;
 }
 
+__device__ __forceinline__ float BlockMax(float v, SamplingShared& sh) {
+  return BlockReduce(v, sh.scratch_f, [](float a, float b) { return fmaxf(a, b); });
+}
+
 __device__ __forceinline__ float BlockSum(float v, SamplingShared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) sh.scratch_f[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = sh.scratch_f[threadIdx.x % 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  return v;
+  return BlockReduce(v, sh.scratch_f, [](float a, float b) { return a + b; });
 }
 
 __device__ __forceinline__ Best BlockBest(Best b, SamplingShared& sh) {
@@ -272,13 +271,7 @@ __device__ __forceinline__ float RowSum(float v, SamplingShared& sh) {
 }
 // The sum of doubles over the row, in a fixed order (the same on every run), valid in every thread.
 __device__ __forceinline__ double RowSumDouble(double v, SamplingShared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) sh.scratch_d[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = sh.scratch_d[threadIdx.x % 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = BlockReduce(v, sh.scratch_d, [](double a, double b) { return a + b; });
   if (threadIdx.x == 0) sh.part_double = v;
   SyncRow();
   v = 0;
@@ -482,15 +475,7 @@ __device__ __forceinline__ int BinHoldingMass(SamplingShared& sh, double mass) {
 
 // The smallest of `v` over the block.
 __device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  if (threadIdx.x % 32 == 0) sh.scratch_i[threadIdx.x / 32] = v;
-  __syncthreads();
-  v = sh.scratch_i[threadIdx.x % 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  return v;
+  return BlockReduce(v, sh.scratch_i, [](int a, int b) { return min(a, b); });
 }
 
 // Sorts the gathered candidates by key, largest first, ties by index (a bitonic sort over the next
