@@ -370,7 +370,7 @@ def test_large_batch_is_not_split():
     case = Case(lengths, 16, heads, torch.float16)
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"))
     case.plan(wrapper)
-    assert wrapper._plan.partition.num_slots == 0 and not wrapper._plan.merge
+    assert wrapper._plan.partition.num_slots == 0
     want, want_lse = case.reference()
     out, lse = wrapper.run(case.q, case.cache, return_lse=True)
     check(out, want, torch.float16, lse, want_lse)
@@ -606,10 +606,11 @@ def merge_into(o, s, o_other, s_other):
     return o, s_max + torch.log2(total)
 
 
-def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, sinks,
-                       kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, merge, enable_pdl):  # fmt: skip
+def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters,
+                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
-    as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
+    as float32 torch code: what the CUDA kernel computes, item by item, then the merge of split
+    requests (by their last item there: the counters are zero before and after)."""
     nhd = kv_layout == 0
     page_size = k_cache.shape[1 if nhd else 2]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -617,6 +618,9 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
     assert work.dtype == requests.dtype == torch.int32 and work.shape[1] == requests.shape[1] == 4
     assert requests.shape[0] == q.shape[0] == out.shape[0] and lse.numel() in (0, q.shape[0] * num_heads)
     assert partial_out.shape[1:] == (num_heads, head_dim) and partial_lse.shape == partial_out.shape[:2]
+    blocks_per_request = k_cache.shape[2 if nhd else 1] * -(-group // 16)
+    assert counters.dtype == torch.int32 and counters.numel() >= q.shape[0] * blocks_per_request
+    assert not counters.any(), "counters must be zero between launches"
     sink = sinks.float() / LN2 if sinks.numel() else None  # base 2
 
     def state(request, begin, end):
@@ -659,7 +663,6 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
             partial_out[slot], partial_lse[slot] = o, s
     for request, (_, _, first_partial, num_partials) in enumerate(requests.tolist()):
         if num_partials > 1:
-            assert merge, "a request was split but merge is off"
             o, s = torch.zeros(num_heads, head_dim), torch.full((num_heads,), float("-inf"))
             for slot in range(first_partial, first_partial + num_partials):
                 o, s = merge_into(o, s, partial_out[slot], partial_lse[slot])
@@ -723,10 +726,11 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
         indices = torch.randperm(pool)[: indices.numel()].int()
         wrapper.plan(indptr, indices, last, *heads, page_size)
         plan = wrapper._plan
-        layout = [(t.data_ptr(), tuple(t.shape)) for t in (plan.work, plan.requests, plan.indices, plan.partial_out, plan.partial_lse)]
+        tables = (plan.work, plan.requests, plan.counters, plan.indices, plan.partial_out, plan.partial_lse)
+        layout = [(t.data_ptr(), tuple(t.shape)) for t in tables]
         assert seen is None or layout == seen
         seen = layout
-        assert plan.merge and plan.work.shape[0] == decode.target_items(132, 16, 4)
+        assert plan.work.shape[0] == decode.target_items(132, 16, 4)
         assert torch.equal(buffers["paged_kv_indices_buffer"][: indices.numel()], indices)
         assert torch.equal(buffers["paged_kv_indptr_buffer"], indptr)
         keys, values = gather(k, v, indptr, indices, last, "NHD")

@@ -1,0 +1,60 @@
+"""Decode experiments for one device run (not a shipped benchmark): the split policy swept by
+patching the plan's blocks-an-SM target, ratios to copy in the same process.
+
+    python benchmarks/decode_probe.py sweep [CTAS ...]
+    python benchmarks/decode_probe.py once BATCH KV_LEN   (one plan + a few runs, for ncu)
+"""
+import sys
+
+import torch
+
+import aotinfer
+from aotinfer import decode
+from bench_decode import paged_case, reference, WORKSPACE
+from _bandwidth import gbps, same_size_copy
+from aotinfer.testing import bench_gpu_time
+
+
+def case(batch, kv_len, qo=32, kv=8, kv_dtype=torch.bfloat16, k_scale=None, v_scale=None, check=True):
+    q, cache, indptr, indices, last = paged_case(batch, kv_len, qo, kv, kv_dtype=kv_dtype)
+    ws = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+    w = aotinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(indptr, indices, last, qo, kv, 128, 16, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    out = torch.empty_like(q)
+    run = lambda: w.run(q, cache, out=out, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
+    out.fill_(float("nan"))
+    run()
+    if check:
+        n = min(batch, 2)
+        want = reference(q[:n], cache, indptr, indices, last, k_scale or 1.0, v_scale or 1.0)
+        torch.testing.assert_close(out[:n].float(), want, rtol=2e-2, atol=2e-2)
+    nbytes = 2 * batch * kv_len * kv * 128 * cache[0].element_size() + 2 * q.numel() * q.element_size()
+    return run, nbytes, w
+
+
+def sweep(ctas_list):
+    shapes = [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (1, 32768), (4, 65536)]
+    print("ratio to copy; columns: plan's blocks-an-SM target")
+    print(f"{'shape':>10} " + " ".join(f"{c:>12}" for c in ctas_list))
+    for batch, kv_len in shapes:
+        cells = []
+        for ctas in ctas_list:
+            decode._CTAS_PER_SM = ctas
+            run, nbytes, w = case(batch, kv_len)
+            items = w._plan.partition.num_items if hasattr(w, "_plan") else -1
+            t, _ = bench_gpu_time(run)
+            copy = same_size_copy(nbytes)
+            cells.append(f"{gbps(nbytes, t) / copy:6.3f}({t * 1e6:4.1f})")
+        print(f"{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>12}" for c in cells), flush=True)
+    decode._CTAS_PER_SM = 2
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "sweep":
+        sweep([float(c) if "." in c else int(c) for c in sys.argv[2:]] or [1, 2, 3, 4])
+    else:
+        batch, kv_len = int(sys.argv[2]), int(sys.argv[3])
+        run, _, _ = case(batch, kv_len, check=False)
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
