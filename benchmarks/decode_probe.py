@@ -4,6 +4,7 @@ patching the plan's blocks-an-SM target, ratios to copy in the same process.
     python benchmarks/decode_probe.py sweep [CTAS ...]
     python benchmarks/decode_probe.py once BATCH KV_LEN   (one plan + a few runs, for ncu)
 """
+import os
 import sys
 
 import torch
@@ -32,26 +33,49 @@ def case(batch, kv_len, qo=32, kv=8, kv_dtype=torch.bfloat16, k_scale=None, v_sc
     return run, nbytes, w
 
 
+SHAPES = {
+    "split": [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (1, 32768), (4, 65536)],
+    "main": [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (1, 32768), (4, 65536),
+             "fp8"],
+    "all": [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (256, 8192), (1, 32768),
+            (4, 65536), "fp8"],
+}
+if os.environ.get("PROBE_FLUSH") == "read":  # a cold L2 that leaves no dirty lines behind: read the buffer, write nothing
+    from aotinfer import testing
+
+    def _read_flush(self):
+        if self.buffer is not None:
+            self.buffer.view(torch.int64).sum()
+
+    testing._L2Flush.__call__ = _read_flush
+
+
+if os.environ.get("PROBE_MIN_CHUNK"):
+    decode._MIN_CHUNK = int(os.environ["PROBE_MIN_CHUNK"])
+
+
 def sweep(ctas_list):
-    shapes = [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (1, 32768), (4, 65536)]
+    shapes = SHAPES[os.environ.get("PROBE_SHAPES", "split")]
     print("ratio to copy; columns: plan's blocks-an-SM target")
     print(f"{'shape':>10} " + " ".join(f"{c:>12}" for c in ctas_list))
-    for batch, kv_len in shapes:
+    for shape in shapes:
+        batch, kv_len = (64, 4096) if shape == "fp8" else shape
+        fp8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0) if shape == "fp8" else {}
         cells = []
         for ctas in ctas_list:
-            decode._CTAS_PER_SM = ctas
-            run, nbytes, w = case(batch, kv_len)
-            items = w._plan.partition.num_items if hasattr(w, "_plan") else -1
+            if ctas != "d":  # "d": the plan's own policy
+                decode._CTAS_PER_SM = ctas
+            run, nbytes, w = case(batch, kv_len, **fp8)
             t, _ = bench_gpu_time(run)
             copy = same_size_copy(nbytes)
             cells.append(f"{gbps(nbytes, t) / copy:6.3f}({t * 1e6:4.1f})")
-        print(f"{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>12}" for c in cells), flush=True)
+        print(f"{'fp8 ' if fp8 else ''}{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>12}" for c in cells), flush=True)
     decode._CTAS_PER_SM = 2
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "sweep":
-        sweep([float(c) if "." in c else int(c) for c in sys.argv[2:]] or [1, 2, 3, 4])
+        sweep([c if c == "d" else int(c) for c in sys.argv[2:]] or [1, 2, 3, 4])
     else:
         batch, kv_len = int(sys.argv[2]), int(sys.argv[3])
         run, _, _ = case(batch, kv_len, check=False)

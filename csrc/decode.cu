@@ -1,6 +1,6 @@
 // Binding of paged decode attention (include/aotinfer/decode.cuh). The plan (python/aotinfer/
-// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot) and
-// `requests` rows (page_begin, kv_len, first_partial, num_partials), and zeroed `counters` (an
+// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot,
+// page_begin, kv_len, first_partial, num_partials: the item, then its request), and zeroed `counters` (an
 // int32 a request and block row: the last item of a split request merges it); this binding
 // checks the tensors, then launches the decode kernel.
 #include "aotinfer/decode.cuh"
@@ -35,7 +35,7 @@ cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_
 // Decode attention of q against the paged k_cache / v_cache (kv_layout 0: [pages, page_size,
 // kv_heads, head_dim], 1: [pages, kv_heads, page_size, head_dim]) over the planned work items.
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
-                  TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
+                  TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work,
                   TensorView counters, TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap,
                   int64_t window_left, double v_scale, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
@@ -63,12 +63,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   CheckRows16(k_cache, fp8 ? 16 : 8, "k_cache", 3);
   CheckRows16(v_cache, fp8 ? 16 : 8, "v_cache", 3);
   CheckIndexTable(indices, 0, "indices");
-  CheckIndexTable(work, 4, "work");
-  CheckIndexTable(requests, 4, "requests");
-  if (requests.size(0) != batch) {
-    AOTINFER_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
-                              << aotinfer::ShapeString(requests.shape());
-  }
+  CheckIndexTable(work, 8, "work");
   CheckIndexTable(counters, 0, "counters");
   const int64_t head_blocks = (num_qo_heads / num_kv_heads + aotinfer::kDecodeRows - 1) / aotinfer::kDecodeRows;
   if (counters.size(0) < batch * num_kv_heads * head_blocks) {
@@ -78,9 +73,9 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   aotinfer::CheckEnablePdl(enable_pdl);
   const aotinfer::AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
-  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &counters, &out};
-  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "counters", "out"};
-  for (int i = 0; i < 8; ++i) {
+  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &counters, &out};
+  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "counters", "out"};
+  for (int i = 0; i < 7; ++i) {
     aotinfer::CheckCuda(*on_gpu[i], names[i]);
     aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
   }
@@ -94,7 +89,6 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
                                head_axis, slot_axis, indices, sinks, has_sinks, batch, page_size, sm_scale,
                                logits_soft_cap, window_left);
   p.work = aotinfer::data_ptr<int4>(work);
-  p.requests = aotinfer::data_ptr<int4>(requests);
   p.counters = aotinfer::data_ptr<int>(counters);
   p.head_blocks = int(head_blocks);
   p.v_scale = float(v_scale);

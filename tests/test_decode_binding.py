@@ -58,18 +58,16 @@ def reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window,
 
 
 def plan(lens, page_begin, chunk, capacity=None):
-    work, requests, slot = [], [], 0
+    work, slot = [], 0
     for b, n in enumerate(lens):
         chunks = max(1, math.ceil(n / chunk))
-        first = slot
+        request = (page_begin[b], n, slot, chunks) if chunks > 1 else (page_begin[b], n, -1, 0)
         for c in range(chunks):
-            work.append((b, c * chunk, min(n, (c + 1) * chunk), -1 if chunks == 1 else slot))
+            work.append((b, c * chunk, min(n, (c + 1) * chunk), -1 if chunks == 1 else slot) + request)
             slot += chunks > 1
-        requests.append((page_begin[b], n, first, chunks if chunks > 1 else 0))
     while capacity and len(work) < capacity:
-        work.append((-1, 0, 0, 0))
-    as_gpu = lambda rows: torch.tensor(rows, dtype=torch.int32, device="cuda").reshape(-1, 4)  # noqa: E731
-    return as_gpu(work), as_gpu(requests), slot
+        work.append((-1, 0, 0, 0, 0, 0, 0, 0))
+    return torch.tensor(work, dtype=torch.int32, device="cuda").reshape(-1, 8), slot
 
 
 CASES = [
@@ -94,7 +92,7 @@ def test_batch_decode(case, options):
     fp8 = kv_dtype.itemsize == 1
     k_scale, v_scale = (0.5, 1.5) if fp8 else (1.0, 1.0)
     cap, window, sinks = (30.0, 77, torch.randn(qo, device="cuda")) if options == "cap-window-sinks" else (0.0, -1, None)
-    work, requests, slots = plan(lens, page_begin, chunk, capacity=len(lens) * 40 if options == "idle" else None)
+    work, slots = plan(lens, page_begin, chunk, capacity=len(lens) * 40 if options == "idle" else None)
     sm_scale = 1 / math.sqrt(d)
     out = torch.full_like(q, math.nan)
     lse = torch.full((len(lens), qo), math.nan, device="cuda")
@@ -105,7 +103,7 @@ def test_batch_decode(case, options):
     for _ in range(2):  # twice: the last item of each split request leaves its counter at zero for the next launch
         out.fill_(math.nan)
         lse.fill_(math.nan)
-        binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, counters,
+        binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, counters,
                                 empty if sinks is None else sinks, layout, sm_scale * k_scale, cap, window, v_scale, -1)
         assert not counters.any()
     want, want_lse = reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window, sinks, k_scale, v_scale)

@@ -40,8 +40,10 @@ namespace aotinfer {
 
 // One decode step: the rows are the batch's requests, one query token each; KV is paged.
 struct DecodeParams : AttentionParams {
-  const int4* work;              // [items]: (request, kv_begin, kv_end, slot); request -1: idle, slot -1: final
-  const int4* requests;          // [batch]: (page_begin, kv_len, first_partial, num_partials)
+  // [items][2]: (request, kv_begin, kv_end, slot), then the request's (page_begin, kv_len,
+  // first_partial, num_partials); request -1: idle, slot -1: final. One row holds all an item
+  // needs, so the first page ids are one dependent load from the start, not two.
+  const int4* work;
   int* counters;                 // [batch][num_kv_heads * head_blocks]: items of a split request done; zero between launches
   int head_blocks;               // ceil(group / 16): blocks per KV head
   float v_scale;
@@ -118,9 +120,19 @@ __device__ __forceinline__ uint4 BfloatToHalf8(uint4 raw) {
   return r;
 }
 
+// *counter += value at GPU scope, ordered after this thread's (and, through a barrier before it,
+// its block's) earlier writes and before its later reads; returns the old value.
+__device__ __forceinline__ int AddAcquireRelease(int* counter, int value) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+  return old;
+}
+
+constexpr int kSplitMergeBatch = 16;  // partials a thread of the merging block has in flight
+
 // out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink) for `rows` query heads from qo_head0
 // of a request whose `count` partials start at slot `first`, by the block that finished last:
-// a thread a 4-float column of a head, folding the partials in slot order, kMergeBatch loads in
+// a thread a 4-float column of a head, folding the partials in slot order, kSplitMergeBatch loads in
 // flight (reads through L2: other blocks wrote them in this launch).
 template <typename T, int D>
 __device__ __forceinline__ void MergeSplitRequest(const DecodeParams& p, int request, int qo_head0, int rows,
@@ -133,23 +145,23 @@ __device__ __forceinline__ void MergeSplitRequest(const DecodeParams& p, int req
     const float* x = p.partial_out + (int64_t(first) * heads + head) * D + d;    // partial i at x[i * heads * D]
     float m = -INFINITY, sum = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int i0 = 0; i0 < count; i0 += kMergeBatch) {
-      float l[kMergeBatch];
-      float4 y[kMergeBatch];
+    for (int i0 = 0; i0 < count; i0 += kSplitMergeBatch) {
+      float l[kSplitMergeBatch];
+      float4 y[kSplitMergeBatch];
 #pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
+      for (int j = 0; j < kSplitMergeBatch; ++j) {
         const int i = i0 + j;
         l[j] = i < count ? __ldcg(lse + i * heads) : -INFINITY;
         y[j] = i < count ? __ldcg(reinterpret_cast<const float4*>(x + i * heads * D)) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float batch_max = m;
 #pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) batch_max = fmaxf(batch_max, l[j]);
+      for (int j = 0; j < kSplitMergeBatch; ++j) batch_max = fmaxf(batch_max, l[j]);
       const float base = SafeBase(batch_max), alpha = Exp2(m - base);
       sum *= alpha;
       acc = make_float4(acc.x * alpha, acc.y * alpha, acc.z * alpha, acc.w * alpha);
 #pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
+      for (int j = 0; j < kSplitMergeBatch; ++j) {
         const float w = Exp2(l[j] - base);
         sum += w;
         acc = make_float4(acc.x + w * y[j].x, acc.y + w * y[j].y, acc.z + w * y[j].z, acc.w + w * y[j].w);
@@ -187,10 +199,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const int qo_head0 = kv_head * p.group + row0;
 
   // The work tables come from plan, not from the kernel before: read them while it finishes.
-  const int4 item = p.work[blockIdx.x];
+  const int4 item = p.work[2 * blockIdx.x], info = p.work[2 * blockIdx.x + 1];
   if (item.x < 0) return;  // an idle item of a fixed (graph-captured) grid
   const int request = item.x;
-  const int4 info = p.requests[request];
   WaitForPriorGrids();
   const int kv_len = info.y;
   int begin = item.y;
@@ -514,19 +525,17 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   if (final) return;
 
   // A split request: the last of its items to finish (for this block row) merges its partials.
-  // The block's writes are ordered before the count by the barrier and thread 0's fence (as a
-  // grid-wide barrier orders them); the merging block's fence orders its reads after every count.
+  // Thread 0 counts for the block after the barrier, with release (the block's partial is out
+  // before the count) and acquire (the last one reads the others' partials after theirs).
   __shared__ bool merges;
   __syncthreads();
   if (tid == 0) {
     int* counter = p.counters + int64_t(request) * gridDim.y + blockIdx.y;
-    __threadfence();
-    merges = atomicAdd(counter, 1) == info.w - 1;
+    merges = AddAcquireRelease(counter, 1) == info.w - 1;
     if (merges) *counter = 0;  // every item has counted: ready for the next launch
   }
   __syncthreads();
   if (!merges) return;
-  __threadfence();
   MergeSplitRequest<T, D>(p, request, qo_head0, rows, info.z, info.w);
 }
 

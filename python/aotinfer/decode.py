@@ -14,12 +14,13 @@ The design choice: ``plan`` makes every host decision and ``run`` none. ``plan``
 index arrays on the host, splits long sequences into chunks when the batch alone would leave the
 GPU idle, and writes the result into the workspace as int32 tables the kernel reads:
 
-    work      [items, 4]  (request, kv_begin, kv_end, slot): one CTA column per item, attending
-                          positions [kv_begin, kv_end) of its request; slot -1 writes the output
-                          directly, slot >= 0 a partial result that the request's last item
-                          to finish merges;
-                          request -1 is an idle item (a CUDA graph's fixed grid, see below)
-    requests  [batch, 4]  (page_begin, kv_len, first_partial, num_partials) per request
+    work      [items, 8]  (request, kv_begin, kv_end, slot, page_begin, kv_len, first_partial,
+                          num_partials): one CTA column per item, attending positions
+                          [kv_begin, kv_end) of its request; slot -1 writes the output directly,
+                          slot >= 0 a partial result that the request's last item to finish
+                          merges; request -1 is an idle item (a CUDA graph's fixed grid, see
+                          below). The last four are the request's: the kernel's first page ids
+                          are then one dependent load from its start
     counters  [batch * heads_ctas]  zeros: a split request's items count themselves done there,
                           and the last resets its counter after merging (zero between launches)
 
@@ -214,14 +215,17 @@ def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count
     return k_hi * unit
 
 
+IDLE_ITEM = (-1, 0, 0, -1, 0, 0, -1, 0)  # a work row that attends nothing (a fixed grid's spare CTAs)
+
+
 class WorkPartition:
     """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
 
     __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
 
     def __init__(self, work, requests, num_items, num_slots, chunk):
-        self.work = work  # [items or capacity, 4] (request, kv_begin, kv_end, slot)
-        self.requests = requests  # [batch, 4] (page_begin, kv_len, first_partial, num_partials)
+        self.work = work  # [items or capacity, 8]: (request, kv_begin, kv_end, slot) + its request's row
+        self.requests = requests  # [batch, 4] (page_begin, kv_len, first_partial, num_partials): host only
         self.num_items = num_items  # items that attend (the rest, under a capacity, are idle)
         self.num_slots = num_slots  # partial results written
         self.chunk = chunk  # tokens per chunk; 0: nothing split
@@ -274,25 +278,25 @@ def partition_work(
         # One item a request (the usual large batch): tensor ops.
         num_items, num_slots = batch, 0
         none = torch.full_like(kv_len, -1)
-        work = torch.stack([torch.arange(batch), lo, kv_len, none], 1)
-        work = work[torch.argsort(kv_len - lo, descending=True, stable=True)]
         requests = torch.stack([page_begin, kv_len, none, torch.zeros_like(kv_len)], 1)
+        work = torch.cat([torch.stack([torch.arange(batch), lo, kv_len, none], 1), requests], 1)
+        work = work[torch.argsort(kv_len - lo, descending=True, stable=True)]
     else:
         # Chunks (a small batch, or a fixed split): rows in Python, one tensor each at the end.
         rows, request_rows, num_slots = [], [], 0
         for b, (l, h, begin, length) in enumerate(zip(lo.tolist(), kv_len.tolist(), page_begin.tolist(), kv_len.tolist())):
             first, n = l // chunk, num_chunks(l, h, chunk)
             if n == 1:
-                rows.append((b, l, h, -1))
                 request_rows.append((begin, length, -1, 0))
+                rows.append((b, l, h, -1) + request_rows[-1])
                 continue
-            for i in range(n):
-                rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i))
             request_rows.append((begin, length, num_slots, n))
+            for i in range(n):
+                rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i) + request_rows[-1])
             num_slots += n
         rows.sort(key=lambda row: row[1] - row[2])  # longest first; sort is stable
         num_items = len(rows)
-        work = torch.tensor(rows, dtype=torch.int64).view(-1, 4)
+        work = torch.tensor(rows, dtype=torch.int64).view(-1, 8)
         requests = torch.tensor(request_rows, dtype=torch.int64).view(-1, 4)
     if capacity is not None:
         if num_items > capacity:
@@ -300,7 +304,7 @@ def partition_work(
                 f"this plan needs {num_items} work items, more than the {capacity} a CUDA graph's fixed grid holds "
                 f"for batch size {batch}: use a larger fixed_split_size (or none) or disable_split_kv=True"
             )
-        idle = torch.tensor([[-1, 0, 0, -1]], dtype=work.dtype).expand(capacity - num_items, 4)
+        idle = torch.tensor([IDLE_ITEM], dtype=work.dtype).expand(capacity - num_items, 8)
         work = torch.cat([work, idle])
     return WorkPartition(work.to(torch.int32), requests.to(torch.int32), num_items, num_slots, chunk)
 
@@ -368,7 +372,7 @@ class _Plan:
 
     __slots__ = (
         "batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
-        "window_left", "work", "requests", "counters", "indices", "partial_out", "partial_lse", "empty", "partition",
+        "window_left", "work", "counters", "indices", "partial_out", "partial_lse", "empty", "partition",
     )  # fmt: skip
 
 
@@ -677,9 +681,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         slots = capacity if self._use_cuda_graph else partition.num_slots
         plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
         counters = torch.zeros(batch * heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32)
-        plan.requests, plan.work, plan.counters = self._write_tables(
-            [partition.requests, partition.work, counters], non_blocking
-        )
+        plan.work, plan.counters = self._write_tables([partition.work, counters], non_blocking)
         if self._use_cuda_graph:
             self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
             self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
@@ -792,7 +794,6 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             v_cache,
             plan.indices,
             plan.work,
-            plan.requests,
             plan.counters,
             plan.empty if sinks is None else sinks,
             self._kv_layout_code,
@@ -907,11 +908,12 @@ def _single_request_tables(kv_len: int, lo: int, chunk: int, device: "torch.devi
         slots = torch.arange(items, dtype=torch.int32, device=device)
     else:
         slots = torch.full((1,), -1, dtype=torch.int32, device=device)
-    work = torch.stack((torch.zeros_like(slots), edges.narrow(0, 0, items), edges.narrow(0, 1, items), slots), dim=1)
     requests = torch.zeros((1, 4), dtype=torch.int32, device=device)  # page_begin 0
     requests.narrow(1, 1, 1).fill_(kv_len)
     requests.narrow(1, 2, 1).fill_(0 if split else -1)  # first_partial
     requests.narrow(1, 3, 1).fill_(items if split else 0)  # num_partials
+    items_only = (torch.zeros_like(slots), edges.narrow(0, 0, items), edges.narrow(0, 1, items), slots)
+    work = torch.cat((torch.stack(items_only, dim=1), requests.expand(items, 4)), dim=1)
     return work, requests, (items if split else 0)
 
 
@@ -992,7 +994,7 @@ def single_decode_with_kv_cache(
     lo = max(kv_len - 1 - window_left, 0) if window_left >= 0 else 0
     fill = target_items(_SINGLE_DECODE_SMS, num_qo_heads, num_kv_heads)
     chunk = smallest_chunk(kv_len - lo, kv_len, fill, 1, lambda c: num_chunks(lo, kv_len, c)) if fill > 1 else 0
-    work, requests, slots = _single_request_tables(kv_len, lo, chunk, device)
+    work, _, slots = _single_request_tables(kv_len, lo, chunk, device)
     indices = torch.arange(kv_len, dtype=torch.int32, device=device)
 
     if sm_scale is None:
@@ -1013,7 +1015,6 @@ def single_decode_with_kv_cache(
         v_cache,
         indices,
         work,
-        requests,
         torch.zeros(heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32, device=device),
         torch.empty(0, dtype=torch.float32, device=device),
         _KV_LAYOUTS[kv_layout],
