@@ -172,12 +172,8 @@ __device__ __forceinline__ void MergeSplitRequest(const DecodeParams& p, int req
     const float base = SafeBase(fmaxf(m, sink)), scale = Exp2(m - base);
     const float total = sum * scale + Exp2(sink - base);
     const float inv = total > 0.f ? scale / total : 0.f;
-    Vec<T, 4> out;
-    out[0] = from_float<T>(acc.x * inv);
-    out[1] = from_float<T>(acc.y * inv);
-    out[2] = from_float<T>(acc.z * inv);
-    out[3] = from_float<T>(acc.w * inv);
-    out.store(static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d);
+    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d;
+    *reinterpret_cast<uint2*>(out) = make_uint2(PackPair<T>(acc.x * inv, acc.y * inv), PackPair<T>(acc.z * inv, acc.w * inv));
     if (p.lse != nullptr && d == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
   }
 }
