@@ -1,8 +1,16 @@
-"""Decode experiments for one device run (not a shipped benchmark): the split policy swept by
-patching the plan's blocks-an-SM target, ratios to copy in the same process.
+"""Decode experiments for one device run (not a shipped benchmark; benchmarks/NOTES.md, "Paged
+decode attention", has what they showed).
 
-    python benchmarks/decode_probe.py sweep [CTAS ...]
-    python benchmarks/decode_probe.py once BATCH KV_LEN   (one plan + a few runs, for ncu)
+    python benchmarks/decode_probe.py sweep [CTAS ...]   the split policy: ratio to copy (and us)
+                                                         with the plan aiming at CTAS blocks an SM
+    python benchmarks/decode_probe.py latency            warm-L2 step time, graph replay and plain
+                                                         launches, with and without PDL
+    python benchmarks/decode_probe.py once BATCH KV_LEN  one plan and a few runs (for ncu)
+
+PROBE_SHAPES=split|main|all picks the sweep's shapes; PROBE_FLUSH=read makes the cold-L2 flush a
+read of the flush buffer instead of bench_gpu_time's fill, so that no dirty lines are left for the
+timed kernel to write back (a read-only kernel otherwise pays for the fill's write-back; a copy
+hides part of it behind its own writes).
 """
 import os
 import sys
@@ -23,6 +31,7 @@ def case(batch, kv_len, qo=32, kv=8, kv_dtype=torch.bfloat16, k_scale=None, v_sc
     w.plan(indptr, indices, last, qo, kv, 128, 16, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
     out = torch.empty_like(q)
     run = lambda: w.run(q, cache, out=out, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
+    w._probe_args, w._probe_cache = (q, out), cache
     out.fill_(float("nan"))
     run()
     if check:
@@ -73,8 +82,24 @@ def sweep(ctas_list):
     decode._CTAS_PER_SM = 2
 
 
+def latency_probe():
+    """Warm-L2 step latency (graph replay and plain back-to-back launches), with and without PDL."""
+    for batch, kv_len in [(1, 1024), (16, 2048), (1, 32768)]:
+        run, _, w = case(batch, kv_len, check=False)
+        cells = []
+        for pdl in (None, False):
+            q, out = w._probe_args
+            fn = lambda: w.run(q, w._probe_cache, out=out, enable_pdl=pdl)  # noqa: E731
+            g, _ = bench_gpu_time(fn, use_cuda_graph=True, cold_l2_cache=False)
+            e, _ = bench_gpu_time(fn, cold_l2_cache=False)
+            cells.append(f"pdl={pdl}: graph {g * 1e6:6.2f} events {e * 1e6:6.2f}")
+        print(f"{batch:>4}x{kv_len:<6} " + " | ".join(cells), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "sweep":
+    if sys.argv[1] == "latency":
+        latency_probe()
+    elif sys.argv[1] == "sweep":
         sweep([c if c == "d" else int(c) for c in sys.argv[2:]] or [1, 2, 3, 4])
     else:
         batch, kv_len = int(sys.argv[2]), int(sys.argv[3])
@@ -82,3 +107,4 @@ if __name__ == "__main__":
         for _ in range(5):
             run()
         torch.cuda.synchronize()
+

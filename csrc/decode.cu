@@ -1,8 +1,7 @@
 // Binding of paged decode attention (include/aotinfer/decode.cuh). The plan (python/aotinfer/
-// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot,
-// page_begin, kv_len, first_partial, num_partials: the item, then its request), and zeroed `counters` (an
-// int32 a request and block row: the last item of a split request merges it); this binding
-// checks the tensors, then launches the decode kernel.
+// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot) and
+// `requests` rows (page_begin, kv_len, first_partial, num_partials); this binding checks the
+// tensors, then launches the decode kernel and, when `merge`, the merge of split requests.
 #include "aotinfer/decode.cuh"
 #include "attention_checks.h"
 #include "tvm_ffi_utils.h"
@@ -21,12 +20,12 @@ using aotinfer::CheckRows16;
 using aotinfer::DtypeKey;
 
 template <typename T, typename KV>
-cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, cudaStream_t stream,
-                     bool pdl, int device) {
+cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, bool merge,
+                     cudaStream_t stream, bool pdl, int device) {
   switch (head_dim) {
-    case 64: return aotinfer::BatchDecode<T, KV, 64>(p, num_items, stream, pdl, device);
-    case 128: return aotinfer::BatchDecode<T, KV, 128>(p, num_items, stream, pdl, device);
-    default: return aotinfer::BatchDecode<T, KV, 256>(p, num_items, stream, pdl, device);
+    case 64: return aotinfer::BatchDecode<T, KV, 64>(p, num_items, merge, stream, pdl, device);
+    case 128: return aotinfer::BatchDecode<T, KV, 128>(p, num_items, merge, stream, pdl, device);
+    default: return aotinfer::BatchDecode<T, KV, 256>(p, num_items, merge, stream, pdl, device);
   }
 }
 
@@ -35,9 +34,9 @@ cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_
 // Decode attention of q against the paged k_cache / v_cache (kv_layout 0: [pages, page_size,
 // kv_heads, head_dim], 1: [pages, kv_heads, page_size, head_dim]) over the planned work items.
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
-                  TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work,
-                  TensorView counters, TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap,
-                  int64_t window_left, double v_scale, int64_t enable_pdl) {
+                  TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
+                  TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
+                  double v_scale, bool merge, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
   CheckQuery(q);
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
@@ -63,18 +62,17 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   CheckRows16(k_cache, fp8 ? 16 : 8, "k_cache", 3);
   CheckRows16(v_cache, fp8 ? 16 : 8, "v_cache", 3);
   CheckIndexTable(indices, 0, "indices");
-  CheckIndexTable(work, 8, "work");
-  CheckIndexTable(counters, 0, "counters");
-  const int64_t head_blocks = (num_qo_heads / num_kv_heads + aotinfer::kDecodeRows - 1) / aotinfer::kDecodeRows;
-  if (counters.size(0) < batch * num_kv_heads * head_blocks) {
-    AOTINFER_THROW(ValueError) << "Expected counters to hold at least batch * num_kv_heads * ceil(group / 16) = "
-                              << batch * num_kv_heads * head_blocks << " int32, got " << aotinfer::ShapeString(counters.shape());
+  CheckIndexTable(work, 4, "work");
+  CheckIndexTable(requests, 4, "requests");
+  if (requests.size(0) != batch) {
+    AOTINFER_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
+                              << aotinfer::ShapeString(requests.shape());
   }
   const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   aotinfer::CheckEnablePdl(enable_pdl);
   const aotinfer::AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
-  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &counters, &out};
-  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "counters", "out"};
+  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &out};
+  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "out"};
   for (int i = 0; i < 7; ++i) {
     aotinfer::CheckCuda(*on_gpu[i], names[i]);
     aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
@@ -89,8 +87,8 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
                                head_axis, slot_axis, indices, sinks, has_sinks, batch, page_size, sm_scale,
                                logits_soft_cap, window_left);
   p.work = aotinfer::data_ptr<int4>(work);
-  p.counters = aotinfer::data_ptr<int>(counters);
-  p.head_blocks = int(head_blocks);
+  p.requests = aotinfer::data_ptr<int4>(requests);
+  p.head_blocks = (p.group + aotinfer::kDecodeRows - 1) / aotinfer::kDecodeRows;
   p.v_scale = float(v_scale);
   if (batch == 0 || work.size(0) == 0) return;
 
@@ -103,11 +101,11 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     cudaError_t status;
     if (kv_key == DtypeKey(kDLFloat8_e4m3fn, 8)) {
-      status = Dispatch<T, __nv_fp8_e4m3>(p, head_dim, num_items, stream, pdl, device);
+      status = Dispatch<T, __nv_fp8_e4m3>(p, head_dim, num_items, merge, stream, pdl, device);
     } else if (kv_key == DtypeKey(kDLFloat8_e5m2, 8)) {
-      status = Dispatch<T, __nv_fp8_e5m2>(p, head_dim, num_items, stream, pdl, device);
+      status = Dispatch<T, __nv_fp8_e5m2>(p, head_dim, num_items, merge, stream, pdl, device);
     } else {
-      status = Dispatch<T, T>(p, head_dim, num_items, stream, pdl, device);
+      status = Dispatch<T, T>(p, head_dim, num_items, merge, stream, pdl, device);
     }
     CHECK_LAUNCH(status, "batch_decode");
     return true;

@@ -370,7 +370,7 @@ def test_large_batch_is_not_split():
     case = Case(lengths, 16, heads, torch.float16)
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"))
     case.plan(wrapper)
-    assert wrapper._plan.partition.num_slots == 0
+    assert wrapper._plan.partition.num_slots == 0 and not wrapper._plan.merge
     want, want_lse = case.reference()
     out, lse = wrapper.run(case.q, case.cache, return_lse=True)
     check(out, want, torch.float16, lse, want_lse)
@@ -503,8 +503,7 @@ def check_partition(p, lengths, page_size=16, window_left=-1):
     work, requests = p.work.tolist(), p.requests.tolist()
     assert p.work.dtype == p.requests.dtype == torch.int32 and len(requests) == len(lengths)
     items = [w for w in work if w[0] >= 0]
-    assert len(items) == p.num_items and all(tuple(w) == decode.IDLE_ITEM for w in work[len(items) :])
-    assert all(w[4:] == requests[w[0]] for w in items), "each item carries its request's row"
+    assert len(items) == p.num_items and all(w == [-1, 0, 0, -1] for w in work[len(items) :])
     slots = sorted(w[3] for w in items if w[3] >= 0)
     assert slots == list(range(p.num_slots))
     for b, length in enumerate(lengths):
@@ -570,7 +569,7 @@ def test_partition_modes():
     assert partition([100, 30, 127]).num_slots == 0
     # Empty batch.
     p = partition([])
-    assert p.num_items == 0 and p.work.shape == (0, 8) and p.requests.shape == (0, 4)
+    assert p.num_items == 0 and p.work.shape == (0, 4) and p.requests.shape == (0, 4)
 
 
 def test_partition_depends_on_the_request_alone_with_a_fixed_split():
@@ -588,7 +587,7 @@ def test_partition_with_a_fixed_capacity():
     target = decode.target_items(132, 32, 8)
     for lengths in ([5, 6, 7], [32768], RAGGED, [0] * 10):
         p = partition(lengths, capacity=max(len(lengths), target))
-        assert p.work.shape == (max(len(lengths), target), 8)
+        assert p.work.shape == (max(len(lengths), target), 4)
         check_partition(p, lengths)
     with pytest.raises(ValueError, match="more than the 33 a CUDA graph.s fixed grid holds"):
         partition([32768], fixed_split_size=1, capacity=33)
@@ -607,30 +606,21 @@ def merge_into(o, s, o_other, s_other):
     return o, s_max + torch.log2(total)
 
 
-def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, counters, sinks,
-                       kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, enable_pdl):  # fmt: skip
+def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, sinks,
+                       kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, merge, enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
-    as float32 torch code: what the CUDA kernel computes, item by item, then the merge of split
-    requests (by their last item there: the counters are zero before and after)."""
+    as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     nhd = kv_layout == 0
     page_size = k_cache.shape[1 if nhd else 2]
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k_cache.shape[2 if nhd else 1]
-    assert work.dtype == torch.int32 and work.shape[1] == 8
-    assert q.shape[0] == out.shape[0] and lse.numel() in (0, q.shape[0] * num_heads)
-    requests = {}  # request -> (page_begin, kv_len, first_partial, num_partials), as its items carry it
-    for row in work.tolist():
-        if row[0] >= 0:
-            assert requests.setdefault(row[0], row[4:]) == row[4:], "items of one request disagree on its row"
-
+    assert work.dtype == requests.dtype == torch.int32 and work.shape[1] == requests.shape[1] == 4
+    assert requests.shape[0] == q.shape[0] == out.shape[0] and lse.numel() in (0, q.shape[0] * num_heads)
     assert partial_out.shape[1:] == (num_heads, head_dim) and partial_lse.shape == partial_out.shape[:2]
-    blocks_per_request = k_cache.shape[2 if nhd else 1] * -(-group // 16)
-    assert counters.dtype == torch.int32 and counters.numel() >= q.shape[0] * blocks_per_request
-    assert not counters.any(), "counters must be zero between launches"
     sink = sinks.float() / LN2 if sinks.numel() else None  # base 2
 
     def state(request, begin, end):
-        page_begin, kv_len = requests[request][:2]
+        page_begin, kv_len = requests[request, 0].item(), requests[request, 1].item()
         assert 0 <= begin <= end <= kv_len
         assert page_begin + -(-kv_len // page_size) <= indices.numel(), "pages past the page table"
         positions = torch.arange(begin, end)
@@ -659,7 +649,7 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
         if lse.numel():
             lse[request] = s
 
-    for request, begin, end, slot, *_ in work.tolist():
+    for request, begin, end, slot in work.tolist():
         if request < 0:
             continue  # idle
         o, s = state(request, begin, end)
@@ -667,8 +657,9 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
             write(request, o, s)
         else:
             partial_out[slot], partial_lse[slot] = o, s
-    for request, (_, _, first_partial, num_partials) in sorted(requests.items()):
+    for request, (_, _, first_partial, num_partials) in enumerate(requests.tolist()):
         if num_partials > 1:
+            assert merge, "a request was split but merge is off"
             o, s = torch.zeros(num_heads, head_dim), torch.full((num_heads,), float("-inf"))
             for slot in range(first_partial, first_partial + num_partials):
                 o, s = merge_into(o, s, partial_out[slot], partial_lse[slot])
@@ -732,11 +723,10 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
         indices = torch.randperm(pool)[: indices.numel()].int()
         wrapper.plan(indptr, indices, last, *heads, page_size)
         plan = wrapper._plan
-        tables = (plan.work, plan.counters, plan.indices, plan.partial_out, plan.partial_lse)
-        layout = [(t.data_ptr(), tuple(t.shape)) for t in tables]
+        layout = [(t.data_ptr(), tuple(t.shape)) for t in (plan.work, plan.requests, plan.indices, plan.partial_out, plan.partial_lse)]
         assert seen is None or layout == seen
         seen = layout
-        assert plan.work.shape[0] == decode.target_items(132, 16, 4)
+        assert plan.merge and plan.work.shape[0] == decode.target_items(132, 16, 4)
         assert torch.equal(buffers["paged_kv_indices_buffer"][: indices.numel()], indices)
         assert torch.equal(buffers["paged_kv_indptr_buffer"], indptr)
         keys, values = gather(k, v, indptr, indices, last, "NHD")

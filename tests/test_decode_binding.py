@@ -58,16 +58,18 @@ def reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window,
 
 
 def plan(lens, page_begin, chunk, capacity=None):
-    work, slot = [], 0
+    work, requests, slot = [], [], 0
     for b, n in enumerate(lens):
         chunks = max(1, math.ceil(n / chunk))
-        request = (page_begin[b], n, slot, chunks) if chunks > 1 else (page_begin[b], n, -1, 0)
+        first = slot
         for c in range(chunks):
-            work.append((b, c * chunk, min(n, (c + 1) * chunk), -1 if chunks == 1 else slot) + request)
+            work.append((b, c * chunk, min(n, (c + 1) * chunk), -1 if chunks == 1 else slot))
             slot += chunks > 1
+        requests.append((page_begin[b], n, first, chunks if chunks > 1 else 0))
     while capacity and len(work) < capacity:
-        work.append((-1, 0, 0, 0, 0, 0, 0, 0))
-    return torch.tensor(work, dtype=torch.int32, device="cuda").reshape(-1, 8), slot
+        work.append((-1, 0, 0, 0))
+    as_gpu = lambda rows: torch.tensor(rows, dtype=torch.int32, device="cuda").reshape(-1, 4)  # noqa: E731
+    return as_gpu(work), as_gpu(requests), slot
 
 
 CASES = [
@@ -92,20 +94,16 @@ def test_batch_decode(case, options):
     fp8 = kv_dtype.itemsize == 1
     k_scale, v_scale = (0.5, 1.5) if fp8 else (1.0, 1.0)
     cap, window, sinks = (30.0, 77, torch.randn(qo, device="cuda")) if options == "cap-window-sinks" else (0.0, -1, None)
-    work, slots = plan(lens, page_begin, chunk, capacity=len(lens) * 40 if options == "idle" else None)
+    work, requests, slots = plan(lens, page_begin, chunk, capacity=len(lens) * 40 if options == "idle" else None)
     sm_scale = 1 / math.sqrt(d)
     out = torch.full_like(q, math.nan)
     lse = torch.full((len(lens), qo), math.nan, device="cuda")
     partial_out = torch.full((slots, qo, d), math.nan, device="cuda")
     partial_lse = torch.full((slots, qo), math.nan, device="cuda")
     empty = torch.empty(0, device="cuda")
-    counters = torch.zeros(len(lens) * kv * -(-(qo // kv) // 16), dtype=torch.int32, device="cuda")
-    for _ in range(2):  # twice: the last item of each split request leaves its counter at zero for the next launch
-        out.fill_(math.nan)
-        lse.fill_(math.nan)
-        binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, counters,
-                                empty if sinks is None else sinks, layout, sm_scale * k_scale, cap, window, v_scale, -1)
-        assert not counters.any()
+    binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests,
+                            empty if sinks is None else sinks, layout, sm_scale * k_scale, cap, window, v_scale,
+                            slots > 0, -1)
     want, want_lse = reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window, sinks, k_scale, v_scale)
     assert not out.isnan().any() and not lse.isnan().any()
     tol = 3e-2 if fp8 or dtype == torch.bfloat16 else 5e-3

@@ -71,6 +71,15 @@ struct AttentionParams {
 // partial_out[((first + i) * num_qo_heads + h) * D ...], with LSE partial_lse[(first + i) *
 // num_qo_heads + h]. Rows with count <= 1 were written whole and are left alone.
 
+// Partials listed row by row: (-, -, first, count) in an int4 table.
+struct RowTablePartials {
+  const int4* rows;
+  __device__ __forceinline__ int2 operator()(int row) const {
+    const int4 info = rows[row];
+    return make_int2(info.z, info.w);
+  }
+};
+
 constexpr int kMergePartialsThreads = 128;
 constexpr int kMergeBatch = 8;  // partials a warp has in flight
 

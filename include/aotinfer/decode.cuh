@@ -15,10 +15,8 @@
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
 // split over several work items (the caller's plan decides) writes one partial output and LSE per
-// item, and the last of its items to finish (a counter a request and block row in the workspace)
-// merges them in the same launch, in a fixed order. Sinks (per query head, in the logits'
-// natural-log domain) add exp(sink) to the denominator only, once, where a request's output is
-// finished.
+// item; MergePartialsKernel (attention.cuh) combines them. Sinks (per query head, in the logits' natural-log domain)
+// add exp(sink) to the denominator only, once, where a request's output is finished.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -40,11 +38,8 @@ namespace aotinfer {
 
 // One decode step: the rows are the batch's requests, one query token each; KV is paged.
 struct DecodeParams : AttentionParams {
-  // [items][2]: (request, kv_begin, kv_end, slot), then the request's (page_begin, kv_len,
-  // first_partial, num_partials); request -1: idle, slot -1: final. One row holds all an item
-  // needs, so the first page ids are one dependent load from the start, not two.
-  const int4* work;
-  int* counters;                 // [batch][num_kv_heads * head_blocks]: items of a split request done; zero between launches
+  const int4* work;              // [items]: (request, kv_begin, kv_end, slot); request -1: idle, slot -1: final
+  const int4* requests;          // [batch]: (page_begin, kv_len, first_partial, num_partials)
   int head_blocks;               // ceil(group / 16): blocks per KV head
   float v_scale;
 };
@@ -120,64 +115,6 @@ __device__ __forceinline__ uint4 BfloatToHalf8(uint4 raw) {
   return r;
 }
 
-// *counter += value at GPU scope, ordered after this thread's (and, through a barrier before it,
-// its block's) earlier writes and before its later reads; returns the old value.
-__device__ __forceinline__ int AddAcquireRelease(int* counter, int value) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(value) : "memory");
-  return old;
-}
-
-constexpr int kSplitMergeBatch = 16;  // partials a thread of the merging block has in flight
-
-// out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink) for `rows` query heads from qo_head0
-// of a request whose `count` partials start at slot `first`, by the block that finished last:
-// a thread a 4-float column of a head, folding the partials in slot order, kSplitMergeBatch loads in
-// flight (reads through L2: other blocks wrote them in this launch).
-template <typename T, int D>
-__device__ __forceinline__ void MergeSplitRequest(const DecodeParams& p, int request, int qo_head0, int rows,
-                                                  int first, int count) {
-  constexpr int kColumns = D / 4;
-  const int64_t heads = p.num_qo_heads;
-  for (int unit = threadIdx.x; unit < rows * kColumns; unit += kDecodeThreads) {
-    const int head = qo_head0 + unit / kColumns, d = unit % kColumns * 4;
-    const float* lse = p.partial_lse + int64_t(first) * heads + head;             // partial i at lse[i * heads]
-    const float* x = p.partial_out + (int64_t(first) * heads + head) * D + d;    // partial i at x[i * heads * D]
-    float m = -INFINITY, sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int i0 = 0; i0 < count; i0 += kSplitMergeBatch) {
-      float l[kSplitMergeBatch];
-      float4 y[kSplitMergeBatch];
-#pragma unroll
-      for (int j = 0; j < kSplitMergeBatch; ++j) {
-        const int i = i0 + j;
-        l[j] = i < count ? __ldcg(lse + i * heads) : -INFINITY;
-        y[j] = i < count ? __ldcg(reinterpret_cast<const float4*>(x + i * heads * D)) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float batch_max = m;
-#pragma unroll
-      for (int j = 0; j < kSplitMergeBatch; ++j) batch_max = fmaxf(batch_max, l[j]);
-      const float base = SafeBase(batch_max), alpha = Exp2(m - base);
-      sum *= alpha;
-      acc = make_float4(acc.x * alpha, acc.y * alpha, acc.z * alpha, acc.w * alpha);
-#pragma unroll
-      for (int j = 0; j < kSplitMergeBatch; ++j) {
-        const float w = Exp2(l[j] - base);
-        sum += w;
-        acc = make_float4(acc.x + w * y[j].x, acc.y + w * y[j].y, acc.z + w * y[j].z, acc.w + w * y[j].w);
-      }
-      m = batch_max;
-    }
-    const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-    const float base = SafeBase(fmaxf(m, sink)), scale = Exp2(m - base);
-    const float total = sum * scale + Exp2(sink - base);
-    const float inv = total > 0.f ? scale / total : 0.f;
-    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d;
-    *reinterpret_cast<uint2*>(out) = make_uint2(PackPair<T>(acc.x * inv, acc.y * inv), PackPair<T>(acc.z * inv, acc.w * inv));
-    if (p.lse != nullptr && d == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
-  }
-}
-
 template <typename T, typename KV, int D, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
   using S = DecodeShape<T, KV, D, kStages>;
@@ -194,11 +131,11 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const int rows = min(kDecodeRows, p.group - row0);
   const int qo_head0 = kv_head * p.group + row0;
 
-  // The work tables come from plan, not from the kernel before: read them while it finishes.
-  const int4 item = p.work[2 * blockIdx.x], info = p.work[2 * blockIdx.x + 1];
+  WaitForPriorGrids();
+  const int4 item = p.work[blockIdx.x];
   if (item.x < 0) return;  // an idle item of a fixed (graph-captured) grid
   const int request = item.x;
-  WaitForPriorGrids();
+  const int4 info = p.requests[request];
   const int kv_len = info.y;
   int begin = item.y;
   const int end = min(item.z, kv_len);
@@ -467,72 +404,56 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   // 8 threads a row, D / 8 dims each.
   constexpr int kDims = D / 8;
   const int row = tid / 8, d0 = (tid % 8) * kDims;
+  if (row >= rows) return;
+  const int head = qo_head0 + row;
   const bool final = item.w < 0;
-  if (row < rows) {
-    const int head = qo_head0 + row;
-    float m = -INFINITY;
+  float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, warp_max[w][row]);
-    const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-    m = fmaxf(m, sink);
-    const float base = SafeBase(m);
-    float weight[kDecodeWarps], total = Exp2(sink - base);
+  for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, warp_max[w][row]);
+  const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+  m = fmaxf(m, sink);
+  const float base = SafeBase(m);
+  float weight[kDecodeWarps], total = Exp2(sink - base);
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    weight[w] = Exp2(warp_max[w][row] - base);
+    total += weight[w] * warp_sum[w][row];
+  }
+  const float inv = total > 0.f ? p.v_scale / total : 0.f;
+  const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
+  float acc[kDims];
+#pragma unroll
+  for (int d = 0; d < kDims; d += 4) {
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
-      weight[w] = Exp2(warp_max[w][row] - base);
-      total += weight[w] * warp_sum[w][row];
+      const float4 x = *reinterpret_cast<const float4*>(o_shared + (w * kDecodeRows + row) * D + d0 + d);
+      sum.x += weight[w] * x.x;
+      sum.y += weight[w] * x.y;
+      sum.z += weight[w] * x.z;
+      sum.w += weight[w] * x.w;
     }
-    const float inv = total > 0.f ? p.v_scale / total : 0.f;
-    const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
-    float acc[kDims];
-#pragma unroll
-    for (int d = 0; d < kDims; d += 4) {
-      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float4 x = *reinterpret_cast<const float4*>(o_shared + (w * kDecodeRows + row) * D + d0 + d);
-        sum.x += weight[w] * x.x;
-        sum.y += weight[w] * x.y;
-        sum.z += weight[w] * x.z;
-        sum.w += weight[w] * x.w;
-      }
-      acc[d] = sum.x * inv;
-      acc[d + 1] = sum.y * inv;
-      acc[d + 2] = sum.z * inv;
-      acc[d + 3] = sum.w * inv;
-    }
-    if (final) {
-      T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d0;
-#pragma unroll
-      for (int d = 0; d < kDims; d += 8) {
-        Vec<T, 8> y;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) y[e] = from_float<T>(acc[d + e]);
-        y.store(out + d);
-      }
-      if (p.lse != nullptr && tid % 8 == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = lse;
-    } else {
-      float* out = p.partial_out + (int64_t(item.w) * p.num_qo_heads + head) * D + d0;
-#pragma unroll
-      for (int d = 0; d < kDims; d += 4) *reinterpret_cast<float4*>(out + d) = make_float4(acc[d], acc[d + 1], acc[d + 2], acc[d + 3]);
-      if (tid % 8 == 0) p.partial_lse[int64_t(item.w) * p.num_qo_heads + head] = lse;
-    }
+    acc[d] = sum.x * inv;
+    acc[d + 1] = sum.y * inv;
+    acc[d + 2] = sum.z * inv;
+    acc[d + 3] = sum.w * inv;
   }
-  if (final) return;
-
-  // A split request: the last of its items to finish (for this block row) merges its partials.
-  // Thread 0 counts for the block after the barrier, with release (the block's partial is out
-  // before the count) and acquire (the last one reads the others' partials after theirs).
-  __shared__ bool merges;
-  __syncthreads();
-  if (tid == 0) {
-    int* counter = p.counters + int64_t(request) * gridDim.y + blockIdx.y;
-    merges = AddAcquireRelease(counter, 1) == info.w - 1;
-    if (merges) *counter = 0;  // every item has counted: ready for the next launch
+  if (final) {
+    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d0;
+#pragma unroll
+    for (int d = 0; d < kDims; d += 8) {
+      Vec<T, 8> y;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = from_float<T>(acc[d + e]);
+      y.store(out + d);
+    }
+    if (p.lse != nullptr && tid % 8 == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = lse;
+  } else {
+    float* out = p.partial_out + (int64_t(item.w) * p.num_qo_heads + head) * D + d0;
+#pragma unroll
+    for (int d = 0; d < kDims; d += 4) *reinterpret_cast<float4*>(out + d) = make_float4(acc[d], acc[d + 1], acc[d + 2], acc[d + 3]);
+    if (tid % 8 == 0) p.partial_lse[int64_t(item.w) * p.num_qo_heads + head] = lse;
   }
-  __syncthreads();
-  if (!merges) return;
-  MergeSplitRequest<T, D>(p, request, qo_head0, rows, info.z, info.w);
 }
 
 template <typename T, typename KV, int D, int kStages>
@@ -542,9 +463,9 @@ cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stre
                                 DecodeShape<T, KV, D, kStages>::kSharedBytes, stream, pdl, p);
 }
 
-// The decode kernel over num_items work items (split requests merged by their last item).
+// The decode kernel over num_items work items, then, if `merge`, the merge of split requests.
 template <typename T, typename KV, int D>
-cudaError_t BatchDecode(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl, int device) {
+cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
   constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>;
   // BlocksPerSm also raises a kernel's shared-memory limit past 48 KB, once per device.
@@ -556,7 +477,8 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, cudaStream_t strea
       status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
     }
   }
-  return status;
+  if (status != cudaSuccess || !merge) return status;
+  return MergePartials<T, D>(p, p.batch, RowTablePartials{p.requests}, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -12,20 +12,16 @@ FlashInfer's convention, which aotinfer.cascade merges). A request with no token
 
 The design choice: ``plan`` makes every host decision and ``run`` none. ``plan`` reads the small
 index arrays on the host, splits long sequences into chunks when the batch alone would leave the
-GPU idle, and writes the result into the workspace as int32 tables the kernel reads:
+GPU idle, and writes the result into the workspace as two int32 tables the kernel reads:
 
-    work      [items, 8]  (request, kv_begin, kv_end, slot, page_begin, kv_len, first_partial,
-                          num_partials): one CTA column per item, attending positions
-                          [kv_begin, kv_end) of its request; slot -1 writes the output directly,
-                          slot >= 0 a partial result that the request's last item to finish
-                          merges; request -1 is an idle item (a CUDA graph's fixed grid, see
-                          below). The last four are the request's: the kernel's first page ids
-                          are then one dependent load from its start
-    counters  [batch * heads_ctas]  zeros: a split request's items count themselves done there,
-                          and the last resets its counter after merging (zero between launches)
+    work      [items, 4]  (request, kv_begin, kv_end, slot): one CTA column per item, attending
+                          positions [kv_begin, kv_end) of its request; slot -1 writes the output
+                          directly, slot >= 0 a partial result that a merge kernel combines;
+                          request -1 is an idle item (a CUDA graph's fixed grid, see below)
+    requests  [batch, 4]  (page_begin, kv_len, first_partial, num_partials) per request
 
-``run`` only launches the decode kernel with the planned tables (the merge of split requests is
-in the same launch), so every layer reuses one plan and a CUDA graph can capture ``run``.
+``run`` only launches: the decode kernel, then (when something was split) the merge kernel, with
+the planned tables, so every layer reuses one plan and a CUDA graph can capture ``run``.
 
 FlashInfer behaviours followed, and the decisions they settle:
 
@@ -215,17 +211,14 @@ def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count
     return k_hi * unit
 
 
-IDLE_ITEM = (-1, 0, 0, -1, 0, 0, -1, 0)  # a work row that attends nothing (a fixed grid's spare CTAs)
-
-
 class WorkPartition:
     """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
 
     __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
 
     def __init__(self, work, requests, num_items, num_slots, chunk):
-        self.work = work  # [items or capacity, 8]: (request, kv_begin, kv_end, slot) + its request's row
-        self.requests = requests  # [batch, 4] (page_begin, kv_len, first_partial, num_partials): host only
+        self.work = work  # [items or capacity, 4] (request, kv_begin, kv_end, slot)
+        self.requests = requests  # [batch, 4] (page_begin, kv_len, first_partial, num_partials)
         self.num_items = num_items  # items that attend (the rest, under a capacity, are idle)
         self.num_slots = num_slots  # partial results written
         self.chunk = chunk  # tokens per chunk; 0: nothing split
@@ -278,25 +271,25 @@ def partition_work(
         # One item a request (the usual large batch): tensor ops.
         num_items, num_slots = batch, 0
         none = torch.full_like(kv_len, -1)
-        requests = torch.stack([page_begin, kv_len, none, torch.zeros_like(kv_len)], 1)
-        work = torch.cat([torch.stack([torch.arange(batch), lo, kv_len, none], 1), requests], 1)
+        work = torch.stack([torch.arange(batch), lo, kv_len, none], 1)
         work = work[torch.argsort(kv_len - lo, descending=True, stable=True)]
+        requests = torch.stack([page_begin, kv_len, none, torch.zeros_like(kv_len)], 1)
     else:
         # Chunks (a small batch, or a fixed split): rows in Python, one tensor each at the end.
         rows, request_rows, num_slots = [], [], 0
         for b, (l, h, begin, length) in enumerate(zip(lo.tolist(), kv_len.tolist(), page_begin.tolist(), kv_len.tolist())):
             first, n = l // chunk, num_chunks(l, h, chunk)
             if n == 1:
+                rows.append((b, l, h, -1))
                 request_rows.append((begin, length, -1, 0))
-                rows.append((b, l, h, -1) + request_rows[-1])
                 continue
-            request_rows.append((begin, length, num_slots, n))
             for i in range(n):
-                rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i) + request_rows[-1])
+                rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i))
+            request_rows.append((begin, length, num_slots, n))
             num_slots += n
         rows.sort(key=lambda row: row[1] - row[2])  # longest first; sort is stable
         num_items = len(rows)
-        work = torch.tensor(rows, dtype=torch.int64).view(-1, 8)
+        work = torch.tensor(rows, dtype=torch.int64).view(-1, 4)
         requests = torch.tensor(request_rows, dtype=torch.int64).view(-1, 4)
     if capacity is not None:
         if num_items > capacity:
@@ -304,7 +297,7 @@ def partition_work(
                 f"this plan needs {num_items} work items, more than the {capacity} a CUDA graph's fixed grid holds "
                 f"for batch size {batch}: use a larger fixed_split_size (or none) or disable_split_kv=True"
             )
-        idle = torch.tensor([IDLE_ITEM], dtype=work.dtype).expand(capacity - num_items, 8)
+        idle = torch.tensor([[-1, 0, 0, -1]], dtype=work.dtype).expand(capacity - num_items, 4)
         work = torch.cat([work, idle])
     return WorkPartition(work.to(torch.int32), requests.to(torch.int32), num_items, num_slots, chunk)
 
@@ -372,7 +365,7 @@ class _Plan:
 
     __slots__ = (
         "batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
-        "window_left", "work", "counters", "indices", "partial_out", "partial_lse", "empty", "partition",
+        "window_left", "work", "requests", "indices", "partial_out", "partial_lse", "merge", "empty", "partition",
     )  # fmt: skip
 
 
@@ -680,8 +673,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         # run captured stay the same.
         slots = capacity if self._use_cuda_graph else partition.num_slots
         plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
-        counters = torch.zeros(batch * heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32)
-        plan.work, plan.counters = self._write_tables([partition.work, counters], non_blocking)
+        plan.requests, plan.work = self._write_tables([partition.requests, partition.work], non_blocking)
         if self._use_cuda_graph:
             self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
             self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
@@ -693,6 +685,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             self._paged_kv_indptr_buf = indptr
             self._paged_kv_indices_buf = plan.indices
             self._paged_kv_last_page_len_buf = last_page_len
+        plan.merge = self._use_cuda_graph or partition.num_slots > 0
         plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
         plan.partition = partition
         plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
@@ -794,13 +787,14 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             v_cache,
             plan.indices,
             plan.work,
-            plan.counters,
+            plan.requests,
             plan.empty if sinks is None else sinks,
             self._kv_layout_code,
             sm_scale,
             self._logits_soft_cap or 0.0,
             self._window_left if window_left is None else window_left,
             1.0 if v_scale is None else v_scale,
+            plan.merge,
             -1 if enable_pdl is None else enable_pdl,
         )
         return (out, lse) if return_lse else out
@@ -908,12 +902,11 @@ def _single_request_tables(kv_len: int, lo: int, chunk: int, device: "torch.devi
         slots = torch.arange(items, dtype=torch.int32, device=device)
     else:
         slots = torch.full((1,), -1, dtype=torch.int32, device=device)
+    work = torch.stack((torch.zeros_like(slots), edges.narrow(0, 0, items), edges.narrow(0, 1, items), slots), dim=1)
     requests = torch.zeros((1, 4), dtype=torch.int32, device=device)  # page_begin 0
     requests.narrow(1, 1, 1).fill_(kv_len)
     requests.narrow(1, 2, 1).fill_(0 if split else -1)  # first_partial
     requests.narrow(1, 3, 1).fill_(items if split else 0)  # num_partials
-    items_only = (torch.zeros_like(slots), edges.narrow(0, 0, items), edges.narrow(0, 1, items), slots)
-    work = torch.cat((torch.stack(items_only, dim=1), requests.expand(items, 4)), dim=1)
     return work, requests, (items if split else 0)
 
 
@@ -994,7 +987,7 @@ def single_decode_with_kv_cache(
     lo = max(kv_len - 1 - window_left, 0) if window_left >= 0 else 0
     fill = target_items(_SINGLE_DECODE_SMS, num_qo_heads, num_kv_heads)
     chunk = smallest_chunk(kv_len - lo, kv_len, fill, 1, lambda c: num_chunks(lo, kv_len, c)) if fill > 1 else 0
-    work, _, slots = _single_request_tables(kv_len, lo, chunk, device)
+    work, requests, slots = _single_request_tables(kv_len, lo, chunk, device)
     indices = torch.arange(kv_len, dtype=torch.int32, device=device)
 
     if sm_scale is None:
@@ -1015,13 +1008,14 @@ def single_decode_with_kv_cache(
         v_cache,
         indices,
         work,
-        torch.zeros(heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32, device=device),
+        requests,
         torch.empty(0, dtype=torch.float32, device=device),
         _KV_LAYOUTS[kv_layout],
         sm_scale,
         logits_soft_cap or 0.0,
         window_left,
         1.0 if v_scale is None else v_scale,
+        slots > 0,
         -1,
     )
     return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
