@@ -1,0 +1,110 @@
+"""Decode experiments for one device run (not a shipped benchmark; benchmarks/NOTES.md, "Paged
+decode attention", has what they showed).
+
+    python benchmarks/decode_probe.py sweep [CTAS ...]   the split policy: ratio to copy (and us)
+                                                         with the plan aiming at CTAS blocks an SM
+    python benchmarks/decode_probe.py latency            warm-L2 step time, graph replay and plain
+                                                         launches, with and without PDL
+    python benchmarks/decode_probe.py once BATCH KV_LEN  one plan and a few runs (for ncu)
+
+PROBE_SHAPES=split|main|all picks the sweep's shapes; PROBE_FLUSH=read makes the cold-L2 flush a
+read of the flush buffer instead of bench_gpu_time's fill, so that no dirty lines are left for the
+timed kernel to write back (a read-only kernel otherwise pays for the fill's write-back; a copy
+hides part of it behind its own writes).
+"""
+import os
+import sys
+
+import torch
+
+import aotinfer
+from aotinfer import decode
+from bench_decode import paged_case, reference, WORKSPACE
+from _bandwidth import gbps, same_size_copy
+from aotinfer.testing import bench_gpu_time
+
+
+def case(batch, kv_len, qo=32, kv=8, kv_dtype=torch.bfloat16, k_scale=None, v_scale=None, check=True):
+    q, cache, indptr, indices, last = paged_case(batch, kv_len, qo, kv, kv_dtype=kv_dtype)
+    ws = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+    w = aotinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(indptr, indices, last, qo, kv, 128, 16, q_data_type=torch.bfloat16, kv_data_type=kv_dtype)
+    out = torch.empty_like(q)
+    run = lambda: w.run(q, cache, out=out, k_scale=k_scale, v_scale=v_scale)  # noqa: E731
+    w._probe_args, w._probe_cache = (q, out), cache
+    out.fill_(float("nan"))
+    run()
+    if check:
+        n = min(batch, 2)
+        want = reference(q[:n], cache, indptr, indices, last, k_scale or 1.0, v_scale or 1.0)
+        torch.testing.assert_close(out[:n].float(), want, rtol=2e-2, atol=2e-2)
+    nbytes = 2 * batch * kv_len * kv * 128 * cache[0].element_size() + 2 * q.numel() * q.element_size()
+    return run, nbytes, w
+
+
+SHAPES = {
+    "split": [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (1, 32768), (4, 65536)],
+    "main": [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (1, 32768), (4, 65536),
+             "fp8"],
+    "all": [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (256, 8192), (1, 32768),
+            (4, 65536), "fp8"],
+}
+if os.environ.get("PROBE_FLUSH") == "read":  # a cold L2 that leaves no dirty lines behind: read the buffer, write nothing
+    from aotinfer import testing
+
+    def _read_flush(self):
+        if self.buffer is not None:
+            self.buffer.view(torch.int64).sum()
+
+    testing._L2Flush.__call__ = _read_flush
+
+
+if os.environ.get("PROBE_MIN_CHUNK"):
+    decode._MIN_CHUNK = int(os.environ["PROBE_MIN_CHUNK"])
+
+
+def sweep(ctas_list):
+    shapes = SHAPES[os.environ.get("PROBE_SHAPES", "split")]
+    print("ratio to copy; columns: plan's blocks-an-SM target")
+    print(f"{'shape':>10} " + " ".join(f"{c:>12}" for c in ctas_list))
+    for shape in shapes:
+        batch, kv_len = (64, 4096) if shape == "fp8" else shape
+        fp8 = dict(kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0) if shape == "fp8" else {}
+        cells = []
+        for ctas in ctas_list:
+            if ctas != "d":  # "d": the plan's own policy
+                decode._CTAS_PER_SM = ctas
+            run, nbytes, w = case(batch, kv_len, **fp8)
+            t, _ = bench_gpu_time(run)
+            copy = same_size_copy(nbytes)
+            cells.append(f"{gbps(nbytes, t) / copy:6.3f}({t * 1e6:4.1f})")
+        print(f"{'fp8 ' if fp8 else ''}{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>12}" for c in cells), flush=True)
+    decode._CTAS_PER_SM = 2
+
+
+def latency_probe():
+    """Warm-L2 step latency (graph replay and plain back-to-back launches), with and without PDL."""
+    for batch, kv_len in [(1, 1024), (16, 2048), (1, 32768)]:
+        run, _, w = case(batch, kv_len, check=False)
+        cells = []
+        for pdl in (None, False):
+            q, out = w._probe_args
+            fn = lambda: w.run(q, w._probe_cache, out=out, enable_pdl=pdl)  # noqa: E731
+            g, _ = bench_gpu_time(fn, use_cuda_graph=True, cold_l2_cache=False)
+            e, _ = bench_gpu_time(fn, cold_l2_cache=False)
+            cells.append(f"pdl={pdl}: graph {g * 1e6:6.2f} events {e * 1e6:6.2f}")
+        print(f"{batch:>4}x{kv_len:<6} " + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "latency":
+        latency_probe()
+    elif sys.argv[1] == "sweep":
+        sweep([c if c == "d" else int(c) for c in sys.argv[2:]] or [1, 2, 3, 4])
+    else:
+        batch, kv_len = int(sys.argv[2]), int(sys.argv[3])
+        run, _, _ = case(batch, kv_len, check=False)
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+
