@@ -203,12 +203,6 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       if constexpr (S::kWiden) return uint32_t(first_row + i) * kCachedRowBytes + uint32_t(column) * 16u;
       else return uint32_t(first_row + i) * kRowBytes + uint32_t(run_column ^ i) * 16u;
     };
-    // 16-bit: computed once, the copies of every tile add them to a stage's base (fp8: ptxas
-    // spills with them; its offsets are cheap to recompute).
-    uint32_t run_offsets[kRun];
-#pragma unroll
-    for (int i = 0; i < kRun; ++i) run_offsets[i] = chunk_at_row(i);
-    auto run_offset = [&](int i) { return S::kWiden ? chunk_at_row(i) : run_offsets[i]; };
     const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
     const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
     // Ragged: where registers allow (one 16-row tile a warp), pointers that move a tile at a time;
@@ -235,7 +229,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     // keys' end, where `head` stands for an address that is not read).
     auto copy_run = [&](uint8_t* dst, const KV* src, int64_t stride, const KV* head, int left) {
 #pragma unroll
-      for (int i = 0; i < kRun; ++i, src += stride) CopyAsync16OrZero(dst + run_offset(i), i < left ? src : head, i < left);
+      for (int i = 0; i < kRun; ++i, src += stride) CopyAsync16OrZero(dst + chunk_at_row(i), i < left ? src : head, i < left);
     };
     // This thread's runs of K and V of tile `tile`; paged, one page lookup serves both. (Ragged
     // with two 16-row tiles a warp: the same copies written apart, which ptxas schedules ~7% faster.)
@@ -272,8 +266,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
           const int page = page_of(tile, first_row + i, index, valid);
           const KV* k_src = k + int64_t(page) * p.k_stride_page + int64_t(slot) * p.k_stride_slot;
           const KV* v_src = v + int64_t(page) * p.v_stride_page + int64_t(slot) * p.v_stride_slot;
-          CopyAsync16OrZero(k_dst + run_offset(i), valid ? k_src : k, valid);
-          CopyAsync16OrZero(v_dst + run_offset(i), valid ? v_src : v, valid);
+          CopyAsync16OrZero(k_dst + chunk_at_row(i), valid ? k_src : k, valid);
+          CopyAsync16OrZero(v_dst + chunk_at_row(i), valid ? v_src : v, valid);
         }
       }
     };
@@ -329,13 +323,13 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     constexpr int kReadStages = S::kWiden ? S::kWidenedStages : 2;
     constexpr uint32_t kReadStride = S::kWiden ? 2 * S::kKVBytes : S::kKVBytes;
     const int q_half = lane / 16, k_half = (lane / 8) % 2;
-    // Chunk two_e + half (two_e even, half 0 or 1) of such a row: within its group of 8 chunks at
-    // (two_e % 8) ^ (half ^ l7), the group an immediate offset, so 4 lane offsets a half serve
-    // every k-step (no address arithmetic a k-step). fp8 at d256 keeps the plain form: ptxas
-    // spills with this one there.
+    // Chunk two_e + half (two_e even, half 0 or 1) of such a row. At d64/d128: (two_e % 8) ^
+    // (half ^ l7) within its group of 8 chunks, the group's offset an immediate, so 4 lane offsets
+    // a half serve every k-step and ldmatrix needs no address arithmetic a k-step (measured: +4-5%
+    // at d64 and d128, -2% at d256, which keeps the plain form).
     auto chunk_at = [&](int two_e, int half) {
-      if constexpr (S::kWiden && D > 128) return uint32_t((two_e + half) ^ l7) * 16u;
-      else return uint32_t((two_e & 7) ^ (half ^ l7)) * 16u + uint32_t(two_e & 8) * 16u;
+      if constexpr (D > 128) return uint32_t((two_e + half) ^ l7) * 16u;
+      else return uint32_t((two_e & 7) ^ (half ^ l7)) * 16u + uint32_t(two_e & ~7) * 16u;
     };
 
     for (int tile = 0; tile < num_tiles; ++tile) {
@@ -346,18 +340,12 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         if constexpr (S::kWidenedStages == 2) widen(tile);
       }
       __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
-      // The next tile's copies (tile + 2's page ids go where tile's were, read when its copies were
-      // issued). 16-bit at d64/d128: issued after this tile's first k-steps, so that their address
-      // arithmetic is issued while those HMMAs run; fp8 and d256: here (d256 spills otherwise).
-      auto copy_next = [&] {
-        if (tile + 1 < num_tiles) {
-          copy_tile(tile + 1);
-          if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
-        }
-        CommitAsyncGroup();
-      };
-      constexpr int kCopyStep = S::kWiden || D > 128 ? -1 : 2;
-      if constexpr (kCopyStep < 0) copy_next();
+      if (tile + 1 < num_tiles) {
+        copy_tile(tile + 1);
+        // Tile tile + 2's page ids go where tile tile's were, read when its copies were issued.
+        if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
+      }
+      CommitAsyncGroup();
       if constexpr (S::kWidenedStages == 1) {  // one widened stage: free once every warp passed the barrier
         widen(tile);
         __syncthreads();
@@ -373,7 +361,6 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       const uint32_t k_base = k_lane + (tile % kReadStages) * kReadStride;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        if (kk == kCopyStep) copy_next();
         uint32_t a[kMmaQ][4];
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) LoadMatrixX4(a[mq], q_lane + mq * 16 * kRowBytes + chunk_at(2 * kk, q_half));
@@ -446,8 +433,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         // The running max moves only when a row's grows past it by kRescaleSlack (lazily: until
         // then exp2 stays below 2^kRescaleSlack and the output, sum and LSE keep one base), and
         // then for the whole warp: most tiles skip rescaling the output.
-        // Whether a row's max grows is decided from each thread's own columns (the vote spans the
-        // warp, so the outcome is the quad's); the quad's max is taken only when it does.
+        // Whether it grows is decided on each thread's own columns (the vote spans the warp, so
+        // the outcome is the same); the row's max over its quad (two shuffles) only when it does.
         float tile_max[2];
         bool grows = false;
 #pragma unroll
