@@ -140,8 +140,8 @@ int main(int argc, char** argv) {
     int vi = 0;
 #define SETUP(V)                                                                                              \
     {                                                                                                         \
-      const int tile_q = D == 64 ? aotinfer_##V::PrefillShape<T, 64>::kTileQ                                  \
-                       : D == 128 ? aotinfer_##V::PrefillShape<T, 128>::kTileQ : aotinfer_##V::PrefillShape<T, 256>::kTileQ; \
+      const int tile_q = D == 64 ? aotinfer_##V::PrefillShape<T, T, 64>::kTileQ                                  \
+                       : D == 128 ? aotinfer_##V::PrefillShape<T, T, 128>::kTileQ : aotinfer_##V::PrefillShape<T, T, 256>::kTileQ; \
       std::vector<std::pair<long, std::vector<int>>> items;                                                   \
       for (int b = 0; b < batch; ++b) {                                                                       \
         const int ql = c.lens[b];                                                                             \
@@ -171,13 +171,13 @@ int main(int argc, char** argv) {
       p.group = group; p.page_size = aotinfer::PageDivisor(uint32_t(c.paged ? c.page : 1));                  \
       p.scale_log2 = float(1.0 / sqrt(double(D)) * 1.4426950408889634); p.soft_cap = 0.f; p.window_left = -1; \
       p.work = reinterpret_cast<const int4*>(d_works[vi]); p.requests = reinterpret_cast<const int4*>(d_req); \
-      p.group_divisor = aotinfer::PageDivisor(uint32_t(group)); p.causal = c.causal;                          \
+      p.group_divisor = aotinfer::PageDivisor(uint32_t(group)); p.causal = c.causal; p.v_scale = 1.f;                          \
       const int n = ctas[vi];                                                                                 \
       launch[vi] = [p, n, D]() {                                                                              \
         cudaError_t e;                                                                                        \
-        if (D == 64) e = aotinfer_##V::BatchPrefill<T, 64>(p, n, false, 0, 0, false, 0);                      \
-        else if (D == 128) e = aotinfer_##V::BatchPrefill<T, 128>(p, n, false, 0, 0, false, 0);               \
-        else e = aotinfer_##V::BatchPrefill<T, 256>(p, n, false, 0, 0, false, 0);                             \
+        if (D == 64) e = aotinfer_##V::BatchPrefill<T, 64>(p, false, n, false, 0, 0, false, 0);                      \
+        else if (D == 128) e = aotinfer_##V::BatchPrefill<T, 128>(p, false, n, false, 0, 0, false, 0);               \
+        else e = aotinfer_##V::BatchPrefill<T, 256>(p, false, n, false, 0, 0, false, 0);                             \
         if (e != cudaSuccess) { printf("launch: %s\n", cudaGetErrorString(e)); exit(1); }                    \
       };                                                                                                      \
       ++vi;                                                                                                   \
