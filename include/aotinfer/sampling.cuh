@@ -607,10 +607,12 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
     for (int w = 0; w < kSamplingWarps; ++w) block += (unsigned long long)__double_as_longlong(sh.scratch_d[w]);
     sh.part_sum = block;
   }
+  // In one block (in_block, or an unsplit row) the block's own sum: in a split row the cluster's
+  // first block may not have written its own yet.
   const int parts = in_block ? 1 : RowParts();
   if (parts > 1) SyncRow(); else __syncthreads();
-  unsigned long long total = 0;
-  for (int r = 0; r < parts; ++r) total += *PartShared(&sh.part_sum, r);
+  unsigned long long total = parts == 1 ? sh.part_sum : 0ull;
+  for (int r = 0; parts > 1 && r < parts; ++r) total += *PartShared(&sh.part_sum, r);
   if (parts > 1) SyncRow(); else __syncthreads();
   const int scale = max(top, 1) - 150 - 27;
   return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
