@@ -1400,10 +1400,10 @@ bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamp
 // The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
 // grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
 template <auto kKernel>
-int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
+int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device, int min_parts = 1) {
   const DeviceFacts& facts = GetDeviceFacts(device);
   if (facts.major < 9) return 1;
-  int parts = 1;
+  int parts = std::min(min_parts, max_parts);
   while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
   while (parts > 1 && !ClusterFits<kKernel>(parts, shared_bytes, device)) parts /= 2;
   return parts;
@@ -1441,16 +1441,16 @@ cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t 
 // each row over RowPartsFor blocks.
 template <auto kVectorKernel, auto kScalarKernel, typename Params>
 cudaError_t LaunchRows(const Params& p, int64_t rows, bool aligned, size_t shared_bytes, int device,
-                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts) {
+                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts, int min_parts = 1) {
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7FFFFFFF / kMaxRowParts) return cudaErrorInvalidConfiguration;
   if (aligned) {
     if (BlocksPerSm<kVectorKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device), shared_bytes,
+    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device, min_parts), shared_bytes,
                        stream, pdl, p);
   }
   if (BlocksPerSm<kScalarKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device), shared_bytes, stream,
+  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device, min_parts), shared_bytes, stream,
                      pdl, p);
 }
 
@@ -1471,25 +1471,29 @@ constexpr int kSearchRowParts = 2;
 // The renormalizations and the mask: the same (their shortcuts share candidates as the samplers
 // do; their fallback, FindThreshold, merges every level across the blocks, slower but rare).
 constexpr int kThresholdRowParts = kSearchRowParts;
+// The searched rows' blocks at every batch (1: split only where the batch leaves SMs idle).
+constexpr int kSearchMinRowParts = 1;
 
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   return LaunchRows<SamplingKernel<4>, SamplingKernel<1>>(p, p.batch, RowsAligned<float>(p.probs, p.row_stride),
                                                           sizeof(SamplingShared), device, stream, pdl,
-                                                          race_only ? kMaxRowParts : kSearchRowParts);
+                                                          race_only ? kMaxRowParts : kSearchRowParts,
+                                                          race_only ? 1 : kSearchMinRowParts);
 }
 
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
   return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
-                                                      kThresholdRowParts);
+                                                      kThresholdRowParts, kSearchMinRowParts);
 }
 
 template <typename T>
 cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
-                                                                             device, stream, pdl, kThresholdRowParts);
+                                                                             device, stream, pdl, kThresholdRowParts,
+                                                                             kSearchMinRowParts);
 }
 
 // SoftmaxResidentKernel<kLoads> where the row fits a cluster's registers: the blocks it needs, or
