@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstddef>
 #include <cstdint>
 
 #include "aotinfer/launch.cuh"
@@ -60,7 +61,12 @@ constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
 constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
 constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
-constexpr bool kAggregateBins = true;    // histogram atomics one per bin per warp (AddToBins)
+constexpr bool kAggregateCandidates = true;  // a warp's candidates take their slots with one atomic
+// Count-only histograms keep this many copies of each bin's count, interleaved (bin b's copies in
+// consecutive words, so in different banks), lane % kCountCopies picking one: lanes of a warp that
+// hit one bin (a flat row puts many of a warp's elements in a few) spread over the copies rather
+// than serializing on one address. 1: one count per bin.
+constexpr int kCountCopies = 4;
 
 // ---- the blocks of a row ----------------------------------------------------------------------------
 
@@ -191,6 +197,8 @@ __device__ __forceinline__ Best Better(Best a, Best b) {
 }
 
 struct SamplingShared {
+  // count, mass_hi, mass_lo and cum_count are consecutive: a count-only histogram uses the first
+  // kCountCopies of them as kCountCopies interleaved copies of the counts (CountCopies).
   uint32_t count[kSamplingBins];           // histogram: elements per bin ...
   uint32_t mass_hi[kSamplingBins];         // ... and the sums of their mantissas' top and low 12
   uint32_t mass_lo[kSamplingBins];         // bits (32-bit atomics: 64-bit ones are loops); after the scan:
@@ -364,8 +372,21 @@ enum class Need { kCount, kMass };
 // Histogram levels: the bits of the key each one splits on.
 __device__ __forceinline__ int LevelShift(int level) { return level == 0 ? 20 : level == 1 ? 8 : 0; }
 
-// Clear the histogram of `bins` bins.
-__device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
+// The count-only histogram's copies of the counts: copy c of bin b at [b * kCountCopies + c].
+__device__ __forceinline__ uint32_t* CountCopies(SamplingShared& sh) {
+  static_assert(kCountCopies >= 1 && kCountCopies <= 4, "the copies live in count .. cum_count");
+  static_assert(offsetof(SamplingShared, cum_count) == offsetof(SamplingShared, count) + 3 * sizeof(uint32_t) * kSamplingBins,
+                "count, mass_hi, mass_lo, cum_count consecutive");
+  return sh.count;
+}
+
+// Clear the histogram of `bins` bins (with masses, or counts only in their copies).
+__device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins, bool with_mass) {
+  if (!with_mass && kCountCopies > 1) {
+    uint32_t* copies = CountCopies(sh);
+    for (int i = threadIdx.x; i < bins * kCountCopies; i += kSamplingThreads) copies[i] = 0;
+    return;
+  }
   for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
     sh.count[b] = 0;
     sh.mass_hi[b] = 0;
@@ -373,33 +394,17 @@ __device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
   }
 }
 
-// Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift). Warp-
-// aggregated: the lanes that reach it together and fall in one bin add to it once (a flat row puts
-// many of a warp's elements in a few bins, and same-address shared atomics serialize), the
-// masses summed across those lanes first.
+// Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift).
+// (Warp-aggregated adds, __match_any_sync on the bin and one atomic per distinct bin, were 2-7x
+// slower on the H200: the match costs more than the same-address atomics it saves; see NOTES.)
 __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint32_t lo, uint32_t hi, int shift,
                                           bool with_mass) {
-  const bool in = key >= lo && key <= hi && key != 0u;
-  if (kAggregateBins) {
-    const unsigned together = __activemask();
-    const int b = in ? int((key >> shift) - (lo >> shift)) : -1;
-    const unsigned peers = __match_any_sync(together, b);
-    if (!in) return;
-    const bool leader = (threadIdx.x % 32) == unsigned(__ffs(peers) - 1);
-    if (with_mass) {
-      const uint32_t mantissa = MantissaOf(key);
-      const uint32_t hi_sum = __reduce_add_sync(peers, mantissa >> 12);
-      const uint32_t lo_sum = __reduce_add_sync(peers, mantissa & 0xFFFu);
-      if (leader) {
-        atomicAdd(&sh.mass_hi[b], hi_sum);
-        atomicAdd(&sh.mass_lo[b], lo_sum);
-      }
-    }
-    if (leader) atomicAdd(&sh.count[b], uint32_t(__popc(peers)));
-    return;
-  }
-  if (in) {
+  if (key >= lo && key <= hi && key != 0u) {
     const int b = int((key >> shift) - (lo >> shift));
+    if (!with_mass && kCountCopies > 1) {
+      atomicAdd(&CountCopies(sh)[b * kCountCopies + int(threadIdx.x % kCountCopies)], 1u);
+      return;
+    }
     atomicAdd(&sh.count[b], 1u);
     if (with_mass) {
       const uint32_t mantissa = MantissaOf(key);
@@ -418,6 +423,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   // The histograms of every block of the row, summed (integers: any order gives the same).
   constexpr int kPer = kSamplingBins / kSamplingThreads;
   const int parts = merge_parts ? RowParts() : 1;
+  const bool copies = !with_mass && kCountCopies > 1;  // the counts in their copies, which cum_count overwrites
   if (parts > 1) SyncRow(); else __syncthreads();
   uint32_t count = 0;
   double mass = 0;
@@ -427,7 +433,13 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   for (int j = 0; j < kPer; ++j) {
     const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
     uint32_t bin_count = 0, hi = 0, lo = 0;
-    if (b >= 0 && parts == 1) {  // plain shared-memory loads
+    if (b >= 0 && copies) {
+      for (int r = 0; r < parts; ++r) {
+        const uint32_t* counts = (parts == 1 ? CountCopies(sh) : PartShared(CountCopies(sh), r)) + b * kCountCopies;
+#pragma unroll
+        for (int copy = 0; copy < kCountCopies; ++copy) bin_count += counts[copy];
+      }
+    } else if (b >= 0 && parts == 1) {  // plain shared-memory loads
       bin_count = sh.count[b];
       hi = with_mass ? sh.mass_hi[b] : 0u;
       lo = with_mass ? sh.mass_lo[b] : 0u;
@@ -450,7 +462,8 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
     mass += m[j];
   }
   const double mass_above = BlockExclusiveSum(mass, sh);
-  const double count_above = BlockExclusiveSum(double(count), sh);
+  const double count_above = BlockExclusiveSum(double(count), sh);  // its barrier: the block's copies read
+  if (copies && parts > 1) SyncRow();  // and every other block's
   uint32_t running_count = uint32_t(count_above);
   double running_mass = mass_above;
 #pragma unroll
@@ -587,7 +600,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
     const int shift = LevelShift(level);
     const uint32_t base = lo >> shift;
     const int bins = int((hi >> shift) - base) + 1;
-    ClearBins(sh, bins);
+    ClearBins(sh, bins, with_mass);
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
     __syncthreads();
@@ -641,6 +654,12 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
 
 // Appends one candidate: the lanes that reach it together take their slots with one atomic.
 __device__ __forceinline__ void AddCandidate(SamplingShared& sh, uint32_t key, int index) {
+  if (!kAggregateCandidates) {
+    const int slot = atomicAdd(&sh.num_candidates, 1);
+    sh.cand_key[slot] = key;
+    sh.cand_index[slot] = index;
+    return;
+  }
   const unsigned takers = __activemask();
   const int lane = int(threadIdx.x % 32), leader = __ffs(takers) - 1;
   int first = 0;
@@ -715,7 +734,7 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
     const int shift = LevelShift(level);
     const uint32_t base = lo >> shift;
     const int bins = int((hi >> shift) - base) + 1;
-    ClearBins(sh, bins);
+    ClearBins(sh, bins, with_mass);
     __syncthreads();
     ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
       for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), lo, hi, shift, with_mass);
@@ -877,7 +896,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const bool with_mass = use_p && !k_decides;
     const bool row_mass_needed = k_decides && joint && p_active;
     // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
-    ClearBins(sh, kSamplingBins);
+    ClearBins(sh, kSamplingBins, with_mass);
     __syncthreads();
     double row_mass = 0;  // this thread's elements, in a fixed order
     if (row_mass_needed) {  // two loops: the sum's test costs the histogram's loop where not needed
@@ -1044,7 +1063,7 @@ struct TopKGathered {
 template <typename T, int kVec, typename KeyOf>
 __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
                                    float dropped, bool with_top) {
-  ClearBins(sh, kSamplingBins);
+  ClearBins(sh, kSamplingBins, false);
   __syncthreads();
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
     for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), 1u, 0xFFFFFFFFu, 20, false);
@@ -1123,7 +1142,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
     // Top-p: the level-0 histogram with masses gives the threshold's bin and the exact mass above
     // it; that bin's elements, gathered (and shared across the row's blocks), give t.
     const float top_p = p.top_p.at(r);
-    ClearBins(sh, kSamplingBins);
+    ClearBins(sh, kSamplingBins, true);
     __syncthreads();
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
       for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, true);
