@@ -22,7 +22,10 @@
 // lie above that bin), and decides top-k's threshold and top-p's among them: the histogram needs
 // counts only (one shared atomic an element rather than three), and the race runs over the kept
 // candidates, not in the pass. Top-p alone gathers its threshold's bin, and draws from the bins
-// above it without a race over all of them (see the kernel).
+// above it without a race over all of them (see the kernel). The top-k renormalization and the
+// top-k mask take the same top-k gather, and write the row in the gather's pass (every element not
+// gathered is dropped), the kept ones rewritten from shared memory after; the top-p
+// renormalization gathers its threshold's bin as top-p alone does.
 //
 // One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
 // (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
@@ -45,7 +48,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <cstddef>
 #include <cstdint>
 
 #include "aotinfer/launch.cuh"
@@ -61,12 +63,6 @@ constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
 constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
 constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
-constexpr bool kAggregateCandidates = true;  // a warp's candidates take their slots with one atomic
-// Count-only histograms keep this many copies of each bin's count, interleaved (bin b's copies in
-// consecutive words, so in different banks), lane % kCountCopies picking one: lanes of a warp that
-// hit one bin (a flat row puts many of a warp's elements in a few) spread over the copies rather
-// than serializing on one address. 1: one count per bin.
-constexpr int kCountCopies = 4;
 
 // ---- the blocks of a row ----------------------------------------------------------------------------
 
@@ -197,8 +193,6 @@ __device__ __forceinline__ Best Better(Best a, Best b) {
 }
 
 struct SamplingShared {
-  // count, mass_hi, mass_lo and cum_count are consecutive: a count-only histogram uses the first
-  // kCountCopies of them as kCountCopies interleaved copies of the counts (CountCopies).
   uint32_t count[kSamplingBins];           // histogram: elements per bin ...
   uint32_t mass_hi[kSamplingBins];         // ... and the sums of their mantissas' top and low 12
   uint32_t mass_lo[kSamplingBins];         // bits (32-bit atomics: 64-bit ones are loops); after the scan:
@@ -372,21 +366,8 @@ enum class Need { kCount, kMass };
 // Histogram levels: the bits of the key each one splits on.
 __device__ __forceinline__ int LevelShift(int level) { return level == 0 ? 20 : level == 1 ? 8 : 0; }
 
-// The count-only histogram's copies of the counts: copy c of bin b at [b * kCountCopies + c].
-__device__ __forceinline__ uint32_t* CountCopies(SamplingShared& sh) {
-  static_assert(kCountCopies >= 1 && kCountCopies <= 4, "the copies live in count .. cum_count");
-  static_assert(offsetof(SamplingShared, cum_count) == offsetof(SamplingShared, count) + 3 * sizeof(uint32_t) * kSamplingBins,
-                "count, mass_hi, mass_lo, cum_count consecutive");
-  return sh.count;
-}
-
-// Clear the histogram of `bins` bins (with masses, or counts only in their copies).
-__device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins, bool with_mass) {
-  if (!with_mass && kCountCopies > 1) {
-    uint32_t* copies = CountCopies(sh);
-    for (int i = threadIdx.x; i < bins * kCountCopies; i += kSamplingThreads) copies[i] = 0;
-    return;
-  }
+// Clear the histogram of `bins` bins.
+__device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
   for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
     sh.count[b] = 0;
     sh.mass_hi[b] = 0;
@@ -396,15 +377,11 @@ __device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins, bool wit
 
 // Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift).
 // (Warp-aggregated adds, __match_any_sync on the bin and one atomic per distinct bin, were 2-7x
-// slower on the H200: the match costs more than the same-address atomics it saves; see NOTES.)
+// slower on the H200, and four interleaved copies of the counts (lane % 4) 7-44% slower; see NOTES.)
 __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint32_t lo, uint32_t hi, int shift,
                                           bool with_mass) {
   if (key >= lo && key <= hi && key != 0u) {
     const int b = int((key >> shift) - (lo >> shift));
-    if (!with_mass && kCountCopies > 1) {
-      atomicAdd(&CountCopies(sh)[b * kCountCopies + int(threadIdx.x % kCountCopies)], 1u);
-      return;
-    }
     atomicAdd(&sh.count[b], 1u);
     if (with_mass) {
       const uint32_t mantissa = MantissaOf(key);
@@ -423,7 +400,6 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   // The histograms of every block of the row, summed (integers: any order gives the same).
   constexpr int kPer = kSamplingBins / kSamplingThreads;
   const int parts = merge_parts ? RowParts() : 1;
-  const bool copies = !with_mass && kCountCopies > 1;  // the counts in their copies, which cum_count overwrites
   if (parts > 1) SyncRow(); else __syncthreads();
   uint32_t count = 0;
   double mass = 0;
@@ -433,13 +409,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   for (int j = 0; j < kPer; ++j) {
     const int b = bins - 1 - (int(threadIdx.x) * kPer + j);
     uint32_t bin_count = 0, hi = 0, lo = 0;
-    if (b >= 0 && copies) {
-      for (int r = 0; r < parts; ++r) {
-        const uint32_t* counts = (parts == 1 ? CountCopies(sh) : PartShared(CountCopies(sh), r)) + b * kCountCopies;
-#pragma unroll
-        for (int copy = 0; copy < kCountCopies; ++copy) bin_count += counts[copy];
-      }
-    } else if (b >= 0 && parts == 1) {  // plain shared-memory loads
+    if (b >= 0 && parts == 1) {  // plain shared-memory loads
       bin_count = sh.count[b];
       hi = with_mass ? sh.mass_hi[b] : 0u;
       lo = with_mass ? sh.mass_lo[b] : 0u;
@@ -462,8 +432,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
     mass += m[j];
   }
   const double mass_above = BlockExclusiveSum(mass, sh);
-  const double count_above = BlockExclusiveSum(double(count), sh);  // its barrier: the block's copies read
-  if (copies && parts > 1) SyncRow();  // and every other block's
+  const double count_above = BlockExclusiveSum(double(count), sh);
   uint32_t running_count = uint32_t(count_above);
   double running_mass = mass_above;
 #pragma unroll
@@ -600,7 +569,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
     const int shift = LevelShift(level);
     const uint32_t base = lo >> shift;
     const int bins = int((hi >> shift) - base) + 1;
-    ClearBins(sh, bins, with_mass);
+    ClearBins(sh, bins);
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
     __syncthreads();
@@ -645,8 +614,10 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
   }
   const int parts = in_block ? 1 : RowParts();
   if (parts > 1) SyncRow(); else __syncthreads();
-  unsigned long long total = 0;
-  for (int r = 0; r < parts; ++r) total += *PartShared(&sh.part_sum, r);
+  // In one block, its own sum (PartShared(.., 0) would be the cluster's first block's, which a
+  // split row's other blocks may not have written yet).
+  unsigned long long total = parts == 1 ? sh.part_sum : 0ull;
+  for (int r = 0; r < parts && parts > 1; ++r) total += *PartShared(&sh.part_sum, r);
   if (parts > 1) SyncRow(); else __syncthreads();
   const int scale = max(top, 1) - 150 - 27;
   return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
@@ -654,12 +625,6 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
 
 // Appends one candidate: the lanes that reach it together take their slots with one atomic.
 __device__ __forceinline__ void AddCandidate(SamplingShared& sh, uint32_t key, int index) {
-  if (!kAggregateCandidates) {
-    const int slot = atomicAdd(&sh.num_candidates, 1);
-    sh.cand_key[slot] = key;
-    sh.cand_index[slot] = index;
-    return;
-  }
   const unsigned takers = __activemask();
   const int lane = int(threadIdx.x % 32), leader = __ffs(takers) - 1;
   int first = 0;
@@ -734,7 +699,7 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
     const int shift = LevelShift(level);
     const uint32_t base = lo >> shift;
     const int bins = int((hi >> shift) - base) + 1;
-    ClearBins(sh, bins, with_mass);
+    ClearBins(sh, bins);
     __syncthreads();
     ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
       for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), lo, hi, shift, with_mass);
@@ -896,7 +861,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const bool with_mass = use_p && !k_decides;
     const bool row_mass_needed = k_decides && joint && p_active;
     // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
-    ClearBins(sh, kSamplingBins, with_mass);
+    ClearBins(sh, kSamplingBins);
     __syncthreads();
     double row_mass = 0;  // this thread's elements, in a fixed order
     if (row_mass_needed) {  // two loops: the sum's test costs the histogram's loop where not needed
@@ -968,7 +933,11 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
         for (int e = 0; e < count; ++e) {
           const uint32_t key = ProbKey(x[e]);
-          if (key >= range_lo && key <= range_hi && key != 0u) AddCandidate(sh, key, int(first + e));
+          if (key >= range_lo && key <= range_hi && key != 0u) {  // AddCandidate was 6% slower here
+            const int slot = atomicAdd(&sh.num_candidates, 1);
+            sh.cand_key[slot] = key;
+            sh.cand_index[slot] = int(first + e);
+          }
         }
         Race<false>(x, count, first, rng, race_lo, race_hi, best);
       });
@@ -1063,7 +1032,7 @@ struct TopKGathered {
 template <typename T, int kVec, typename KeyOf>
 __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
                                    float dropped, bool with_top) {
-  ClearBins(sh, kSamplingBins, false);
+  ClearBins(sh, kSamplingBins);
   __syncthreads();
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
     for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), 1u, 0xFFFFFFFFu, 20, false);
@@ -1142,7 +1111,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
     // Top-p: the level-0 histogram with masses gives the threshold's bin and the exact mass above
     // it; that bin's elements, gathered (and shared across the row's blocks), give t.
     const float top_p = p.top_p.at(r);
-    ClearBins(sh, kSamplingBins, true);
+    ClearBins(sh, kSamplingBins);
     __syncthreads();
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
       for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, true);
@@ -1490,7 +1459,9 @@ constexpr int kSearchRowParts = 2;
 // The renormalizations and the mask: the same (their shortcuts share candidates as the samplers
 // do; their fallback, FindThreshold, merges every level across the blocks, slower but rare).
 constexpr int kThresholdRowParts = kSearchRowParts;
-// The searched rows' blocks at every batch (1: split only where the batch leaves SMs idle).
+// The searched rows' blocks at every batch (1: split only where the batch leaves SMs idle). 2 at
+// every batch was measured at vocab 128256: 1.8-2x slower at batch 256 (the fixed costs of a
+// row's search paid twice, and twice the blocks).
 constexpr int kSearchMinRowParts = 1;
 
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
