@@ -21,6 +21,7 @@ from aotinfer import _loader, jit
 from aotinfer._arch import NoCompatibleBuild, choose_arch
 from aotinfer.compilation_context import CompilationContext, arch_for_gpu
 from aotinfer.jit import cache, toolchain
+from aotinfer.jit import core as jit_core
 
 needs_nvcc = pytest.mark.skipif(toolchain.find() is None, reason="needs nvcc")
 
@@ -304,6 +305,66 @@ def _elf(path):
                           if s["st_shndx"] != "SHN_UNDEF" and s["st_info"]["bind"] == "STB_GLOBAL")
         fatbin = elf.get_section_by_name(".nv_fatbin")
         return needed, exported, fatbin.data() if fatbin else None
+
+
+@needs_nvcc
+@pytest.mark.skipif(not jit_core.dsl_available(), reason="needs nvidia-cutlass-dsl")
+def test_cutedsl_jit_build_is_the_wheels_build(tmp_path):
+    """A CuTeDSL module built by the JIT (the DSL's compile of its kernel file, then nvcc) is the
+    wheel's object: the same libraries, exports and bindings, and the same kernel images, one for
+    every variant, for the arch (byte for byte: the DSL that built the wheel is the one here, as the
+    README's set-up installs it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ci"))
+    try:
+        import check_wheel
+    finally:
+        sys.path.pop(0)
+    builds = _loader.module_builds("norm_quant")
+    if not builds:
+        pytest.skip("no norm_quant build installed")
+    arch = sorted(builds)[0]
+    wheel = Path(builds[arch]["dir"], builds[arch]["file"])
+    env = dict(os.environ, AOTINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-m", "aotinfer", "build", "norm_quant", "--arch-list", str(arch)],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    built = Path(out.stdout.strip().rsplit(": ", 1)[1])
+    assert built.name == wheel.name and built.is_file()
+    (w_needed, w_exported, _), (j_needed, j_exported, _) = _elf(wheel), _elf(built)
+    assert j_needed == w_needed and j_exported == w_exported
+    assert check_wheel.embedded_cubins(built) == check_wheel.embedded_cubins(wheel)
+    assert set(check_wheel.embedded_cubins(built)) == {arch.major * 10 + arch.minor}
+    assert _section(built, ".rodata") == _section(wheel, ".rodata")  # where the cubins are embedded
+    import tvm_ffi
+
+    w_module, j_module = tvm_ffi.load_module(str(wheel)), tvm_ffi.load_module(str(built))
+    for function in _loader.module_entry("norm_quant")["functions"]:
+        assert j_module.get_function_metadata(function) == w_module.get_function_metadata(function)
+    record = json.loads(next((tmp_path / "cache").rglob("*.json")).read_text())
+    assert record["module"] == "norm_quant" and record["nvidia_cutlass_dsl"]
+    assert "cutedsl/norm_quant.py" in record["inputs"]["cutedsl"]
+
+
+def test_cutedsl_module_without_the_dsl_says_what_to_install(monkeypatch):
+    builds = _loader.module_builds("norm_quant")
+    cc = next((c for c in [(10, 0), (12, 0), (9, 0)] if not any(a.major == c[0] for a in builds)), None)
+    if cc is None:
+        pytest.skip("the installed norm_quant builds cover every major tried")
+    monkeypatch.setattr(jit_core, "dsl_available", lambda: False)
+    with pytest.raises(NoCompatibleBuild) as e:
+        jit.resolve("norm_quant", cc)
+    message = str(e.value)
+    if toolchain.find() is not None:
+        assert "written in CuTeDSL, and nvidia-cutlass-dsl is not installed here" in message, message
+        assert "pip install 'nvidia-cutlass-dsl>=4.8,<4.9'" in message
+    assert message.endswith(f"python -m aotinfer build norm_quant --cc {cc[0]}.{cc[1]}")
+
+
+def _section(path, name):
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        return ELFFile(f).get_section_by_name(name).data()
 
 
 @needs_nvcc

@@ -9,7 +9,8 @@ host synchronization: the op stays capturable in a CUDA graph while the scale ch
 
 The kernels are written in CuTeDSL (``cutedsl/norm_quant.py`` in the source tree) and were
 compiled when this wheel was built: running them needs neither the DSL nor a compile. They run on
-sm90 and newer GPUs (FP8 conversions in hardware).
+sm90 and newer GPUs (FP8 conversions in hardware); for one the wheel has no build, the JIT compiles
+the module where the DSL (nvidia-cutlass-dsl) and nvcc are installed, else the error says so.
 
 ``enable_pdl``: True launches with programmatic dependent launch, False never does, None
 (default) does where the GPU supports it.

@@ -19,7 +19,8 @@ from .. import _loader
 from .._arch import Arch, NoCompatibleBuild, parse_arch_list
 from . import cache, toolchain
 from .core import JitUnavailable
-from .modules import cached_builds, cached_choice, declarations, gen_module_spec, jit_builds_off, kernel_source_dir
+from .modules import (cached_builds, cached_choice, declarations, gen_module_spec, jit_builds_off, kernel_source_dir,
+                      module_builds_off)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def choice_without_installed(name: str, cc: Tuple[int, int], error: str) -> Dict
         choice, path = cached
         return {"file": os.path.basename(path), "arch": str(choice.arch), "driver_compiles_ptx": choice.jit,
                 "reason": choice.reason, "path": path}
-    off = jit_builds_off()
+    off = module_builds_off(name)
     tools = toolchain.find()
     arch = tools.arch_for(cc) if off is None else None
     majors = declarations().get(name, {}).get("sm_majors") if off is None else None

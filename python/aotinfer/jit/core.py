@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -84,6 +85,7 @@ class JitSpec:
     arch_list: Tuple[Arch, ...]
     module: Optional[str] = None
     source_dir: Optional[Path] = None
+    cutedsl: Optional[Path] = None  # a CuTeDSL kernel file whose cubins the sources embed
 
     # ---- what the object is built from --------------------------------------------------------
 
@@ -116,7 +118,18 @@ class JitSpec:
             "ldflags": LINK_FLAGS + self.extra_ldflags,
             "tvm_ffi": toolchain.tvm_ffi_version(),
             "runtime": _runtime_library()[1],
+            # The kernel file and its build helper; the DSL's version only in the build's record,
+            # so that a cache prebuilt where the DSL is serves machines without it.
+            **({"cutedsl": {self._label(f): cache.sha256(f) for f in self._cutedsl_files()}}
+               if self.cutedsl is not None else {}),
         }
+
+    def _cutedsl_files(self) -> List[Path]:
+        """The CuTeDSL kernel file and the build helper that compiles it (cmake/cutedsl.py)."""
+        return [Path(self.cutedsl).resolve(), self._cutedsl_builder()]
+
+    def _cutedsl_builder(self) -> Path:
+        return (self.source_dir / "cmake" / "cutedsl.py").resolve()
 
     def inputs_key(self) -> str:
         return _digest(self.inputs())
@@ -279,17 +292,29 @@ class JitSpec:
                       "key": entry.key, "inputs_key": self.inputs_key(), "inputs": self.inputs(),
                       "nvcc": tools.nvcc_id, "host": tools.host_id, "commands": commands,
                       "seconds": round(seconds, 2), "built_at": time.time()}
+            if self.cutedsl is not None:
+                record["nvidia_cutlass_dsl"] = _dsl_version()
             cache.publish(entry, out, record)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         logger.warning("aotinfer: compiled %s in %.1f s: %s", self.describe(), seconds, entry.library)
 
     def commands(self, tools: toolchain.Toolchain, work: Path, output: Path) -> List[List[str]]:
-        """The compile commands (one per source, run in parallel), then link and strip."""
+        """The compile commands (one per source, run in parallel), then link and strip; first, for
+        a CuTeDSL module, the DSL's compile of its kernel file into the sources that embed the
+        cubins (cmake/cutedsl.py, as the wheel's build runs it)."""
         tvm_include, libtvm_ffi = toolchain.tvm_ffi_paths()
         includes = [f"-I{d}" for d in self.include_dirs] + ["-isystem", tvm_include]
+        sources, generate = list(self.sources), []
+        if self.cutedsl is not None:
+            generated = work / "cutedsl"
+            (arch,) = self.arch_list
+            generate = [[sys.executable, str(self._cutedsl_builder()), "--kernels", str(Path(self.cutedsl).resolve()),
+                         "--module", str(self.module), "--arch", str(arch), "--out-dir", str(generated)]]
+            includes.insert(0, f"-I{generated}")
+            sources.append(generated / f"{self.module}_kernels.cc")
         compiles, objects = [], []
-        for i, source in enumerate(self.sources):
+        for i, source in enumerate(sources):
             source = Path(source).resolve()
             obj = str(work / f"{i}_{source.name}.o")
             if source.suffix in CUDA_SUFFIXES:
@@ -305,12 +330,15 @@ class JitSpec:
         link = [tools.host_cxx, *LINK_FLAGS, "-o", str(output), *objects,
                 f"-Wl,-rpath,{runtime.parent}", f"-Wl,-rpath,{os.path.dirname(libtvm_ffi)}", str(runtime), libtvm_ffi,
                 *PTHREAD, *[f"-L{d}" for d in tools.library_dirs], *self.extra_ldflags]
-        return compiles + [link, [STRIP, str(output)]]
+        return generate + compiles + [link, [STRIP, str(output)]]
 
     def _run(self, commands: List[List[str]], work: Path) -> None:
         # nvcc's temporary files go to the build directory, which the next builder removes if
         # this process dies mid-build.
         env = dict(os.environ, TMPDIR=str(work))
+        if self.cutedsl is not None:  # the generated sources first
+            generate, *commands = commands
+            _call(generate, env).check()
         *compiles, link, strip = commands
         workers = max(1, min(len(compiles), os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -348,6 +376,22 @@ def _runtime_library() -> Tuple[Path, Dict[str, Any]]:
         raise JitUnavailable("this install has no CUDA runtime library (libaotinfer_cudart.so) to link against")
     path = Path(_loader.OPS_DIR, entry["file"])
     return path, {"path": str(path), "sha256": entry["sha256"]}
+
+
+def dsl_available() -> bool:
+    """Whether NVIDIA's CuTeDSL (the nvidia-cutlass-dsl package) is importable here."""
+    import importlib.util
+
+    return importlib.util.find_spec("cutlass") is not None and _dsl_version() is not None
+
+
+def _dsl_version() -> Optional[str]:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("nvidia-cutlass-dsl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _digest(data: Any) -> str:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from .._arch import Arch, Choice, NoCompatibleBuild, choose_arch, parse_arch_list, supported_archs
-from . import cache, toolchain
+from . import cache, core, toolchain
 from .core import JitSpec, JitUnavailable
 
 TYPE_CHECKING = False
@@ -78,6 +78,7 @@ def gen_module_spec(name: str, arch: Union[str, Arch], source_dir: Optional[Path
         arch_list=(arch,),
         module=name,
         source_dir=root.resolve(),
+        cutedsl=(root / decls[name]["cutedsl"]).resolve() if decls[name].get("cutedsl") else None,
     )
 
 
@@ -141,6 +142,17 @@ def jit_builds_off() -> Optional[str]:
     return None
 
 
+def module_builds_off(name: str) -> Optional[str]:
+    """Why this process will not compile module ``name`` (jit_builds_off, or a module written in
+    CuTeDSL where the DSL is not installed), or None."""
+    off = jit_builds_off()
+    if off is None and declarations().get(name, {}).get("cutedsl") and not core.dsl_available():
+        # Its kernels are compiled by CuTeDSL (cmake/cutedsl.py), which a server need not have.
+        off = ("impossible: the module is written in CuTeDSL, and nvidia-cutlass-dsl is not installed here"
+               " (pip install 'nvidia-cutlass-dsl>=4.8,<4.9'), or install a wheel that has this GPU's arch")
+    return off
+
+
 def prebuild_command(name: str, cc: Tuple[int, int]) -> str:
     return f"python -m aotinfer build {name} --cc {cc[0]}.{cc[1]}"
 
@@ -170,13 +182,6 @@ def resolve(name: str, cc: Tuple[int, int], tried: str = "", build: bool = True)
     majors = declarations(root)[name].get("sm_majors")
     if majors is not None and cc[0] not in majors:
         raise NoCompatibleBuild(f"{tried}; module {name!r} runs only on SM majors {majors}")
-    if declarations(root)[name].get("cutedsl"):
-        # Its kernels are compiled by CuTeDSL when a wheel is built (cmake/cutedsl.py), never here.
-        raise NoCompatibleBuild(
-            f"{tried}; module {name!r} is written in CuTeDSL, which aotinfer compiles when a wheel is built,"
-            f" not at run time: install a wheel that has this GPU's arch, or build one from a checkout with"
-            f' AOTINFER_CUDA_ARCH_LIST="{cc_text}{"a" if cc[0] >= 9 else ""}" pip install .'
-        )
     try:
         found = cached_builds(name)
     except cache.CacheDirError as e:
@@ -187,7 +192,7 @@ def resolve(name: str, cc: Tuple[int, int], tried: str = "", build: bool = True)
         also.append(f"the JIT cache {cache.cache_root()} (nothing for {cc_text})")
     else:
         return Choice(choice.arch, choice.jit, f"JIT cache: {choice.reason}"), str(found[choice.arch].library)
-    off = jit_builds_off() if build else "not attempted: build=False"
+    off = module_builds_off(name) if build else "not attempted: build=False"
     if off is not None:
         raise unavailable(f"a JIT build ({off})")
     tools = toolchain.find()
