@@ -307,6 +307,27 @@ def _elf(path):
         return needed, exported, fatbin.data() if fatbin else None
 
 
+def _jit_build_beside_the_wheels(module, arch, tmp_path):
+    """(the wheel's object, the same module JIT-built for ``arch`` by the CLI into a new cache),
+    after checking that both have the same libraries, exports and bindings."""
+    build = _loader.module_builds(module)[arch]
+    wheel = Path(build["dir"], build["file"])
+    env = dict(os.environ, AOTINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-m", "aotinfer", "build", module, "--arch-list", str(arch)],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    built = Path(out.stdout.strip().rsplit(": ", 1)[1])
+    assert built.name == wheel.name and built.is_file()
+    (w_needed, w_exported, _), (j_needed, j_exported, _) = _elf(wheel), _elf(built)
+    assert j_needed == w_needed and j_exported == w_exported
+    import tvm_ffi
+
+    w_module, j_module = tvm_ffi.load_module(str(wheel)), tvm_ffi.load_module(str(built))
+    for function in _loader.module_entry(module)["functions"]:
+        assert j_module.get_function_metadata(function) == w_module.get_function_metadata(function)
+    return wheel, built
+
+
 @needs_nvcc
 @pytest.mark.skipif(not jit_core.dsl_available(), reason="needs nvidia-cutlass-dsl")
 def test_cutedsl_jit_build_is_the_wheels_build(tmp_path):
@@ -323,23 +344,10 @@ def test_cutedsl_jit_build_is_the_wheels_build(tmp_path):
     if not builds:
         pytest.skip("no norm_quant build installed")
     arch = sorted(builds)[0]
-    wheel = Path(builds[arch]["dir"], builds[arch]["file"])
-    env = dict(os.environ, AOTINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
-    out = subprocess.run([sys.executable, "-m", "aotinfer", "build", "norm_quant", "--arch-list", str(arch)],
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    built = Path(out.stdout.strip().rsplit(": ", 1)[1])
-    assert built.name == wheel.name and built.is_file()
-    (w_needed, w_exported, _), (j_needed, j_exported, _) = _elf(wheel), _elf(built)
-    assert j_needed == w_needed and j_exported == w_exported
+    wheel, built = _jit_build_beside_the_wheels("norm_quant", arch, tmp_path)
     assert check_wheel.embedded_cubins(built) == check_wheel.embedded_cubins(wheel)
     assert set(check_wheel.embedded_cubins(built)) == {arch.major * 10 + arch.minor}
     assert _section(built, ".rodata") == _section(wheel, ".rodata")  # where the cubins are embedded
-    import tvm_ffi
-
-    w_module, j_module = tvm_ffi.load_module(str(wheel)), tvm_ffi.load_module(str(built))
-    for function in _loader.module_entry("norm_quant")["functions"]:
-        assert j_module.get_function_metadata(function) == w_module.get_function_metadata(function)
     record = json.loads(next((tmp_path / "cache").rglob("*.json")).read_text())
     assert record["module"] == "norm_quant" and record["nvidia_cutlass_dsl"]
     assert "cutedsl/norm_quant.py" in record["inputs"]["cutedsl"]
@@ -369,25 +377,10 @@ def _section(path, name):
 
 @needs_nvcc
 def test_jit_build_is_the_wheels_build(tmp_path):
-    arch = wheel_arch()
-    build = _loader.module_builds("scale")[arch]
-    wheel = Path(build["dir"], build["file"])
-    env = dict(os.environ, AOTINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
-    out = subprocess.run([sys.executable, "-m", "aotinfer", "build", "scale", "--arch-list", str(arch)],
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    built = Path(out.stdout.strip().rsplit(": ", 1)[1])
-    assert built.name == wheel.name and built.is_file()
-    (w_needed, w_exported, w_fatbin), (j_needed, j_exported, j_fatbin) = _elf(wheel), _elf(built)
-    assert j_needed == w_needed and j_exported == w_exported
-    import tvm_ffi
-
-    w_module, j_module = tvm_ffi.load_module(str(wheel)), tvm_ffi.load_module(str(built))
-    for function in _loader.module_entry("scale")["functions"]:
-        assert j_module.get_function_metadata(function) == w_module.get_function_metadata(function)
+    wheel, built = _jit_build_beside_the_wheels("scale", wheel_arch(), tmp_path)
     if _loader.manifest()["cuda_version"] == toolchain.find().cuda_version:
         # Same nvcc: the same flags must give the same device code, byte for byte.
-        assert j_fatbin == w_fatbin
+        assert _elf(built)[2] == _elf(wheel)[2]
 
 
 def test_spec_of_the_wheels_own_build_is_aot():
