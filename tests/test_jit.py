@@ -368,6 +368,29 @@ def test_cutedsl_module_without_the_dsl_says_what_to_install(monkeypatch):
     assert message.endswith(f"python -m aotinfer build norm_quant --cc {cc[0]}.{cc[1]}")
 
 
+@needs_nvcc
+def test_cli_build_without_the_dsl(monkeypatch, capsys):
+    """`build` names the missing DSL for a CuTeDSL module asked for by name, and skips it (saying
+    so) among all modules."""
+    from types import SimpleNamespace
+
+    from aotinfer.jit import cli as jit_cli
+
+    monkeypatch.setattr(jit_core, "dsl_available", lambda: False)
+    assert jit_cli.build(SimpleNamespace(modules=["norm_quant"], cc=None, arch_list="9.0a")) == 1
+    assert "cannot build norm_quant_sm90a: it is written in CuTeDSL" in capsys.readouterr().err
+    real_build = jit_core.JitSpec.build
+
+    def build_only_cutedsl(spec, *args, **kwargs):  # the other modules' compiles are not the point here
+        return real_build(spec, *args, **kwargs) if spec.cutedsl is not None else Path(f"{spec.stem}.so")
+
+    monkeypatch.setattr(jit_core.JitSpec, "build", build_only_cutedsl)
+    assert jit_cli.build(SimpleNamespace(modules=[], cc=None, arch_list="9.0a")) == 0
+    out = capsys.readouterr().out
+    assert "norm_quant: skipped 9.0a: cannot build norm_quant_sm90a: it is written in CuTeDSL" in out
+    assert "scale: sm_90a" in out
+
+
 def _section(path, name):
     from elftools.elf.elffile import ELFFile
 

@@ -58,7 +58,13 @@ def build(args) -> int:
                 spec = gen_module_spec(name, arch)
                 cached = spec.cached_entry(cache.open_root())
                 start = time.monotonic()
-                path = spec.build()
+                try:
+                    path = spec.build()
+                except JitUnavailable as e:
+                    if args.modules:  # asked for by name: an error
+                        raise
+                    print(f"{name}: skipped {arch}: {e}")
+                    continue
                 how = "cached" if cached is not None else f"built in {time.monotonic() - start:.1f} s"
                 print(f"{name}: {arch.sass}{'+PTX' if arch.ptx else ''} {how}: {path}")
     except KeyError as e:

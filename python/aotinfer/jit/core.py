@@ -239,6 +239,8 @@ class JitSpec:
                 return entry.library
             raise JitUnavailable(f"cannot build {self.stem}: {toolchain.why_not_found()}")
         tools.check_archs(self.arch_list)
+        if self.cutedsl is not None and not dsl_available():
+            raise JitUnavailable(f"cannot build {self.stem}: {DSL_MISSING}")
         entry = self.entry(cache.open_root(), tools)
         if entry.problem() is None:
             return entry.library
@@ -376,6 +378,11 @@ def _runtime_library() -> Tuple[Path, Dict[str, Any]]:
         raise JitUnavailable("this install has no CUDA runtime library (libaotinfer_cudart.so) to link against")
     path = Path(_loader.OPS_DIR, entry["file"])
     return path, {"path": str(path), "sha256": entry["sha256"]}
+
+
+#: Why a module written in CuTeDSL cannot be built here, and what to do.
+DSL_MISSING = ("it is written in CuTeDSL, and nvidia-cutlass-dsl is not installed here (pip install"
+               " 'nvidia-cutlass-dsl>=4.8,<4.9'), or install a wheel that has this GPU's arch")
 
 
 def dsl_available() -> bool:

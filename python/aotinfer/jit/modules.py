@@ -148,8 +148,7 @@ def module_builds_off(name: str) -> Optional[str]:
     off = jit_builds_off()
     if off is None and declarations().get(name, {}).get("cutedsl") and not core.dsl_available():
         # Its kernels are compiled by CuTeDSL (cmake/cutedsl.py), which a server need not have.
-        off = ("impossible: the module is written in CuTeDSL, and nvidia-cutlass-dsl is not installed here"
-               " (pip install 'nvidia-cutlass-dsl>=4.8,<4.9'), or install a wheel that has this GPU's arch")
+        off = f"impossible: {core.DSL_MISSING}"
     return off
 
 
