@@ -428,3 +428,35 @@ def test_split_rows_draw_what_whole_rows_draw(vocab):
                 small = op(probs)
                 assert torch.equal(small, op(big)[:2])
                 probs, big = probs.roll(step + 1, -1), big.roll(step + 1, -1)
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_renorm_and_mask_split_and_whole_rows(vocab):
+    """The renormalizations and the mask against float64 where rows are split over a cluster (small
+    batch) and where they are not (large batch), on flat rows (the top-k gather, top-p's threshold
+    bin of thousands) and peaked ones; the split must not change a bit of the output."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    flat = torch.softmax(torch.randn(2, vocab, device="cuda", generator=g), -1)
+    peaked = llm_like(2, vocab, seed=12, scale=3.0)
+    logits = torch.randn(2, vocab, device="cuda", generator=g) * 3
+    for probs in (flat, peaked):
+        big = probs.repeat(100, 1)
+        for top_k in (1, 50, 3000):
+            want = renormalized(probs, kept_mask(probs, top_k=top_k)).float()
+            small = aotinfer.top_k_renorm_probs(probs, top_k)
+            torch.testing.assert_close(small, want, rtol=1e-5, atol=1e-9)
+            torch.testing.assert_close(aotinfer.top_k_renorm_probs(big, top_k)[198:], small, rtol=0, atol=0)
+        for top_p in (0.3, 0.9):
+            want = renormalized(probs, kept_mask(probs, top_p=top_p)).float()
+            small = aotinfer.top_p_renorm_probs(probs, top_p)
+            torch.testing.assert_close(small, want, rtol=1e-5, atol=1e-9)
+            torch.testing.assert_close(aotinfer.top_p_renorm_probs(big, top_p)[198:], small, rtol=0, atol=0)
+    big = logits.repeat(100, 1)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = logits.to(dtype)
+        for top_k in (1, 50, 3000):
+            keep = kept_mask(x.double() - x.double().min() + 1, top_k=top_k)
+            small = aotinfer.top_k_mask_logits(x, top_k)
+            torch.testing.assert_close(small, torch.where(keep, x.double(), float("-inf")).to(dtype), rtol=0, atol=0)
+            torch.testing.assert_close(aotinfer.top_k_mask_logits(big.to(dtype), top_k)[198:], small, rtol=0, atol=0)

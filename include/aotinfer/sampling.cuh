@@ -22,7 +22,10 @@
 // lie above that bin), and decides top-k's threshold and top-p's among them: the histogram needs
 // counts only (one shared atomic an element rather than three), and the race runs over the kept
 // candidates, not in the pass. Top-p alone gathers its threshold's bin, and draws from the bins
-// above it without a race over all of them (see the kernel).
+// above it without a race over all of them (see the kernel). The top-k renormalization and the
+// top-k mask take the same top-k gather, and write the row in the gather's pass (every element not
+// gathered is dropped), the kept ones rewritten from shared memory after; the top-p
+// renormalization gathers its threshold's bin as top-p alone does.
 //
 // One SM reads a row at a fraction of the GPU's bandwidth, so where the batch leaves SMs idle
 // (sm90+), a row may be split over a thread block cluster of up to 8 blocks: each reads its slice,
@@ -373,6 +376,8 @@ __device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
 }
 
 // Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift).
+// (Warp-aggregated adds, __match_any_sync on the bin and one atomic per distinct bin, were 2-7x
+// slower on the H200, and four interleaved copies of the counts (lane % 4) 7-44% slower; see NOTES.)
 __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint32_t lo, uint32_t hi, int shift,
                                           bool with_mass) {
   if (key >= lo && key <= hi && key != 0u) {
@@ -618,6 +623,17 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
   return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
 }
 
+// Appends one candidate: the lanes that reach it together take their slots with one atomic.
+__device__ __forceinline__ void AddCandidate(SamplingShared& sh, uint32_t key, int index) {
+  const unsigned takers = __activemask();
+  const int lane = int(threadIdx.x % 32), leader = __ffs(takers) - 1;
+  int first = 0;
+  if (lane == leader) first = atomicAdd(&sh.num_candidates, __popc(takers));
+  const int slot = __shfl_sync(takers, first, leader) + __popc(takers & ((1u << lane) - 1u));
+  sh.cand_key[slot] = key;
+  sh.cand_index[slot] = index;
+}
+
 // Gathers the elements with keys in [lo, hi] into the candidates (in any order: they are sorted).
 template <typename T, int kVec, typename KeyOf>
 __device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of,
@@ -630,11 +646,7 @@ __device__ __forceinline__ void GatherCandidates(const T* row, int64_t n, Sampli
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     for (int e = 0; e < count; ++e) {
       const uint32_t key = key_of(x[e]);
-      if (key >= lo && key <= hi && key != 0u) {
-        const int slot = atomicAdd(&sh.num_candidates, 1);
-        sh.cand_key[slot] = key;
-        sh.cand_index[slot] = int(first + e);
-      }
+      if (key >= lo && key <= hi && key != 0u) AddCandidate(sh, key, int(first + e));
     }
   });
   __syncthreads();
@@ -921,7 +933,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
         for (int e = 0; e < count; ++e) {
           const uint32_t key = ProbKey(x[e]);
-          if (key >= range_lo && key <= range_hi && key != 0u) {
+          if (key >= range_lo && key <= range_hi && key != 0u) {  // AddCandidate was 6% slower here
             const int slot = atomicAdd(&sh.num_candidates, 1);
             sh.cand_key[slot] = key;
             sh.cand_index[slot] = int(first + e);
@@ -994,6 +1006,82 @@ struct RenormParams {
   RowParam<float> top_p;
 };
 
+// The first and one past the last element of the row that this block's ForEachGroup visits.
+template <int kVec>
+__device__ __forceinline__ int2 RowSlice(int64_t n) {
+  const int64_t all_groups = n / kVec;
+  const int parts = RowParts(), part = RowPart();
+  const int64_t end = part == parts - 1 ? n : all_groups * (part + 1) / parts * kVec;
+  return make_int2(int(all_groups * part / parts * kVec), int(end));
+}
+
+// The samplers' top-k shortcut for the renormalization and the mask: a count-only level-0
+// histogram, then one pass that gathers every element from the k-th largest's bin up (fewer than k
+// lie above it, so all fit) and, since the filter drops every other element, writes `dropped` to
+// the whole row of `out` in the same pass; the kept ones are rewritten from shared memory once the
+// threshold is known (WriteKeptCandidates). Needs 0 < k < n. `with_top`: the gathered range ends at
+// the top bin's last key (CandidateMassFrom's fixed point starts there), else at the largest key.
+// Returns false, having written nothing, where it does not apply (fewer than k keyed elements, or
+// the k-th largest's bin too full to gather).
+struct TopKGathered {
+  bool ok;
+  uint32_t key;  // the k-th largest key: kept from it up
+  uint32_t hi;   // the gathered range's last key
+};
+
+template <typename T, int kVec, typename KeyOf>
+__device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
+                                   float dropped, bool with_top) {
+  ClearBins(sh, kSamplingBins);
+  __syncthreads();
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
+    for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), 1u, 0xFFFFFFFFu, 20, false);
+  });
+  __syncthreads();
+  ScanBinsFromTop(sh, kSamplingBins, 0, 20, false);
+  const int bin_k = CrossingBin(sh, kSamplingBins, Need::kCount, double(k));
+  if (bin_k < 0 || sh.cum_count[bin_k] > uint32_t(kCandidates)) {
+    __syncthreads();
+    return TopKGathered{false, 0u, 0u};
+  }
+  const int top_bin = with_top ? CrossingBin(sh, kSamplingBins, Need::kCount, 1.0) : kSamplingBins - 1;
+  const uint32_t lo = uint32_t(bin_k) << 20, hi = (uint32_t(top_bin) << 20) | 0xFFFFFu;
+  if (threadIdx.x == 0) {
+    sh.num_candidates = 0;
+    sh.sorted_count = -1;
+  }
+  __syncthreads();
+  const T dropped_t = from_float<T>(dropped);
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    for (int e = 0; e < count; ++e) {
+      const uint32_t key = key_of(x[e]);
+      if (key >= lo && key <= hi && key != 0u) AddCandidate(sh, key, int(first + e));
+    }
+    if (count == kVec) {
+      Vec<T, kVec>::from_floats([&](int) { return dropped; }).store(out + first);
+    } else {
+      for (int e = 0; e < count; ++e) out[first + e] = dropped_t;
+    }
+  });
+  __syncthreads();
+  ShareCandidates(sh);
+  const uint32_t t = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, lo, hi, true);
+  return TopKGathered{true, t == 0u ? lo : t, hi};
+}
+
+// out[index] = value_of(key) for the gathered candidates at or above t that lie in this block's
+// slice of the row (every block holds every candidate of the row; each rewrites only what its own
+// pass wrote, so no write crosses blocks).
+template <int kVec, typename T, typename ValueOf>
+__device__ __forceinline__ void WriteKeptCandidates(SamplingShared& sh, T* out, int64_t n, uint32_t t, ValueOf value_of) {
+  const int2 slice = RowSlice<kVec>(n);
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+    const uint32_t key = sh.cand_key[i];
+    const int index = sh.cand_index[i];
+    if (key >= t && index >= slice.x && index < slice.y) out[index] = value_of(key);
+  }
+}
+
 // out = p / (kept mass) where the filter keeps p, else 0.
 template <int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p) {
@@ -1008,11 +1096,50 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   Threshold t;
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
+    if (k > 0 && k < n) {
+      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true);
+      if (g.ok) {  // every kept element is a candidate: the mass is theirs
+        const double kept = CandidateMassFrom(sh, g.key, g.hi, true);
+        const float scale = kept > 0 ? float(1.0 / kept) : 0.f;
+        WriteKeptCandidates<kVec>(sh, out, n, g.key, [&](uint32_t key) { return __uint_as_float(key) * scale; });
+        AllowDependentGrids();
+        return;
+      }
+    }
     t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kCount, k > 0 ? double(k) : INFINITY, false, 1u, true);
   } else {
+    // Top-p: the level-0 histogram with masses gives the threshold's bin and the exact mass above
+    // it; that bin's elements, gathered (and shared across the row's blocks), give t.
     const float top_p = p.top_p.at(r);
-    t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, top_p < 1.f ? double(top_p) : INFINITY, true, 1u,
-                                   true);
+    ClearBins(sh, kSamplingBins);
+    __syncthreads();
+    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+      for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, true);
+    });
+    __syncthreads();
+    ScanBinsFromTop(sh, kSamplingBins, 0, 20, true);
+    const double total = sh.cum_mass[0];
+    const double target = double(top_p) * total;
+    const int p_bin = top_p < 1.f ? CrossingBin(sh, kSamplingBins, Need::kMass, target) : -1;
+    if (p_bin < 0) {
+      t = Threshold{1u, total};
+      __syncthreads();
+    } else {
+      const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
+      const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
+      const uint32_t in_bin = sh.cum_count[p_bin] - above_count;
+      __syncthreads();
+      if (in_bin <= uint32_t(kCandidates)) {
+        const uint32_t lo = uint32_t(p_bin) << 20, hi = lo | 0xFFFFFu;
+        GatherCandidates<float, kVec>(row, n, sh, prob_key, lo, hi);
+        ShareCandidates(sh);
+        const uint32_t tc = CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, lo, hi, true);
+        const uint32_t key = tc == 0u ? lo : tc;
+        t = Threshold{key, above_mass + CandidateMassFrom(sh, key, hi, true)};
+      } else {
+        t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
+      }
+    }
   }
   const float scale = t.kept_mass > 0 ? float(1.0 / t.kept_mass) : 0.f;
   ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
@@ -1043,10 +1170,16 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
   const int k = p.top_k.at(r);
+  auto logit_key = [](float v) { return LogitKey(v); };
   uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
   if (k > 0 && k < n) {
-    t_key = FindThreshold<T, kVec>(row, n, sh, [](float v) { return LogitKey(v); }, Need::kCount, double(k), false, 1u,
-                                   false).key;
+    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false);
+    if (g.ok) {
+      WriteKeptCandidates<kVec>(sh, out, n, g.key, [](uint32_t key) { return from_float<T>(LogitFromKey(key)); });
+      AllowDependentGrids();
+      return;
+    }
+    t_key = FindThreshold<T, kVec>(row, n, sh, logit_key, Need::kCount, double(k), false, 1u, false).key;
   }
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     if (count == kVec) {
@@ -1255,10 +1388,10 @@ bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamp
 // The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
 // grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
 template <auto kKernel>
-int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device) {
+int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device, int min_parts = 1) {
   const DeviceFacts& facts = GetDeviceFacts(device);
   if (facts.major < 9) return 1;
-  int parts = 1;
+  int parts = std::min(min_parts, max_parts);
   while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
   while (parts > 1 && !ClusterFits<kKernel>(parts, shared_bytes, device)) parts /= 2;
   return parts;
@@ -1296,16 +1429,16 @@ cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t 
 // each row over RowPartsFor blocks.
 template <auto kVectorKernel, auto kScalarKernel, typename Params>
 cudaError_t LaunchRows(const Params& p, int64_t rows, bool aligned, size_t shared_bytes, int device,
-                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts) {
+                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts, int min_parts = 1) {
   if (rows == 0) return cudaSuccess;
   if (rows > 0x7FFFFFFF / kMaxRowParts) return cudaErrorInvalidConfiguration;
   if (aligned) {
     if (BlocksPerSm<kVectorKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device), shared_bytes,
+    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device, min_parts), shared_bytes,
                        stream, pdl, p);
   }
   if (BlocksPerSm<kScalarKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device), shared_bytes, stream,
+  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device, min_parts), shared_bytes, stream,
                      pdl, p);
 }
 
@@ -1323,28 +1456,34 @@ bool RowsAligned(const void* base, int64_t stride) {
 // 55 / 88 / 47; 4 blocks no better than 2. (Merging every candidate level across blocks instead
 // had made the split slower than one block.)
 constexpr int kSearchRowParts = 2;
-// The renormalizations and the mask search through FindThreshold, which merges every candidate
-// level across the blocks: not split.
-constexpr int kThresholdRowParts = 1;
+// The renormalizations and the mask: the same (their shortcuts share candidates as the samplers
+// do; their fallback, FindThreshold, merges every level across the blocks, slower but rare).
+constexpr int kThresholdRowParts = kSearchRowParts;
+// The searched rows' blocks at every batch (1: split only where the batch leaves SMs idle). 2 at
+// every batch was measured at vocab 128256: 1.8-2x slower at batch 256 (the fixed costs of a
+// row's search paid twice, and twice the blocks).
+constexpr int kSearchMinRowParts = 1;
 
 inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   return LaunchRows<SamplingKernel<4>, SamplingKernel<1>>(p, p.batch, RowsAligned<float>(p.probs, p.row_stride),
                                                           sizeof(SamplingShared), device, stream, pdl,
-                                                          race_only ? kMaxRowParts : kSearchRowParts);
+                                                          race_only ? kMaxRowParts : kSearchRowParts,
+                                                          race_only ? 1 : kSearchMinRowParts);
 }
 
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
   return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
-                                                      kThresholdRowParts);
+                                                      kThresholdRowParts, kSearchMinRowParts);
 }
 
 template <typename T>
 cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
-                                                                             device, stream, pdl, kThresholdRowParts);
+                                                                             device, stream, pdl, kThresholdRowParts,
+                                                                             kSearchMinRowParts);
 }
 
 // SoftmaxResidentKernel<kLoads> where the row fits a cluster's registers: the blocks it needs, or
