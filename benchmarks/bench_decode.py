@@ -105,7 +105,9 @@ def main():
         run_case(f"bf16 32/8 heads {batch}x{kv_len}", batch, kv_len, 32, 8)
     run_case("bf16 group 1 (32/32) 64x4096", 64, 4096, 32, 32)
     run_case("bf16 group 8 (64/8) 64x4096", 64, 4096, 64, 8)
-    run_case("fp8 e4m3 KV 32/8 64x4096", 64, 4096, 32, 8, torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0)
+    for batch, kv_len in [(16, 2048), (64, 4096), (256, 8192)]:
+        run_case(f"fp8 e4m3 KV 32/8 {batch}x{kv_len}", batch, kv_len, 32, 8, torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0)
+    run_case("fp8 e5m2 KV 32/8 64x4096", 64, 4096, 32, 8, torch.float8_e5m2, k_scale=0.5, v_scale=2.0)
     latency()
 
 

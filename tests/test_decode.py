@@ -210,8 +210,9 @@ def test_attention_options(layout, dtype, page_size, option):
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_fp8_kv_cache(layout, kv_dtype, head_dim, dtype):
-    case = Case(lengths_for(16), 16, (16, 4, head_dim), dtype, layout, kv_dtype=kv_dtype)
+@pytest.mark.parametrize("heads", [(16, 4), (8, 8), (40, 2)], ids=["group4", "group1", "group20"])
+def test_fp8_kv_cache(heads, layout, kv_dtype, head_dim, dtype):
+    case = Case(lengths_for(16), 16, (*heads, head_dim), dtype, layout, kv_dtype=kv_dtype)
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), layout)
     case.plan(wrapper)
     scales = dict(q_scale=0.9, k_scale=0.7, v_scale=1.3)
@@ -456,19 +457,24 @@ def test_single_decode_is_capturable():
 MEMCHECK_SCRIPT = """
 import math, torch, aotinfer
 torch.manual_seed(0)
-for layout, page_size, lengths in (("NHD", 1, [0, 1, 700, 5]), ("HND", 16, [33, 0, 2000, 16]), ("NHD", 64, [4096])):
-    heads = (16, 4, 128)
+f16, e4m3, e5m2 = torch.float16, torch.float8_e4m3fn, torch.float8_e5m2
+for layout, page_size, lengths, kv_dtype, head_dim in (
+    ("NHD", 1, [0, 1, 700, 5], f16, 128), ("HND", 16, [33, 0, 2000, 16], f16, 128), ("NHD", 64, [4096], f16, 128),
+    ("NHD", 16, [33, 0, 2000, 16], e4m3, 64), ("HND", 16, [1031, 7], e5m2, 256), ("NHD", 1, [900], e4m3, 128),
+):
+    heads = (16, 4, head_dim)
     pages = [-(-n // page_size) for n in lengths]
     indptr = torch.tensor([0] + pages).cumsum(0).int()
     indices = torch.randperm(sum(pages) + 3)[: sum(pages)].int()
     last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(lengths, pages)]).int()
-    page = [page_size, 4, 128] if layout == "NHD" else [4, page_size, 128]
-    cache = torch.randn(sum(pages) + 3, 2, *page, device="cuda", dtype=torch.float16)
+    page = [page_size, 4, head_dim] if layout == "NHD" else [4, page_size, head_dim]
+    cache = torch.randn(sum(pages) + 3, 2, *page, device="cuda").to(kv_dtype)
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), layout)
-    wrapper.plan(indptr, indices, last, *heads, page_size, logits_soft_cap=5.0, window_left=300)
-    q = torch.randn(len(lengths), 16, 128, device="cuda", dtype=torch.float16)
+    wrapper.plan(indptr, indices, last, *heads, page_size, logits_soft_cap=5.0, window_left=300, kv_data_type=kv_dtype)
+    q = torch.randn(len(lengths), 16, head_dim, device="cuda", dtype=torch.float16)
     wrapper.run(q, cache, return_lse=True, sinks=torch.randn(16, device="cuda"))
-aotinfer.single_decode_with_kv_cache(q[0], cache[:50, 0, 0], cache[:50, 1, 0], return_lse=True)
+    if kv_dtype == f16:
+        aotinfer.single_decode_with_kv_cache(q[0], cache[:50, 0, 0], cache[:50, 1, 0], return_lse=True)
 torch.cuda.synchronize()
 print("done")
 """

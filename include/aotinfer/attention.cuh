@@ -50,18 +50,18 @@ __device__ __forceinline__ float SafeBase(float running_max) { return running_ma
 // tensor cores read them; the tensor cores then run in half, and a bfloat16 q is converted once,
 // clamped to half's range (+-65504).
 // Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
+// Two fp8 elements (the low byte first) as two halves in one register, the first in the low half.
+template <typename KV>
+__device__ __forceinline__ uint32_t WidenPairToHalf(uint16_t pair) {
+  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, kFormat);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
 template <typename KV>
 __device__ __forceinline__ uint4 WidenToHalf8(uint2 raw) {
-  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
-  const uint16_t* pairs = reinterpret_cast<const uint16_t*>(&raw);
-  uint4 r;
-  uint32_t* w = reinterpret_cast<uint32_t*>(&r);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pairs[i], kFormat);
-    w[i] = uint32_t(h.x) | (uint32_t(h.y) << 16);
-  }
-  return r;
+  return make_uint4(WidenPairToHalf<KV>(uint16_t(raw.x)), WidenPairToHalf<KV>(uint16_t(raw.x >> 16)),
+                    WidenPairToHalf<KV>(uint16_t(raw.y)), WidenPairToHalf<KV>(uint16_t(raw.y >> 16)));
 }
 
 // A 16-byte chunk of 8 bfloat16 as 8 halves, clamped to half's finite range (the fp8 path's q).

@@ -7,10 +7,18 @@
 // the group are zero), so scores and the weighted sum of V run on tensor cores whatever the group
 // size. Tiles of 64 tokens of K and V stream through a cp.async pipeline of kStages tiles in shared
 // memory, gathered page by page; each warp takes 16 tokens of a tile and keeps its own running max,
-// sum and output, and the four states are merged at the end. An fp8 cache lands in shared memory
-// as it is stored and is widened to half (exactly) before the tensor cores read it; with an fp8
-// cache the tensor cores run in half, and a bfloat16 q is converted once a block (clamped to half's
-// range, +-65504).
+// sum and output, and the four states are merged at the end.
+//
+// An fp8 cache stays fp8 in shared memory (twice the tokens in flight for the same bytes) and is
+// widened to half (exactly) in registers, between ldmatrix and the tensor cores; the tensor cores
+// then run in half, and a bfloat16 q is converted once a block (clamped to half's range, +-65504).
+// ldmatrix reads 16-bit elements, so on fp8 bytes it hands each thread four neighbouring bytes:
+//   - K (non-transposed): one token's dims 4c..4c+3 of a 16-dim chunk (c = lane % 4), where the
+//     B fragment wants k = 2c, 2c+1, 2c+8, 2c+9. A dot product may sum its dims in any order, so
+//     the dims are taken in that order for K and for q alike: q's fragments are loaded to match.
+//   - V (transposed): tokens 2c and 2c + 1 of dims 2g and 2g + 1 (g = lane / 4); two matrices (tokens
+//     0-7 and 8-15) give, after a byte permute, the fragments of dim 2g and of dim 2g + 1. So the
+//     output tiles hold a chunk's even dims and its odd dims, put back in order on the way out.
 //
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
@@ -54,46 +62,51 @@ constexpr int kDecodeTileTokens = kDecodeWarps * 16;  // 16 tokens a warp
 template <typename T, typename KV, int D, int kStagesIn>
 struct DecodeShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
-  static constexpr bool kWiden = !std::is_same_v<T, KV>;  // an fp8 cache
+  static constexpr bool kFp8 = !std::is_same_v<T, KV>;
   // The tensor cores' input type: an fp8 cache widens to half, which holds every fp8 value exactly
   // and takes one conversion instruction a pair (two fp8 to bfloat16 take four); q is converted
   // to half once a block.
-  using MmaT = std::conditional_t<kWiden, half, T>;
+  using MmaT = std::conditional_t<kFp8, half, T>;
   static constexpr int kStages = kStagesIn;
   static constexpr int kOffsetTiles = kStages < 2 ? 2 : kStages;  // tiles whose token offsets are published
-  static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (the tiles mma reads)
+  static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (q's)
   static constexpr int kCachedRowChunks = D * int(sizeof(KV)) / 16;
   static constexpr int kElemsPerChunk = 16 / int(sizeof(KV));
-  static constexpr int kTileBytes = kDecodeTileTokens * D * 2;                   // 16-bit K or V tile
-  static constexpr int kCachedTileBytes = kDecodeTileTokens * D * int(sizeof(KV));  // as stored
+  static constexpr int kCachedTileBytes = kDecodeTileTokens * D * int(sizeof(KV));  // K or V, as stored
   static constexpr int kQBytes = kDecodeRows * D * 2;
   static constexpr int kChunksPerThread = kDecodeTileTokens * kCachedRowChunks / kDecodeThreads;
   static constexpr int kTokenStep = kDecodeThreads / kCachedRowChunks;  // between a thread's tokens
-  // An fp8 cache is widened into 16-bit tiles: K's and V's side by side (one barrier a tile), or,
-  // at head_dim 256, where shared memory would then hold one block an SM, one that K, then V, takes.
-  static constexpr int kWidenedTiles = !kWiden ? 0 : D <= 128 ? 2 : 1;
-  // Q, the stages (K then V each), and the widened tiles.
-  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes + size_t(kWidenedTiles) * kTileBytes;
+  // Q, then the stages (K then V each).
+  static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes;
   static constexpr size_t kSharedBytes = kQBytes + kStageBytes;
   static_assert(kChunksPerThread * kDecodeThreads == kDecodeTileTokens * kCachedRowChunks);
   // The merge of the warps' outputs reuses the stages: [warps][16 rows][D] floats.
   static_assert(kStageBytes >= size_t(kDecodeWarps) * kDecodeRows * D * 4);
 };
 
-// Stages where shared memory allows (sm80, sm90, sm100: about 227 KB a block), and the fewest
-// that keep a 99 KB limit (sm86, sm89, sm120) for the head dims that need fewer.
+// Where a token's 16-byte chunk of a cached K or V tile lives in shared memory: rows swizzled over
+// 8 chunks (128 bytes), so ldmatrix's 8 rows of one chunk hit distinct banks; fp8 rows of head_dim
+// 64 (4 chunks) are swizzled in pairs.
+template <int kCachedRowChunks>
+__device__ __forceinline__ uint32_t CachedOffset(int token, int chunk) {
+  if constexpr (kCachedRowChunks >= 8) return SwizzledOffset<kCachedRowChunks>(token, chunk);
+  else return SwizzledOffset<8>(token / 2, token % 2 * 4 + chunk);
+}
+
+// Stages where shared memory allows (sm80, sm90, sm100: about 227 KB a block; two blocks an SM
+// for 16-bit caches and fp8 ones alike, an fp8 tile being half the bytes), and the most that fit a
+// 99 KB limit (sm86, sm89, sm120) where that is fewer.
 template <typename KV, int D>
-constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 3 : 2;
+constexpr int kDecodeStages = sizeof(KV) == 1 ? (D <= 64 ? 8 : D <= 128 ? 6 : 3) : (D <= 64 ? 4 : D <= 128 ? 3 : 2);
 template <typename KV, int D>
-constexpr int kDecodeStagesSmall = D <= 64 ? 4 : sizeof(KV) == 1 && D <= 128 ? 3 : D <= 128 ? 2 : 1;
+constexpr int kDecodeStagesSmall = sizeof(KV) == 1 ? (D <= 64 ? 8 : D <= 128 ? 5 : 2) : (D <= 64 ? 4 : D <= 128 ? 2 : 1);
 
 template <typename T, typename KV, int D, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
   using S = DecodeShape<T, KV, D, kStages>;
   extern __shared__ __align__(128) uint8_t shared[];
   uint8_t* const q_tile = shared;
-  uint8_t* const stages = shared + S::kQBytes;                                  // [kStages][K, V]
-  uint8_t* const widened = stages + size_t(S::kStages) * 2 * S::kCachedTileBytes;  // fp8 only
+  uint8_t* const stages = shared + S::kQBytes;  // [kStages][K, V]
   __shared__ float warp_max[kDecodeWarps][kDecodeRows], warp_sum[kDecodeWarps][kDecodeRows];
   __shared__ longlong2 token_offsets[S::kOffsetTiles][kDecodeTileTokens];  // (K, V) of each token of a tile
 
@@ -153,10 +166,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const int column = tid % S::kCachedRowChunks, first_token = tid / S::kCachedRowChunks;
   const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
   const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
-  auto cached_offset = [&](int token) -> uint32_t {  // where a thread's chunk of `token` lands
-    if constexpr (S::kWiden) return uint32_t(token * S::kCachedRowChunks + column) * 16u;
-    else return SwizzledOffset<S::kRowChunks>(token, column);
-  };
   auto copy = [&](int tile) {  // its table published and a barrier passed since
     uint8_t* k_dst = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     uint8_t* v_dst = k_dst + S::kCachedTileBytes;
@@ -166,21 +175,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       const int token = first_token + i * S::kTokenStep;
       const longlong2 offset = offsets[token];
       const bool valid = offset.x >= 0;
-      CopyAsync16OrZero(k_dst + cached_offset(token), k + (valid ? offset.x : 0), valid);
-      CopyAsync16OrZero(v_dst + cached_offset(token), v + (valid ? offset.y : 0), valid);
-    }
-  };
-  // An fp8 K or V tile, once landed: each thread widens the chunks it copied into a 16-bit tile
-  // (every thread's chunks are in once the caller's barrier has passed; the caller syncs after).
-  auto widen = [&](const uint8_t* cached, uint8_t* widened) {
-#pragma unroll
-    for (int i = 0; i < S::kChunksPerThread; ++i) {
-      const int token = first_token + i * S::kTokenStep;
-      const uint4 raw = *reinterpret_cast<const uint4*>(cached + cached_offset(token));
-      *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column)) =
-          WidenToHalf8<KV>(make_uint2(raw.x, raw.y));
-      *reinterpret_cast<uint4*>(widened + SwizzledOffset<S::kRowChunks>(token, 2 * column + 1)) =
-          WidenToHalf8<KV>(make_uint2(raw.z, raw.w));
+      const uint32_t at = CachedOffset<S::kCachedRowChunks>(token, column);
+      CopyAsync16OrZero(k_dst + at, k + (valid ? offset.x : 0), valid);
+      CopyAsync16OrZero(v_dst + at, v + (valid ? offset.y : 0), valid);
     }
   };
 
@@ -205,8 +202,16 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const float cap_scale = p.soft_cap > 0.f ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;  // sm_scale / cap
   const float cap_log2 = p.soft_cap * kLog2e;
   const uint32_t q_base = SharedAddress(q_tile);
-  auto load_q = [&](uint32_t (&a)[4], int kk) {
-    LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+  auto load_q = [&](uint32_t (&a)[4], int kk) {  // q's A fragment of dims 16 kk .. 16 kk + 15
+    if constexpr (S::kFp8) {  // in fp8 K's order: this thread's k = 2c, 2c+1, 2c+8, 2c+9 are dims 4c..4c+3
+      const int c = lane % 4;
+      const uint32_t within = SwizzledOffset<S::kRowChunks>(lane / 4, 2 * kk + c / 2) + 8 * (c % 2);
+      const uint2 top = *reinterpret_cast<const uint2*>(q_tile + within);
+      const uint2 bottom = *reinterpret_cast<const uint2*>(q_tile + within + 8 * D * 2);  // row + 8: swizzle (row & 7) alike
+      a[0] = top.x, a[1] = bottom.x, a[2] = top.y, a[3] = bottom.y;
+    } else {
+      LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + lane % 8, 2 * kk + lane / 16));
+    }
   };
   // Q's fragments stay in registers where they fit beside the output (and once Q has landed,
   // with tile 0: not with a single stage, where Q's group is committed in the loop).
@@ -249,31 +254,42 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       publish(c + 1, next_page, next_slot);
       look_up(c + 2, next_page, next_slot);
     }
-    const uint8_t* k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
-    const uint8_t* v_tile = k_tile + S::kCachedTileBytes;
-    if constexpr (S::kWidenedTiles == 2) {
-      widen(k_tile, widened);
-      widen(v_tile, widened + S::kTileBytes);
-      __syncthreads();
-      k_tile = widened;
-      v_tile = widened + S::kTileBytes;
-    } else if constexpr (S::kWiden) {
-      widen(k_tile, widened);
-      __syncthreads();
-      k_tile = widened;
-    }
+    const uint8_t* const k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
+    const uint32_t k_base = SharedAddress(k_tile), v_base = k_base + S::kCachedTileBytes;
 
     // Scores of the warp's 16 tokens: two 16x8 tiles, over D / 16 steps.
     float s[2][4] = {};
-    const uint32_t k_base = SharedAddress(k_tile);
+    auto q_step = [&](uint32_t (&a_loaded)[4], int kk) -> const uint32_t(&)[4] {
+      if constexpr (!kQInRegisters) {
+        load_q(a_loaded, kk);
+        return a_loaded;
+      } else {
+        return q_frag[kk];
+      }
+    };
+    if constexpr (S::kFp8) {
+      // Matrices: tokens 0-7 and 8-15 of chunk kk, then of chunk kk + 1 (a chunk is 16 dims).
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a_loaded[4], b[4];
-      if constexpr (!kQInRegisters) load_q(a_loaded, kk);
-      const uint32_t(&a)[4] = kQInRegisters ? q_frag[kQInRegisters ? kk : 0] : a_loaded;
-      LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
-      Mma16816<MmaT>(s[0], a, b[0], b[1]);
-      Mma16816<MmaT>(s[1], a, b[2], b[3]);
+      for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t b[4];
+        LoadMatrixX4(b, k_base + CachedOffset<S::kCachedRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, kk + lane / 16));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a_loaded[4];
+          const uint32_t(&a)[4] = q_step(a_loaded, kk + h);
+          Mma16816<MmaT>(s[0], a, WidenPairToHalf<KV>(uint16_t(b[2 * h])), WidenPairToHalf<KV>(uint16_t(b[2 * h] >> 16)));
+          Mma16816<MmaT>(s[1], a, WidenPairToHalf<KV>(uint16_t(b[2 * h + 1])), WidenPairToHalf<KV>(uint16_t(b[2 * h + 1] >> 16)));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a_loaded[4], b[4];
+        const uint32_t(&a)[4] = q_step(a_loaded, kk);
+        LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+        Mma16816<MmaT>(s[0], a, b[0], b[1]);
+        Mma16816<MmaT>(s[1], a, b[2], b[3]);
+      }
     }
 
     // Scale (or cap), mask positions past the end, and fold into each row's running softmax.
@@ -328,23 +344,31 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       }
     }
 
-    if constexpr (S::kWidenedTiles == 1) {  // V into the widened tile, once every warp is done with K there
-      __syncthreads();
-      widen(v_tile, widened);
-      __syncthreads();
-      v_tile = widened;
-    }
-    const uint32_t v_base = SharedAddress(v_tile);
-
     // o += P V: P (16 rows x 16 tokens) straight from the score registers, V through ldmatrix.trans.
     const uint32_t pa[4] = {PackPair<MmaT>(s[0][0], s[0][1]), PackPair<MmaT>(s[0][2], s[0][3]),
                             PackPair<MmaT>(s[1][0], s[1][1]), PackPair<MmaT>(s[1][2], s[1][3])};
+    if constexpr (S::kFp8) {
+      // Matrices as K's; o[2 j] takes chunk j's even dims, o[2 j + 1] its odd ones.
 #pragma unroll
-    for (int np = 0; np < D / 16; ++np) {
-      uint32_t b[4];
-      LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
-      Mma16816<MmaT>(o[2 * np], pa, b[0], b[1]);
-      Mma16816<MmaT>(o[2 * np + 1], pa, b[2], b[3]);
+      for (int j = 0; j < D / 16; j += 2) {
+        uint32_t b[4];
+        LoadMatrixX4Trans(b, v_base + CachedOffset<S::kCachedRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, j + lane / 16));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t even = __byte_perm(b[2 * h], b[2 * h + 1], 0x6420);  // tokens 2c, 2c+1, 2c+8, 2c+9
+          const uint32_t odd = __byte_perm(b[2 * h], b[2 * h + 1], 0x7531);
+          Mma16816<MmaT>(o[2 * (j + h)], pa, WidenPairToHalf<KV>(uint16_t(even)), WidenPairToHalf<KV>(uint16_t(even >> 16)));
+          Mma16816<MmaT>(o[2 * (j + h) + 1], pa, WidenPairToHalf<KV>(uint16_t(odd)), WidenPairToHalf<KV>(uint16_t(odd >> 16)));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t b[4];
+        LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
+        Mma16816<MmaT>(o[2 * np], pa, b[0], b[1]);
+        Mma16816<MmaT>(o[2 * np + 1], pa, b[2], b[3]);
+      }
     }
   }
   AllowDependentGrids();
@@ -359,11 +383,22 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   __syncthreads();
   float* o_shared = reinterpret_cast<float*>(stages);  // [warp][row][D]
   const int g = lane / 4;
+  float* const top = o_shared + (warp * kDecodeRows + g) * D;
+  float* const bottom = top + 8 * D;
+  if constexpr (S::kFp8) {  // chunk j's even and odd dims interleaved again: this thread's are 16 j + 4c .. + 3
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + (lane % 4) * 2;
-    *reinterpret_cast<float2*>(o_shared + (warp * kDecodeRows + g) * D + col) = make_float2(o[n][0], o[n][1]);
-    *reinterpret_cast<float2*>(o_shared + (warp * kDecodeRows + g + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+    for (int j = 0; j < D / 16; ++j) {
+      const int col = j * 16 + (lane % 4) * 4;
+      *reinterpret_cast<float4*>(top + col) = make_float4(o[2 * j][0], o[2 * j + 1][0], o[2 * j][1], o[2 * j + 1][1]);
+      *reinterpret_cast<float4*>(bottom + col) = make_float4(o[2 * j][2], o[2 * j + 1][2], o[2 * j][3], o[2 * j + 1][3]);
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int col = n * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(top + col) = make_float2(o[n][0], o[n][1]);
+      *reinterpret_cast<float2*>(bottom + col) = make_float2(o[n][2], o[n][3]);
+    }
   }
   if (lane % 4 == 0) {
     warp_max[warp][g] = row_max[0];
