@@ -222,6 +222,20 @@ def test_fp8_kv_cache(heads, layout, kv_dtype, head_dim, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("batch", [8, 64, 200])
+def test_fp8_kv_cache_every_grid_size(batch):
+    # fp8 at head_dim 128 launches a 3-blocks-an-SM form or a 2-blocks-an-SM one by the grid's size
+    # (on a 132-SM GPU: batch 8 and 200 the first, 64 x 8 KV heads = 512 blocks the second).
+    lengths = torch.randint(1, 400, (batch,), generator=torch.Generator().manual_seed(batch)).tolist()
+    case = Case(lengths, 16, (32, 8, 128), torch.bfloat16, "NHD", kv_dtype=torch.float8_e4m3fn)
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD")
+    case.plan(wrapper)
+    want, want_lse = case.reference(sm_scale=0.6 / math.sqrt(128), v_scale=1.5)
+    out, lse = wrapper.run(case.q, case.cache, return_lse=True, k_scale=0.6, v_scale=1.5)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_forward_overrides_the_planned_options(layout):
     # SGLang plans without attention options and passes them to forward at each layer; forward's

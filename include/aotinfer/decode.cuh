@@ -98,6 +98,11 @@ __device__ __forceinline__ uint32_t CachedOffset(int token, int chunk) {
 // 99 KB limit (sm86, sm89, sm120) where that is fewer.
 template <typename KV, int D>
 constexpr int kDecodeStages = sizeof(KV) == 1 ? (D <= 64 ? 8 : D <= 128 ? 6 : 3) : (D <= 64 ? 4 : D <= 128 ? 3 : 2);
+// fp8 at head_dim 128 also has a form of 4 stages, three blocks an SM (registers allow three):
+// 12 warps an SM hide more of each tile's latency, which the half-size fp8 tiles need. Where its
+// waves come out ragged (more than one wave, fewer than four) the two-block form is faster.
+template <typename KV, int D>
+constexpr int kDecodeStagesWide = sizeof(KV) == 1 && D == 128 ? 4 : kDecodeStages<KV, D>;
 template <typename KV, int D>
 constexpr int kDecodeStagesSmall = sizeof(KV) == 1 ? (D <= 64 ? 8 : D <= 128 ? 5 : 2) : (D <= 64 ? 4 : D <= 128 ? 2 : 1);
 
@@ -474,14 +479,26 @@ cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stre
 template <typename T, typename KV, int D>
 cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>;
+  constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>, kWide = kDecodeStagesWide<KV, D>;
   // BlocksPerSm also raises a kernel's shared-memory limit past 48 KB, once per device.
+  const auto fits = [device](auto kernel_stages) {
+    constexpr int n = decltype(kernel_stages)::value;
+    return BlocksPerSm<DecodeKernel<T, KV, D, n>>(kDecodeThreads, DecodeShape<T, KV, D, n>::kSharedBytes, device);
+  };
   cudaError_t status = cudaErrorInvalidConfiguration;
-  if (BlocksPerSm<DecodeKernel<T, KV, D, kStages>>(kDecodeThreads, DecodeShape<T, KV, D, kStages>::kSharedBytes, device) > 0) {
-    status = LaunchDecode<T, KV, D, kStages>(p, num_items, stream, pdl);
-  } else if constexpr (kSmall != kStages) {
-    if (BlocksPerSm<DecodeKernel<T, KV, D, kSmall>>(kDecodeThreads, DecodeShape<T, KV, D, kSmall>::kSharedBytes, device) > 0) {
-      status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
+  bool wide = false;
+  if constexpr (kWide != kStages) {
+    const int blocks = fits(std::integral_constant<int, kWide>{});
+    const int64_t wave = int64_t(blocks) * GetDeviceFacts(device).sms;
+    const int64_t ctas = int64_t(num_items) * p.num_kv_heads * p.head_blocks;
+    wide = blocks > 2 && (ctas <= wave || ctas >= 4 * wave);
+    if (wide) status = LaunchDecode<T, KV, D, kWide>(p, num_items, stream, pdl);
+  }
+  if (!wide) {
+    if (fits(std::integral_constant<int, kStages>{}) > 0) {
+      status = LaunchDecode<T, KV, D, kStages>(p, num_items, stream, pdl);
+    } else if constexpr (kSmall != kStages) {
+      if (fits(std::integral_constant<int, kSmall>{}) > 0) status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
     }
   }
   if (status != cudaSuccess || !merge) return status;
