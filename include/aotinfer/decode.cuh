@@ -5,11 +5,12 @@
 // KV head and up to 16 of the query heads that share it (GQA): every K and V byte is read once for
 // all of them. Those query heads are the 16 rows of tensor-core tiles (mma.sync m16n8k16; rows past
 // the group are zero), so scores and the weighted sum of V run on tensor cores whatever the group
-// size. Tiles of 64 tokens of K and V stream through a cp.async pipeline of kStages tiles in shared
-// memory, gathered page by page; each warp takes 16 tokens of a tile and keeps its own running max,
-// sum and output, and the four states are merged at the end.
+// size. Tiles of K and V (64 tokens; 128 for fp8 up to head_dim 128, the same bytes) stream
+// through a cp.async pipeline of kStages tiles in shared memory, gathered page by page; each warp
+// takes a quarter of a tile's tokens and keeps its own running max, sum and output, and the four
+// states are merged at the end.
 //
-// An fp8 cache stays fp8 in shared memory (twice the tokens in flight for the same bytes) and is
+// An fp8 cache stays fp8 in shared memory (twice the tokens a tile for the same bytes) and is
 // widened to half (exactly) in registers, between ldmatrix and the tensor cores; the tensor cores
 // then run in half, and a bfloat16 q is converted once a block (clamped to half's range, +-65504).
 // ldmatrix reads 16-bit elements, so on fp8 bytes it hands each thread four neighbouring bytes:
@@ -55,7 +56,6 @@ struct DecodeParams : AttentionParams {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;                       // query heads a block: the rows of a tile
-constexpr int kDecodeTileTokens = kDecodeWarps * 16;  // 16 tokens a warp
 
 // Shapes of one instantiation: T the query's (and output's) type, KV the cache's, D the head dim,
 // kStages tiles in flight (DecodeStages: fewer where a GPU has less shared memory).
@@ -68,18 +68,22 @@ struct DecodeShape {
   // to half once a block.
   using MmaT = std::conditional_t<kFp8, half, T>;
   static constexpr int kStages = kStagesIn;
+  // Tokens a warp takes of each tile, in 16-token steps: two for fp8 (up to head_dim 128), whose
+  // tiles are then as many bytes as 16-bit ones, with twice the independent work between barriers.
+  static constexpr int kSteps = kFp8 && D <= 128 ? 2 : 1;
+  static constexpr int kTileTokens = kDecodeWarps * 16 * kSteps;
   static constexpr int kOffsetTiles = kStages < 2 ? 2 : kStages;  // tiles whose token offsets are published
   static constexpr int kRowChunks = D / 8;  // 16-byte chunks of a 16-bit row (q's)
   static constexpr int kCachedRowChunks = D * int(sizeof(KV)) / 16;
   static constexpr int kElemsPerChunk = 16 / int(sizeof(KV));
-  static constexpr int kCachedTileBytes = kDecodeTileTokens * D * int(sizeof(KV));  // K or V, as stored
+  static constexpr int kCachedTileBytes = kTileTokens * D * int(sizeof(KV));  // K or V, as stored
   static constexpr int kQBytes = kDecodeRows * D * 2;
-  static constexpr int kChunksPerThread = kDecodeTileTokens * kCachedRowChunks / kDecodeThreads;
+  static constexpr int kChunksPerThread = kTileTokens * kCachedRowChunks / kDecodeThreads;
   static constexpr int kTokenStep = kDecodeThreads / kCachedRowChunks;  // between a thread's tokens
   // Q, then the stages (K then V each).
   static constexpr size_t kStageBytes = size_t(kStages) * 2 * kCachedTileBytes;
   static constexpr size_t kSharedBytes = kQBytes + kStageBytes;
-  static_assert(kChunksPerThread * kDecodeThreads == kDecodeTileTokens * kCachedRowChunks);
+  static_assert(kChunksPerThread * kDecodeThreads == kTileTokens * kCachedRowChunks && kTileTokens <= kDecodeThreads);
   // The merge of the warps' outputs reuses the stages: [warps][16 rows][D] floats.
   static_assert(kStageBytes >= size_t(kDecodeWarps) * kDecodeRows * D * 4);
 };
@@ -94,17 +98,16 @@ __device__ __forceinline__ uint32_t CachedOffset(int token, int chunk) {
 }
 
 // Stages where shared memory allows (sm80, sm90, sm100: about 227 KB a block; two blocks an SM
-// for 16-bit caches and fp8 ones alike, an fp8 tile being half the bytes), and the most that fit a
-// 99 KB limit (sm86, sm89, sm120) where that is fewer.
+// at head_dim 128), and the most that fit a 99 KB limit (sm86, sm89, sm120) where that is fewer.
 template <typename KV, int D>
-constexpr int kDecodeStages = sizeof(KV) == 1 ? (D <= 64 ? 8 : D <= 128 ? 6 : 3) : (D <= 64 ? 4 : D <= 128 ? 3 : 2);
-// fp8 at head_dim 128 also has a form of 4 stages, three blocks an SM (registers allow three):
-// 12 warps an SM hide more of each tile's latency, which the half-size fp8 tiles need. Where its
-// waves come out ragged (more than one wave, fewer than four) the two-block form is faster.
+constexpr int kDecodeStages = sizeof(KV) == 1 ? (D <= 64 ? 4 : 3) : (D <= 64 ? 4 : D <= 128 ? 3 : 2);
+// fp8 at head_dim 128 also has a form of 2 stages, three blocks an SM (registers allow three):
+// 12 warps an SM hide more of each tile's latency. Where its waves come out ragged (more than one
+// wave, fewer than four) the two-block form is faster.
 template <typename KV, int D>
-constexpr int kDecodeStagesWide = sizeof(KV) == 1 && D == 128 ? 4 : kDecodeStages<KV, D>;
+constexpr int kDecodeStagesWide = sizeof(KV) == 1 && D == 128 ? 2 : kDecodeStages<KV, D>;
 template <typename KV, int D>
-constexpr int kDecodeStagesSmall = sizeof(KV) == 1 ? (D <= 64 ? 8 : D <= 128 ? 5 : 2) : (D <= 64 ? 4 : D <= 128 ? 2 : 1);
+constexpr int kDecodeStagesSmall = sizeof(KV) == 1 ? (D <= 64 ? 4 : 2) : (D <= 64 ? 4 : D <= 128 ? 2 : 1);
 
 template <typename T, typename KV, int D, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   uint8_t* const q_tile = shared;
   uint8_t* const stages = shared + S::kQBytes;  // [kStages][K, V]
   __shared__ float warp_max[kDecodeWarps][kDecodeRows], warp_sum[kDecodeWarps][kDecodeRows];
-  __shared__ longlong2 token_offsets[S::kOffsetTiles][kDecodeTileTokens];  // (K, V) of each token of a tile
+  __shared__ longlong2 token_offsets[S::kOffsetTiles][S::kTileTokens];  // (K, V) of each token of a tile
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.y / p.head_blocks;
@@ -130,7 +133,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   int begin = item.y;
   const int end = min(item.z, kv_len);
   if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
-  const int num_tiles = end > begin ? (end - begin + kDecodeTileTokens - 1) / kDecodeTileTokens : 0;
+  const int num_tiles = end > begin ? (end - begin + S::kTileTokens - 1) / S::kTileTokens : 0;
 
   // Q: 16 rows (query heads; zero past the group) of D, a commit group of its own (older than
   // every tile's, so waiting for a tile waits for it too).
@@ -143,13 +146,13 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   }
   CommitAsyncGroup();
 
-  // Where each token of a tile lives: threads 0..63 look up one token's page each, a tile ahead of
+  // Where each token of a tile lives: threads 0..kTileTokens-1 look up one token's page each, a tile ahead of
   // publishing its K and V offsets (in elements; -1 past the end) to a ring of kOffsetTiles tables
   // in shared memory; every copy then reads them there. One lookup a token, not one a 16-byte chunk.
   const int32_t* pages = p.indices + info.x;
-  const bool looks_up = tid < kDecodeTileTokens;
+  const bool looks_up = tid < S::kTileTokens;
   auto look_up = [&](int tile, int& page, int& slot) {  // the page of this thread's token of `tile`
-    const int pos = begin + tile * kDecodeTileTokens + tid;
+    const int pos = begin + tile * S::kTileTokens + tid;
     page = -1;
     slot = 0;
     if (looks_up && tile < num_tiles && pos < end) {
@@ -262,8 +265,10 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     const uint8_t* const k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     const uint32_t k_base = SharedAddress(k_tile), v_base = k_base + S::kCachedTileBytes;
 
-    // Scores of the warp's 16 tokens: two 16x8 tiles, over D / 16 steps.
-    float s[2][4] = {};
+    // Scores of the warp's tokens: 16x8 tiles (two a 16-token step), over D / 16 steps.
+    constexpr int kNt = 2 * S::kSteps;
+    const int warp_token = warp * 16 * S::kSteps;  // the warp's first token of the tile
+    float s[kNt][4] = {};
     auto q_step = [&](uint32_t (&a_loaded)[4], int kk) -> const uint32_t(&)[4] {
       if constexpr (!kQInRegisters) {
         load_q(a_loaded, kk);
@@ -273,17 +278,24 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       }
     };
     if constexpr (S::kFp8) {
-      // Matrices: tokens 0-7 and 8-15 of chunk kk, then of chunk kk + 1 (a chunk is 16 dims).
+      // Matrices: a step's tokens 0-7 and 8-15 of chunk kk, then of chunk kk + 1 (a chunk is 16 dims).
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk += 2) {
-        uint32_t b[4];
-        LoadMatrixX4(b, k_base + CachedOffset<S::kCachedRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, kk + lane / 16));
+        uint32_t b[S::kSteps][4];
+#pragma unroll
+        for (int st = 0; st < S::kSteps; ++st) {
+          LoadMatrixX4(b[st], k_base + CachedOffset<S::kCachedRowChunks>(warp_token + st * 16 + (lane / 8) % 2 * 8 + lane % 8, kk + lane / 16));
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t a_loaded[4];
           const uint32_t(&a)[4] = q_step(a_loaded, kk + h);
-          Mma16816<MmaT>(s[0], a, WidenPairToHalf<KV>(uint16_t(b[2 * h])), WidenPairToHalf<KV>(uint16_t(b[2 * h] >> 16)));
-          Mma16816<MmaT>(s[1], a, WidenPairToHalf<KV>(uint16_t(b[2 * h + 1])), WidenPairToHalf<KV>(uint16_t(b[2 * h + 1] >> 16)));
+#pragma unroll
+          for (int st = 0; st < S::kSteps; ++st) {
+            const uint32_t lo = b[st][2 * h], hi = b[st][2 * h + 1];
+            Mma16816<MmaT>(s[2 * st], a, WidenPairToHalf<KV>(uint16_t(lo)), WidenPairToHalf<KV>(uint16_t(lo >> 16)));
+            Mma16816<MmaT>(s[2 * st + 1], a, WidenPairToHalf<KV>(uint16_t(hi)), WidenPairToHalf<KV>(uint16_t(hi >> 16)));
+          }
         }
       }
     } else {
@@ -291,28 +303,28 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a_loaded[4], b[4];
         const uint32_t(&a)[4] = q_step(a_loaded, kk);
-        LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp * 16 + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
+        LoadMatrixX4(b, k_base + SwizzledOffset<S::kRowChunks>(warp_token + lane / 16 * 8 + lane % 8, 2 * kk + (lane / 8) % 2));
         Mma16816<MmaT>(s[0], a, b[0], b[1]);
         Mma16816<MmaT>(s[1], a, b[2], b[3]);
       }
     }
 
     // Scale (or cap), mask positions past the end, and fold into each row's running softmax.
-    const int warp_pos = begin + tile * kDecodeTileTokens + warp * 16;
+    const int warp_pos = begin + tile * S::kTileTokens + warp_token;
     float tile_max[2] = {-INFINITY, -INFINITY};
     if (p.soft_cap > 0.f) {  // one branch a tile, not one a score
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanhf(s[nt][e] * cap_scale);
     } else {
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] *= p.scale_log2;
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pos = warp_pos + nt * 8 + (lane % 4) * 2 + (e & 1);
@@ -331,7 +343,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       row_sum[r] *= alpha[r];
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         s[nt][e] = Exp2(s[nt][e] - SafeBase(row_max[e / 2]));
@@ -349,30 +361,40 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       }
     }
 
-    // o += P V: P (16 rows x 16 tokens) straight from the score registers, V through ldmatrix.trans.
-    const uint32_t pa[4] = {PackPair<MmaT>(s[0][0], s[0][1]), PackPair<MmaT>(s[0][2], s[0][3]),
-                            PackPair<MmaT>(s[1][0], s[1][1]), PackPair<MmaT>(s[1][2], s[1][3])};
+    // o += P V: P (16 rows x 16 tokens a step) straight from the score registers, V through
+    // ldmatrix.trans.
+    uint32_t pa[S::kSteps][4];
+#pragma unroll
+    for (int st = 0; st < S::kSteps; ++st) {
+      pa[st][0] = PackPair<MmaT>(s[2 * st][0], s[2 * st][1]);
+      pa[st][1] = PackPair<MmaT>(s[2 * st][2], s[2 * st][3]);
+      pa[st][2] = PackPair<MmaT>(s[2 * st + 1][0], s[2 * st + 1][1]);
+      pa[st][3] = PackPair<MmaT>(s[2 * st + 1][2], s[2 * st + 1][3]);
+    }
     if constexpr (S::kFp8) {
       // Matrices as K's; o[2 j] takes chunk j's even dims, o[2 j + 1] its odd ones.
 #pragma unroll
       for (int j = 0; j < D / 16; j += 2) {
-        uint32_t b[4];
-        LoadMatrixX4Trans(b, v_base + CachedOffset<S::kCachedRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, j + lane / 16));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t even = __byte_perm(b[2 * h], b[2 * h + 1], 0x6420);  // tokens 2c, 2c+1, 2c+8, 2c+9
-          const uint32_t odd = __byte_perm(b[2 * h], b[2 * h + 1], 0x7531);
-          Mma16816<MmaT>(o[2 * (j + h)], pa, WidenPairToHalf<KV>(uint16_t(even)), WidenPairToHalf<KV>(uint16_t(even >> 16)));
-          Mma16816<MmaT>(o[2 * (j + h) + 1], pa, WidenPairToHalf<KV>(uint16_t(odd)), WidenPairToHalf<KV>(uint16_t(odd >> 16)));
+        for (int st = 0; st < S::kSteps; ++st) {
+          uint32_t b[4];
+          LoadMatrixX4Trans(b, v_base + CachedOffset<S::kCachedRowChunks>(warp_token + st * 16 + (lane / 8) % 2 * 8 + lane % 8, j + lane / 16));
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t even = __byte_perm(b[2 * h], b[2 * h + 1], 0x6420);  // tokens 2c, 2c+1, 2c+8, 2c+9
+            const uint32_t odd = __byte_perm(b[2 * h], b[2 * h + 1], 0x7531);
+            Mma16816<MmaT>(o[2 * (j + h)], pa[st], WidenPairToHalf<KV>(uint16_t(even)), WidenPairToHalf<KV>(uint16_t(even >> 16)));
+            Mma16816<MmaT>(o[2 * (j + h) + 1], pa[st], WidenPairToHalf<KV>(uint16_t(odd)), WidenPairToHalf<KV>(uint16_t(odd >> 16)));
+          }
         }
       }
     } else {
 #pragma unroll
       for (int np = 0; np < D / 16; ++np) {
         uint32_t b[4];
-        LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp * 16 + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
-        Mma16816<MmaT>(o[2 * np], pa, b[0], b[1]);
-        Mma16816<MmaT>(o[2 * np + 1], pa, b[2], b[3]);
+        LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kRowChunks>(warp_token + (lane / 8) % 2 * 8 + lane % 8, 2 * np + lane / 16));
+        Mma16816<MmaT>(o[2 * np], pa[0], b[0], b[1]);
+        Mma16816<MmaT>(o[2 * np + 1], pa[0], b[2], b[3]);
       }
     }
   }
