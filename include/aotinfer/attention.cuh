@@ -130,10 +130,10 @@ __global__ void __launch_bounds__(kMergePartialsThreads) MergePartialsKernel(con
   __shared__ __align__(16) float warp_out[kWarps][D];
   __shared__ float warp_max[kWarps], warp_sum[kWarps];
   const int row = blockIdx.x, head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  WaitForPriorGrids();
-  const int2 where = partials(row);
+  const int2 where = partials(row);  // plan's table: read while the kernel before finishes (PDL)
   const int first = where.x, count = where.y;
   if (count <= 1) return;  // written by its only item
+  WaitForPriorGrids();
   const int64_t heads = p.num_qo_heads;
   const float* lse = p.partial_lse + int64_t(first) * heads + head;  // partial i at lse[i * heads]
   const float* x = p.partial_out + (int64_t(first) * heads + head) * D + lane * kDims;

@@ -124,7 +124,9 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const int rows = min(kDecodeRows, p.group - row0);
   const int qo_head0 = kv_head * p.group + row0;
 
-  WaitForPriorGrids();
+  // The work and page tables come from plan, not from the kernels before this one: with PDL they
+  // are read (and the first tiles' pages looked up) while those kernels finish; q and the cache
+  // only after WaitForPriorGrids.
   const int4 item = p.work[blockIdx.x];
   if (item.x < 0) return;  // an idle item of a fixed (graph-captured) grid
   const int request = item.x;
@@ -134,17 +136,6 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const int end = min(item.z, kv_len);
   if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
   const int num_tiles = end > begin ? (end - begin + S::kTileTokens - 1) / S::kTileTokens : 0;
-
-  // Q: 16 rows (query heads; zero past the group) of D, a commit group of its own (older than
-  // every tile's, so waiting for a tile waits for it too).
-  const T* q = static_cast<const T*>(p.q) + request * p.q_stride_n;
-  for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
-    const int r = c / S::kRowChunks, chunk = c % S::kRowChunks;
-    const bool valid = r < rows;
-    CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, chunk),
-                      valid ? q + (qo_head0 + r) * p.q_stride_h + chunk * 8 : q, valid);
-  }
-  CommitAsyncGroup();
 
   // Where each token of a tile lives: threads 0..kTileTokens-1 look up one token's page each, a tile ahead of
   // publishing its K and V offsets (in elements; -1 past the end) to a ring of kOffsetTiles tables
@@ -195,6 +186,19 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
 #pragma unroll
   for (int t = 0; t < S::kStages; ++t) look_up(t, page[t], slot[t]);
   look_up(S::kStages, next_page, next_slot);
+  WaitForPriorGrids();
+
+  // Q: 16 rows (query heads; zero past the group) of D, a commit group of its own (older than
+  // every tile's, so waiting for a tile waits for it too).
+  const T* q = static_cast<const T*>(p.q) + request * p.q_stride_n;
+  for (int c = tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
+    const int r = c / S::kRowChunks, chunk = c % S::kRowChunks;
+    const bool valid = r < rows;
+    CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, chunk),
+                      valid ? q + (qo_head0 + r) * p.q_stride_h + chunk * 8 : q, valid);
+  }
+  CommitAsyncGroup();
+
 #pragma unroll
   for (int t = 0; t < S::kStages; ++t) publish(t, page[t], slot[t]);
   __syncthreads();
