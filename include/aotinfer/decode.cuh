@@ -88,15 +88,6 @@ struct DecodeShape {
   static_assert(kStageBytes >= size_t(kDecodeWarps) * kDecodeRows * D * 4);
 };
 
-// Where a token's 16-byte chunk of a cached K or V tile lives in shared memory: rows swizzled over
-// 8 chunks (128 bytes), so ldmatrix's 8 rows of one chunk hit distinct banks; fp8 rows of head_dim
-// 64 (4 chunks) are swizzled in pairs.
-template <int kCachedRowChunks>
-__device__ __forceinline__ uint32_t CachedOffset(int token, int chunk) {
-  if constexpr (kCachedRowChunks >= 8) return SwizzledOffset<kCachedRowChunks>(token, chunk);
-  else return SwizzledOffset<8>(token / 2, token % 2 * 4 + chunk);
-}
-
 // Stages where shared memory allows (sm80, sm90, sm100: about 227 KB a block; two blocks an SM
 // at head_dim 128), and the most that fit a 99 KB limit (sm86, sm89, sm120) where that is fewer.
 template <typename KV, int D>
@@ -174,7 +165,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       const int token = first_token + i * S::kTokenStep;
       const longlong2 offset = offsets[token];
       const bool valid = offset.x >= 0;
-      const uint32_t at = CachedOffset<S::kCachedRowChunks>(token, column);
+      const uint32_t at = SwizzledOffset<S::kCachedRowChunks>(token, column);
       CopyAsync16OrZero(k_dst + at, k + (valid ? offset.x : 0), valid);
       CopyAsync16OrZero(v_dst + at, v + (valid ? offset.y : 0), valid);
     }
@@ -288,7 +279,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
         uint32_t b[S::kSteps][4];
 #pragma unroll
         for (int st = 0; st < S::kSteps; ++st) {
-          LoadMatrixX4(b[st], k_base + CachedOffset<S::kCachedRowChunks>(warp_token + st * 16 + (lane / 8) % 2 * 8 + lane % 8, kk + lane / 16));
+          LoadMatrixX4(b[st], k_base + SwizzledOffset<S::kCachedRowChunks>(warp_token + st * 16 + (lane / 8) % 2 * 8 + lane % 8, kk + lane / 16));
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -382,7 +373,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
 #pragma unroll
         for (int st = 0; st < S::kSteps; ++st) {
           uint32_t b[4];
-          LoadMatrixX4Trans(b, v_base + CachedOffset<S::kCachedRowChunks>(warp_token + st * 16 + (lane / 8) % 2 * 8 + lane % 8, j + lane / 16));
+          LoadMatrixX4Trans(b, v_base + SwizzledOffset<S::kCachedRowChunks>(warp_token + st * 16 + (lane / 8) % 2 * 8 + lane % 8, j + lane / 16));
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t even = __byte_perm(b[2 * h], b[2 * h + 1], 0x6420);  // tokens 2c, 2c+1, 2c+8, 2c+9

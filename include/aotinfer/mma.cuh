@@ -21,11 +21,14 @@
 
 namespace aotinfer {
 
-// Byte offset of chunk `chunk` of row `row` in a swizzled tile with kRowChunks chunks a row.
+// Byte offset of chunk `chunk` of row `row` in a swizzled tile with kRowChunks 16-byte chunks a
+// row: ldmatrix's 8 rows of one chunk column hit distinct banks. Rows of 4 chunks (fp8 rows of 64
+// elements) are swizzled two to a 128-byte line.
 template <int kRowChunks>
 __device__ __forceinline__ uint32_t SwizzledOffset(int row, int chunk) {
-  static_assert(kRowChunks >= 8 && kRowChunks % 8 == 0, "the swizzle spans 8 chunks");
-  return uint32_t(row * kRowChunks + (chunk ^ (row & 7))) * 16u;
+  static_assert(kRowChunks == 4 || kRowChunks % 8 == 0, "the swizzle spans 8 chunks");
+  if constexpr (kRowChunks == 4) return uint32_t(row / 2 * 8 + ((row % 2 * 4 + chunk) ^ (row / 2 & 7))) * 16u;
+  else return uint32_t(row * kRowChunks + (chunk ^ (row & 7))) * 16u;
 }
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* ptr) {
@@ -45,6 +48,15 @@ __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], uint32_t add
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
+}
+
+// Two matrices (lanes 0-15 give the addresses), and the same transposed.
+__device__ __forceinline__ void LoadMatrixX2(uint32_t (&r)[2], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(address));
+}
+
+__device__ __forceinline__ void LoadMatrixX2Trans(uint32_t (&r)[2], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(address));
 }
 
 // c += a * b for one m16n8k16 tile of T (half or nv_bfloat16) operands.

@@ -17,11 +17,14 @@
 // writes float32 partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
 // v_scale multiplies the output (final or partial) where it is finished, never the LSE.
 //
-// An fp8 cache (paged only) lands in the stages as stored, half the bytes, and each thread widens
-// the chunks it copied to half (attention.cuh) into 16-bit K and V tiles that the tensor cores
-// read, in half; a bfloat16 q is converted to half where it lands, and the output back to bfloat16.
-// One kernel a head_dim serves every fp8 case: q's type (half or bfloat16) and the cache's format
-// (e4m3 or e5m2) are launch parameters, read in uniform branches outside the inner loops.
+// An fp8 cache (paged only) lands in the stages as stored, half the bytes, and is widened to half
+// (exactly) in registers between ldmatrix and the tensor cores, as decode.cuh does: ldmatrix on
+// fp8 bytes hands lane (g, c) a K token's dims 4c..4c+3 of a 16-dim chunk, so Q's dims are stored
+// in that order (each 16-dim group permuted once when Q lands); V comes transposed as dims 2g, 2g+1
+// of tokens 2c, 2c+1, so the output tiles hold a chunk's even and odd dims apart, put back in order
+// in the epilogue. The tensor cores run in half; a bfloat16 q is converted to half where it lands,
+// and the output back to bfloat16. One kernel a head_dim and fp8 format serves both q types (a
+// launch parameter, read outside the inner loops).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -65,7 +68,7 @@ constexpr int kPrefillThreads = kPrefillWarps * 32;
 // ptxas room for a deeper ldmatrix prefetch, measured faster than 64 and 16); all fit 96.5 KB of
 // shared memory, so every arch from sm80 (sm86, sm89 and sm120 allow 99 KB a block) runs one
 // configuration. T: the tensor cores' type (q's and out's but with an fp8 cache: half); KV: T, or
-// uint8_t for an fp8 cache.
+// the fp8 cache's type.
 template <typename T, typename KV, int D>
 struct PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
@@ -80,13 +83,9 @@ struct PrefillShape {
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;            // one 16-bit K or V tile
   static constexpr int kCachedKVBytes = kTileKV * D * int(sizeof(KV));  // ... as stored
-  // fp8: the widened K and V tiles, two pairs where shared memory allows (a thread widens tile t
-  // while other warps still read tile t - 1: one barrier a tile), else one (two barriers a tile).
-  static constexpr int kWidenedStages = !kWiden ? 0 : D <= 128 ? 2 : 1;
   static constexpr int kPageIdBytes = 2 * kTileKV * 4;       // paged: the page ids of two tiles
-  // Q, K x2, V x2 (as stored), the widened K and V tiles, the page ids.
-  static constexpr size_t kSharedBytes =
-      size_t(kQBytes) + 4 * kCachedKVBytes + size_t(kWidenedStages) * 2 * kKVBytes + kPageIdBytes;
+  // Q, K x2, V x2 (as stored), the page ids.
+  static constexpr size_t kSharedBytes = size_t(kQBytes) + 4 * kCachedKVBytes + kPageIdBytes;
   static constexpr int kChunksPerThread = kTileKV * kCachedRowChunks / kPrefillThreads;  // of K (or V) a tile
   static_assert(kChunksPerThread * kPrefillThreads == kTileKV * kCachedRowChunks);
   static_assert(kSharedBytes <= 96 * 1024 + 256, "one configuration for every arch from sm80");
@@ -129,8 +128,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   uint8_t* const q_tile = shared;
   uint8_t* const k_stages = shared + S::kQBytes;                // [2][kTileKV][D] as stored
   uint8_t* const v_stages = k_stages + 2 * S::kCachedKVBytes;   // [2][kTileKV][D] as stored
-  uint8_t* const widened = v_stages + 2 * S::kCachedKVBytes;    // fp8: [kWidenedStages][K, V][kTileKV][D]
-  int32_t* const tile_pages = reinterpret_cast<int32_t*>(widened + S::kWidenedStages * 2 * S::kKVBytes);  // [2][kTileKV]
+  int32_t* const tile_pages = reinterpret_cast<int32_t*>(v_stages + 2 * S::kCachedKVBytes);  // [2][kTileKV]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int kv_head = blockIdx.x;
@@ -176,15 +174,20 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 
   if (num_tiles > 0) {
     // Q rows (zero past the request's rows), in the first commit group with K of tile 0.
+    // fp8: a thread copies both chunks of a 16-dim group, which it permutes once they land.
     const T* q = static_cast<const T*>(p.q);
-    for (int c = tid; c < S::kTileQ * S::kRowChunks; c += kPrefillThreads) {
+    constexpr int kQChunksTogether = S::kWiden ? 2 : 1;
+    for (int c = tid * kQChunksTogether; c < S::kTileQ * S::kRowChunks; c += kPrefillThreads * kQChunksTogether) {
       const int r = c / S::kRowChunks, column = c % S::kRowChunks;
       const bool valid = r < rows;
       const int packed = row_begin + min(r, rows - 1);
       const int token = int(p.group_divisor.Divide(uint32_t(packed)));
       const int head = kv_head * p.group + (packed - token * p.group);
-      CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, column),
-                        q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
+#pragma unroll
+      for (int i = 0; i < kQChunksTogether; ++i) {
+        CopyAsync16OrZero(q_tile + SwizzledOffset<S::kRowChunks>(r, column + i),
+                          q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + (column + i) * 8, valid);
+      }
     }
 
     // Each thread copies chunk column `column` (of the row as stored) of kRun consecutive tokens,
@@ -196,11 +199,11 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     static_assert(kRun <= 8 && (kRun & (kRun - 1)) == 0, "a run's rows share their swizzle phase but for i");
     const int column = tid % S::kCachedRowChunks, first_row = tid / S::kCachedRowChunks * kRun;
     // 16-bit: row first_row + i holds this chunk at column ^ ((first_row + i) % 8); first_row % 8
-    // is a multiple of kRun, so that is (column ^ first_row % 8) ^ i. fp8: unswizzled (each
-    // thread reads back only its own chunks, a warp's 16-byte reads over consecutive bytes).
+    // is a multiple of kRun, so that is (column ^ first_row % 8) ^ i. fp8: the same swizzle over
+    // its shorter rows (SwizzledOffset).
     const int run_column = column ^ (first_row % 8);
     auto chunk_at_row = [&](int i) {
-      if constexpr (S::kWiden) return uint32_t(first_row + i) * kCachedRowBytes + uint32_t(column) * 16u;
+      if constexpr (S::kWiden) return SwizzledOffset<S::kCachedRowChunks>(first_row + i, column);
       else return uint32_t(first_row + i) * kRowBytes + uint32_t(run_column ^ i) * 16u;
     };
     const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
@@ -275,37 +278,34 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     fetch_page_ids(1);
     CommitAsyncGroup();
 
-    // fp8: this thread's chunks of tile `tile` (landed: its own copies), K and V, widened to half
-    // into the 16-bit tiles at SwizzledOffset, two chunks each; the format a uniform branch.
-    auto widen = [&](int tile) {
-      if constexpr (S::kWiden) {
-        const uint8_t* const k_src = k_stages + (tile % 2) * S::kCachedKVBytes;
-        const uint8_t* const v_src = v_stages + (tile % 2) * S::kCachedKVBytes;
-        uint8_t* const k_dst = widened + (tile % S::kWidenedStages) * 2 * S::kKVBytes;
-        uint8_t* const v_dst = k_dst + S::kKVBytes;
-        auto widen_as = [&](auto format) {
-          using Fp8 = decltype(format);
-#pragma unroll
-          for (int i = 0; i < kRun; ++i) {
-            const int row = first_row + i;
-            const uint4 k_raw = *reinterpret_cast<const uint4*>(k_src + chunk_at_row(i));
-            const uint4 v_raw = *reinterpret_cast<const uint4*>(v_src + chunk_at_row(i));
-            *reinterpret_cast<uint4*>(k_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column)) = WidenToHalf8<Fp8>(make_uint2(k_raw.x, k_raw.y));
-            *reinterpret_cast<uint4*>(k_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column + 1)) = WidenToHalf8<Fp8>(make_uint2(k_raw.z, k_raw.w));
-            *reinterpret_cast<uint4*>(v_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column)) = WidenToHalf8<Fp8>(make_uint2(v_raw.x, v_raw.y));
-            *reinterpret_cast<uint4*>(v_dst + SwizzledOffset<S::kRowChunks>(row, 2 * column + 1)) = WidenToHalf8<Fp8>(make_uint2(v_raw.z, v_raw.w));
-          }
-        };
-        if (p.e5m2) widen_as(__nv_fp8_e5m2());
-        else widen_as(__nv_fp8_e4m3());
+    // fp8: this thread's pairs of Q chunks (landed with tile 0: its own copies), each 16-dim group
+    // stored in the order ldmatrix hands fp8 K's dims (k = 2c, 2c+1, 2c+8, 2c+9 are dims 4c..4c+3:
+    // pairs 0, 2, 4, 6 of the group, then 1, 3, 5, 7), a bfloat16 q converted to half on the way.
+    auto q_for_fp8 = [&] {
+      for (int c = tid * 2; c < S::kTileQ * S::kRowChunks; c += kPrefillThreads * 2) {
+        uint4* const lo = reinterpret_cast<uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, c % S::kRowChunks));
+        uint4* const hi = reinterpret_cast<uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, c % S::kRowChunks + 1));
+        uint4 a = *lo, b = *hi;
+        if (p.bf16_io) a = BfloatToHalf8(a), b = BfloatToHalf8(b);
+        *lo = make_uint4(a.x, a.z, b.x, b.z);
+        *hi = make_uint4(a.y, a.w, b.y, b.w);
       }
     };
-    // fp8 with a bfloat16 q: this thread's chunks of Q (landed with tile 0), to half in place.
-    auto q_to_half = [&] {
-      for (int c = tid; c < S::kTileQ * S::kRowChunks; c += kPrefillThreads) {
-        uint4* const chunk = reinterpret_cast<uint4*>(q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, c % S::kRowChunks));
-        *chunk = BfloatToHalf8(*chunk);
-      }
+    // fp8: K of 16 tokens (rows `token0` on) and a 16-dim chunk, through ldmatrix of its bytes:
+    // the B fragments of two 8-token tiles, widened. V: two 8-token matrices transposed, whose
+    // even and odd dims' fragments a byte permute separates.
+    auto fp8_k = [&](uint32_t (&b)[4], uint32_t stage, int token0, int chunk) {
+      uint32_t raw[2];
+      LoadMatrixX2(raw, stage + SwizzledOffset<S::kCachedRowChunks>(token0 + (lane / 8) % 2 * 8 + lane % 8, chunk));
+      b[0] = WidenPairToHalf<KV>(uint16_t(raw[0])), b[1] = WidenPairToHalf<KV>(uint16_t(raw[0] >> 16));
+      b[2] = WidenPairToHalf<KV>(uint16_t(raw[1])), b[3] = WidenPairToHalf<KV>(uint16_t(raw[1] >> 16));
+    };
+    auto fp8_v = [&](uint32_t (&b)[4], uint32_t stage, int token0, int chunk) {
+      uint32_t raw[2];
+      LoadMatrixX2Trans(raw, stage + SwizzledOffset<S::kCachedRowChunks>(token0 + (lane / 8) % 2 * 8 + lane % 8, chunk));
+      const uint32_t even = __byte_perm(raw[0], raw[1], 0x6420), odd = __byte_perm(raw[0], raw[1], 0x7531);
+      b[0] = WidenPairToHalf<KV>(uint16_t(even)), b[1] = WidenPairToHalf<KV>(uint16_t(even >> 16));
+      b[2] = WidenPairToHalf<KV>(uint16_t(odd)), b[3] = WidenPairToHalf<KV>(uint16_t(odd >> 16));
     };
 
     const bool capped = p.soft_cap > 0.f;
@@ -314,14 +314,12 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     const float scale = capped ? 1.f : p.scale_log2;  // logits (base 2) = scale * what S holds
 
     // ldmatrix addresses: every fragment row a lane gives is = lane (mod 8), so its chunk c sits
-    // at c ^ (lane % 8); tiles further down add whole rows.
+    // at c ^ (lane % 8); tiles further down add whole rows. (16-bit K and V; fp8's go through
+    // fp8_k and fp8_v.)
     const int l7 = lane % 8;
     const uint32_t q_lane = SharedAddress(q_tile) + uint32_t(warp_row0 + (lane / 8) % 2 * 8 + l7) * kRowBytes;
-    // The 16-bit K and V tiles mma reads: the stages, or (fp8) the widened tiles.
-    const uint32_t k_lane = SharedAddress(S::kWiden ? widened : k_stages) + uint32_t(lane / 16 * 8 + l7) * kRowBytes;
-    const uint32_t v_lane = SharedAddress(S::kWiden ? widened + S::kKVBytes : v_stages) + uint32_t((lane / 8) % 2 * 8 + l7) * kRowBytes;
-    constexpr int kReadStages = S::kWiden ? S::kWidenedStages : 2;
-    constexpr uint32_t kReadStride = S::kWiden ? 2 * S::kKVBytes : S::kKVBytes;
+    const uint32_t k_lane = SharedAddress(k_stages) + uint32_t(lane / 16 * 8 + l7) * kRowBytes;
+    const uint32_t v_lane = SharedAddress(v_stages) + uint32_t((lane / 8) % 2 * 8 + l7) * kRowBytes;
     const int q_half = lane / 16, k_half = (lane / 8) % 2;
     // Chunk two_e + half (two_e even, half 0 or 1) of such a row. At d64/d128: (two_e % 8) ^
     // (half ^ l7) within its group of 8 chunks, the group's offset an immediate, so 4 lane offsets
@@ -335,9 +333,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
     for (int tile = 0; tile < num_tiles; ++tile) {
       WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
       if constexpr (S::kWiden) {
-        if (tile == 0 && p.bf16_io) q_to_half();
-        // Two widened stages: this one was last read for tile - 2, before the last barrier.
-        if constexpr (S::kWidenedStages == 2) widen(tile);
+        if (tile == 0) q_for_fp8();
       }
       __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
       if (tile + 1 < num_tiles) {
@@ -346,10 +342,6 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         if (tile + 2 < num_tiles) fetch_page_ids(tile + 2);
       }
       CommitAsyncGroup();
-      if constexpr (S::kWidenedStages == 1) {  // one widened stage: free once every warp passed the barrier
-        widen(tile);
-        __syncthreads();
-      }
 
       // S = Q K^T: kMmaQ x kNT 16x8 tiles a warp, over D / 16 steps.
       float s[kMmaQ][kNT][4];
@@ -358,7 +350,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) s[mq][nt][0] = s[mq][nt][1] = s[mq][nt][2] = s[mq][nt][3] = 0.f;
       }
-      const uint32_t k_base = k_lane + (tile % kReadStages) * kReadStride;
+      const uint32_t k_base = k_lane + (tile % 2) * S::kKVBytes;
+      const uint32_t k_stage = SharedAddress(k_stages) + (tile % 2) * S::kCachedKVBytes;  // fp8
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[kMmaQ][4];
@@ -367,7 +360,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
 #pragma unroll
         for (int nj = 0; nj < kTileKV / 16; ++nj) {
           uint32_t b[4];
-          LoadMatrixX4(b, k_base + nj * 16 * kRowBytes + chunk_at(2 * kk, k_half));
+          if constexpr (S::kWiden) fp8_k(b, k_stage, nj * 16, kk);
+          else LoadMatrixX4(b, k_base + nj * 16 * kRowBytes + chunk_at(2 * kk, k_half));
 #pragma unroll
           for (int mq = 0; mq < kMmaQ; ++mq) {
             Mma16816<T>(s[mq][2 * nj], a[mq], b[0], b[1]);
@@ -482,7 +476,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       }
 
       // O += P V: P straight from the score registers, V through ldmatrix.trans.
-      const uint32_t v_base = v_lane + (tile % kReadStages) * kReadStride;
+      const uint32_t v_base = v_lane + (tile % 2) * S::kKVBytes;
+      const uint32_t v_stage = SharedAddress(v_stages) + (tile % 2) * S::kCachedKVBytes;  // fp8
 #pragma unroll
       for (int j = 0; j < kTileKV / 16; ++j) {
         uint32_t pa[kMmaQ][4];
@@ -495,8 +490,9 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         }
 #pragma unroll
         for (int np = 0; np < D / 16; ++np) {
-          uint32_t b[4];
-          LoadMatrixX4Trans(b, v_base + j * 16 * kRowBytes + chunk_at(2 * np, q_half));
+          uint32_t b[4];  // fp8: o[2 np] takes the chunk's even dims, o[2 np + 1] its odd ones
+          if constexpr (S::kWiden) fp8_v(b, v_stage, j * 16, np);
+          else LoadMatrixX4Trans(b, v_base + j * 16 * kRowBytes + chunk_at(2 * np, q_half));
 #pragma unroll
           for (int mq = 0; mq < kMmaQ; ++mq) {
             Mma16816<T>(o[mq][2 * np], pa[mq], b[0], b[1]);
@@ -536,7 +532,15 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
       const float inv = total > 0.f ? p.v_scale * Exp2(m - base) / total : 0.f;
       const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
       const bool valid = local < rows;
-      if (final) {
+      if (final && S::kWiden) {  // chunk j's even and odd dims interleaved again: this thread's are 16 j + 4t .. + 3
+#pragma unroll
+        for (int j = 0; j < D / 16; ++j) {
+          *reinterpret_cast<uint2*>(q_tile + SwizzledOffset<S::kRowChunks>(local, 2 * j + t / 2) + 8 * (t % 2)) =
+              make_uint2(pack_out(o[mq][2 * j][2 * r] * inv, o[mq][2 * j + 1][2 * r] * inv),
+                         pack_out(o[mq][2 * j][2 * r + 1] * inv, o[mq][2 * j + 1][2 * r + 1] * inv));
+        }
+        if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token) * p.num_qo_heads + head] = lse;
+      } else if (final) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           *reinterpret_cast<uint32_t*>(q_tile + SwizzledOffset<S::kRowChunks>(local, n) + 4 * t) =
@@ -545,10 +549,20 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token) * p.num_qo_heads + head] = lse;
       } else if (valid) {
         const int64_t slot = int64_t(split.x) + int64_t(token) * split.y + chunk;
-        float* out = p.partial_out + (slot * p.num_qo_heads + head) * D + 2 * t;
+        if constexpr (S::kWiden) {  // dims 16 j + 4t .. + 3, as in the final case
+          float* out = p.partial_out + (slot * p.num_qo_heads + head) * D + 4 * t;
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
+          for (int j = 0; j < D / 16; ++j) {
+            *reinterpret_cast<float4*>(out + j * 16) =
+                make_float4(o[mq][2 * j][2 * r] * inv, o[mq][2 * j + 1][2 * r] * inv, o[mq][2 * j][2 * r + 1] * inv,
+                            o[mq][2 * j + 1][2 * r + 1] * inv);
+          }
+        } else {
+          float* out = p.partial_out + (slot * p.num_qo_heads + head) * D + 2 * t;
+#pragma unroll
+          for (int n = 0; n < D / 8; ++n) {
+            *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[mq][n][2 * r] * inv, o[mq][n][2 * r + 1] * inv);
+          }
         }
         if (t == 0) p.partial_lse[slot * p.num_qo_heads + head] = lse;
       }
@@ -606,9 +620,10 @@ template <typename T, int D>
 cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, int ctas, bool merge, int merge_rows,
                          cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  const cudaError_t status = fp8_cache            ? LaunchPrefill<half, uint8_t, D, true>(p, ctas, stream, pdl, device)
-                             : p.indices != nullptr ? LaunchPrefill<T, T, D, true>(p, ctas, stream, pdl, device)
-                                                    : LaunchPrefill<T, T, D, false>(p, ctas, stream, pdl, device);
+  const cudaError_t status = !fp8_cache            ? p.indices != nullptr ? LaunchPrefill<T, T, D, true>(p, ctas, stream, pdl, device)
+                                                                          : LaunchPrefill<T, T, D, false>(p, ctas, stream, pdl, device)
+                             : p.e5m2 ? LaunchPrefill<half, __nv_fp8_e5m2, D, true>(p, ctas, stream, pdl, device)
+                                      : LaunchPrefill<half, __nv_fp8_e4m3, D, true>(p, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }
