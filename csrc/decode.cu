@@ -1,7 +1,8 @@
 // Binding of paged decode attention (include/aotinfer/decode.cuh). The plan (python/aotinfer/
-// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot) and
-// `requests` rows (page_begin, kv_len, first_partial, num_partials); this binding checks the
-// tensors, then launches the decode kernel and, when `merge`, the merge of split requests.
+// decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot),
+// `requests` rows (page_begin, kv_len, first_partial, num_partials) and zeroed `counters` (a split
+// request's items done, one a request and block row); this binding checks the tensors, then
+// launches the decode kernel and, when `merge`, the merge of requests split into many items.
 #include "aotinfer/decode.cuh"
 #include "attention_checks.h"
 #include "tvm_ffi_utils.h"
@@ -35,7 +36,7 @@ cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_
 // kv_heads, head_dim], 1: [pages, kv_heads, page_size, head_dim]) over the planned work items.
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                   TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
-                  TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
+                  TensorView counters, TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
                   double v_scale, bool merge, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
   CheckQuery(q);
@@ -64,6 +65,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   CheckIndexTable(indices, 0, "indices");
   CheckIndexTable(work, 4, "work");
   CheckIndexTable(requests, 4, "requests");
+  CheckIndexTable(counters, 0, "counters");
   if (requests.size(0) != batch) {
     AOTINFER_THROW(ValueError) << "Expected requests to have one row for each of the " << batch << " queries, got "
                               << aotinfer::ShapeString(requests.shape());
@@ -71,9 +73,9 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   aotinfer::CheckEnablePdl(enable_pdl);
   const aotinfer::AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
-  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &out};
-  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "out"};
-  for (int i = 0; i < 7; ++i) {
+  const TensorView* on_gpu[] = {&q, &k_cache, &v_cache, &indices, &work, &requests, &counters, &out};
+  const char* names[] = {"q", "k_cache", "v_cache", "indices", "work", "requests", "counters", "out"};
+  for (int i = 0; i < 8; ++i) {
     aotinfer::CheckCuda(*on_gpu[i], names[i]);
     aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
   }
@@ -89,6 +91,11 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   p.work = aotinfer::data_ptr<int4>(work);
   p.requests = aotinfer::data_ptr<int4>(requests);
   p.head_blocks = (p.group + aotinfer::kDecodeRows - 1) / aotinfer::kDecodeRows;
+  if (counters.size(0) < batch * num_kv_heads * p.head_blocks) {
+    AOTINFER_THROW(ValueError) << "Expected counters to hold batch x num_kv_heads x ceil(group / 16) = "
+                              << batch * num_kv_heads * p.head_blocks << " entries, got " << counters.size(0);
+  }
+  p.counters = aotinfer::data_ptr<int>(counters);
   p.v_scale = float(v_scale);
   if (batch == 0 || work.size(0) == 0) return;
 

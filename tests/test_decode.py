@@ -236,6 +236,27 @@ def test_fp8_kv_cache_every_grid_size(batch):
 
 
 @gpu
+@pytest.mark.parametrize("parts", [2, 4, 5, 9])
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+def test_split_requests_merged_in_the_launch_or_after(parts, kv_dtype):
+    # A request split into at most 4 items is merged by its last item inside the decode launch,
+    # one of more by the merge kernel after it; every run must find the counters zero again.
+    lengths = [parts * 64 - 5, 2 * 64, 1, 0]
+    case = Case(lengths, 16, (32, 8, 128), torch.bfloat16, "NHD", kv_dtype=kv_dtype)
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD")
+    case.plan(wrapper, fixed_split_size=4)  # 64-token items
+    assert int(wrapper._plan.partition.requests[0, 3]) == parts
+    assert wrapper._plan.merge == (parts > decode._FUSED_MERGE_PARTS)
+    sinks = torch.randn(32, device="cuda")
+    want, want_lse = case.reference(sinks=sinks, v_scale=0.7)
+    for _ in range(3):
+        out, lse = torch.full_like(case.q, float("nan")), torch.full(case.q.shape[:2], float("nan"), device="cuda")
+        wrapper.run(case.q, case.cache, out=out, lse=lse, return_lse=True, sinks=sinks, v_scale=0.7)
+        check(out, want, torch.bfloat16, lse, want_lse)
+    assert not wrapper._plan.counters.any()
+
+
+@gpu
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_forward_overrides_the_planned_options(layout):
     # SGLang plans without attention options and passes them to forward at each layer; forward's
@@ -626,8 +647,8 @@ def merge_into(o, s, o_other, s_other):
     return o, s_max + torch.log2(total)
 
 
-def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, sinks,
-                       kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, merge, enable_pdl):  # fmt: skip
+def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters,
+                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, merge, enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     nhd = kv_layout == 0
@@ -637,6 +658,8 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
     assert work.dtype == requests.dtype == torch.int32 and work.shape[1] == requests.shape[1] == 4
     assert requests.shape[0] == q.shape[0] == out.shape[0] and lse.numel() in (0, q.shape[0] * num_heads)
     assert partial_out.shape[1:] == (num_heads, head_dim) and partial_lse.shape == partial_out.shape[:2]
+    assert counters.dtype == torch.int32 and counters.numel() >= q.shape[0] * decode.heads_ctas(num_heads, num_heads // group)
+    assert not counters.any(), "counters must be zero between launches"
     sink = sinks.float() / LN2 if sinks.numel() else None  # base 2
 
     def state(request, begin, end):
@@ -679,7 +702,7 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
             partial_out[slot], partial_lse[slot] = o, s
     for request, (_, _, first_partial, num_partials) in enumerate(requests.tolist()):
         if num_partials > 1:
-            assert merge, "a request was split but merge is off"
+            assert merge or num_partials <= decode._FUSED_MERGE_PARTS, "a request split into many items but merge is off"
             o, s = torch.zeros(num_heads, head_dim), torch.full((num_heads,), float("-inf"))
             for slot in range(first_partial, first_partial + num_partials):
                 o, s = merge_into(o, s, partial_out[slot], partial_lse[slot])

@@ -72,6 +72,9 @@ def plan(lens, page_begin, chunk, capacity=None):
     return as_gpu(work), as_gpu(requests), slot
 
 
+FUSED_MERGE_PARTS = 4  # decode.cuh's kFusedMergeParts: requests split further take the merge kernel
+
+
 CASES = [
     # head_dim, qo, kv, page, dtype, kv dtype, layout, lens, chunk
     (128, 32, 8, 16, torch.bfloat16, torch.bfloat16, 0, [1, 17, 300, 1024, 0], 1 << 30),
@@ -101,9 +104,13 @@ def test_batch_decode(case, options):
     partial_out = torch.full((slots, qo, d), math.nan, device="cuda")
     partial_lse = torch.full((slots, qo), math.nan, device="cuda")
     empty = torch.empty(0, device="cuda")
-    binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests,
+    counters = torch.zeros(len(lens) * kv * -(-qo // kv // 16), dtype=torch.int32, device="cuda")
+    most_parts = int(requests[:, 3].max())
+    binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, counters,
                             empty if sinks is None else sinks, layout, sm_scale * k_scale, cap, window, v_scale,
-                            slots > 0, -1)
+                            most_parts > FUSED_MERGE_PARTS, -1)
+    # Every request of at most FUSED_MERGE_PARTS items was merged by its last item, which zeroed its counter.
+    assert not counters.any()
     want, want_lse = reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window, sinks, k_scale, v_scale)
     assert not out.isnan().any() and not lse.isnan().any()
     tol = 3e-2 if fp8 or dtype == torch.bfloat16 else 5e-3

@@ -110,9 +110,10 @@ struct AttentionParams {
 // Partials listed row by row: (-, -, first, count) in an int4 table.
 struct RowTablePartials {
   const int4* rows;
+  int merged_elsewhere;  // requests of at most this many partials are merged by another kernel
   __device__ __forceinline__ int2 operator()(int row) const {
     const int4 info = rows[row];
-    return make_int2(info.z, info.w);
+    return make_int2(info.z, info.w > merged_elsewhere ? info.w : 0);
   }
 };
 

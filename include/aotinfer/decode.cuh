@@ -24,8 +24,11 @@
 // Softmax runs in base 2: logits are scaled by sm_scale * log2(e) (or soft-capped, cap * tanh(x /
 // cap), then scaled by log2(e)), and the LSE written is log2 of the sum of exp2 of them. A sequence
 // split over several work items (the caller's plan decides) writes one partial output and LSE per
-// item; MergePartialsKernel (attention.cuh) combines them. Sinks (per query head, in the logits' natural-log domain)
-// add exp(sink) to the denominator only, once, where a request's output is finished.
+// item. Where a request has at most kFusedMergeParts of them, the last of its items to finish (a
+// counter a request and block row, zero between launches) merges them in the same launch, in slot
+// order; MergePartialsKernel (attention.cuh), launched after, merges requests of more (one block
+// would fold them slower than a grid does). Sinks (per query head, in the logits' natural-log
+// domain) add exp(sink) to the denominator only, once, where a request's output is finished.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,6 +52,7 @@ namespace aotinfer {
 struct DecodeParams : AttentionParams {
   const int4* work;              // [items]: (request, kv_begin, kv_end, slot); request -1: idle, slot -1: final
   const int4* requests;          // [batch]: (page_begin, kv_len, first_partial, num_partials)
+  int* counters;                 // [batch][num_kv_heads * head_blocks]: a split request's items done; zero between launches
   int head_blocks;               // ceil(group / 16): blocks per KV head
   float v_scale;
 };
@@ -56,6 +60,7 @@ struct DecodeParams : AttentionParams {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeRows = 16;                       // query heads a block: the rows of a tile
+constexpr int kFusedMergeParts = 4;                   // split requests of at most this many items merge in the launch
 
 // Shapes of one instantiation: T the query's (and output's) type, KV the cache's, D the head dim,
 // kStages tiles in flight (DecodeStages: fewer where a GPU has less shared memory).
@@ -99,6 +104,45 @@ template <typename KV, int D>
 constexpr int kDecodeStagesWide = sizeof(KV) == 1 && D == 128 ? 2 : kDecodeStages<KV, D>;
 template <typename KV, int D>
 constexpr int kDecodeStagesSmall = sizeof(KV) == 1 ? (D <= 64 ? 4 : 2) : (D <= 64 ? 4 : D <= 128 ? 2 : 1);
+
+// out = sum_i 2^lse_i partial_i / (sum_i 2^lse_i + e^sink) for the `rows` query heads from
+// qo_head0 of a request whose `count` partials start at slot `first`: a thread a 4-float column of
+// a head, folding the partials in slot order (the same result whichever item finished last), read
+// through L2 (other blocks wrote them in this launch).
+template <typename T, int D>
+__device__ __forceinline__ void MergeFewPartials(const DecodeParams& p, int request, int qo_head0, int rows, int first,
+                                                 int count) {
+  constexpr int kColumns = D / 4;
+  const int64_t heads = p.num_qo_heads;
+  for (int unit = threadIdx.x; unit < rows * kColumns; unit += kDecodeThreads) {
+    const int head = qo_head0 + unit / kColumns, d = unit % kColumns * 4;
+    const float* lse = p.partial_lse + int64_t(first) * heads + head;           // partial i at lse[i * heads]
+    const float* x = p.partial_out + (int64_t(first) * heads + head) * D + d;  // partial i at x[i * heads * D]
+    float l[kFusedMergeParts];
+    float4 y[kFusedMergeParts];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kFusedMergeParts; ++i) {
+      l[i] = i < count ? __ldcg(lse + i * heads) : -INFINITY;
+      y[i] = i < count ? __ldcg(reinterpret_cast<const float4*>(x + i * heads * D)) : make_float4(0.f, 0.f, 0.f, 0.f);
+      m = fmaxf(m, l[i]);
+    }
+    const float sink = p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+    const float base = SafeBase(fmaxf(m, sink));
+    float total = Exp2(sink - base);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < kFusedMergeParts; ++i) {
+      const float w = Exp2(l[i] - base);
+      total += w;
+      acc = make_float4(acc.x + w * y[i].x, acc.y + w * y[i].y, acc.z + w * y[i].z, acc.w + w * y[i].w);
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d) =
+        make_uint2(PackPair<T>(acc.x * inv, acc.y * inv), PackPair<T>(acc.z * inv, acc.w * inv));
+    if (p.lse != nullptr && d == 0) p.lse[int64_t(request) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
+  }
+}
 
 template <typename T, typename KV, int D, int kStages>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
@@ -433,56 +477,74 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   // 8 threads a row, D / 8 dims each.
   constexpr int kDims = D / 8;
   const int row = tid / 8, d0 = (tid % 8) * kDims;
-  if (row >= rows) return;
-  const int head = qo_head0 + row;
   const bool final = item.w < 0;
-  float m = -INFINITY;
+  if (row < rows) {
+    const int head = qo_head0 + row;
+    float m = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, warp_max[w][row]);
-  const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
-  m = fmaxf(m, sink);
-  const float base = SafeBase(m);
-  float weight[kDecodeWarps], total = Exp2(sink - base);
-#pragma unroll
-  for (int w = 0; w < kDecodeWarps; ++w) {
-    weight[w] = Exp2(warp_max[w][row] - base);
-    total += weight[w] * warp_sum[w][row];
-  }
-  const float inv = total > 0.f ? p.v_scale / total : 0.f;
-  const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
-  float acc[kDims];
-#pragma unroll
-  for (int d = 0; d < kDims; d += 4) {
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, warp_max[w][row]);
+    const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+    m = fmaxf(m, sink);
+    const float base = SafeBase(m);
+    float weight[kDecodeWarps], total = Exp2(sink - base);
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
-      const float4 x = *reinterpret_cast<const float4*>(o_shared + (w * kDecodeRows + row) * D + d0 + d);
-      sum.x += weight[w] * x.x;
-      sum.y += weight[w] * x.y;
-      sum.z += weight[w] * x.z;
-      sum.w += weight[w] * x.w;
+      weight[w] = Exp2(warp_max[w][row] - base);
+      total += weight[w] * warp_sum[w][row];
     }
-    acc[d] = sum.x * inv;
-    acc[d + 1] = sum.y * inv;
-    acc[d + 2] = sum.z * inv;
-    acc[d + 3] = sum.w * inv;
-  }
-  if (final) {
-    T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d0;
+    const float inv = total > 0.f ? p.v_scale / total : 0.f;
+    const float lse = total > 0.f ? base + __log2f(total) : -INFINITY;
+    float acc[kDims];
 #pragma unroll
-    for (int d = 0; d < kDims; d += 8) {
-      Vec<T, 8> y;
+    for (int d = 0; d < kDims; d += 4) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) y[e] = from_float<T>(acc[d + e]);
-      y.store(out + d);
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        const float4 x = *reinterpret_cast<const float4*>(o_shared + (w * kDecodeRows + row) * D + d0 + d);
+        sum.x += weight[w] * x.x;
+        sum.y += weight[w] * x.y;
+        sum.z += weight[w] * x.z;
+        sum.w += weight[w] * x.w;
+      }
+      acc[d] = sum.x * inv;
+      acc[d + 1] = sum.y * inv;
+      acc[d + 2] = sum.z * inv;
+      acc[d + 3] = sum.w * inv;
     }
-    if (p.lse != nullptr && tid % 8 == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = lse;
-  } else {
-    float* out = p.partial_out + (int64_t(item.w) * p.num_qo_heads + head) * D + d0;
+    if (final) {
+      T* out = static_cast<T*>(p.out) + request * p.out_stride_n + head * p.out_stride_h + d0;
 #pragma unroll
-    for (int d = 0; d < kDims; d += 4) *reinterpret_cast<float4*>(out + d) = make_float4(acc[d], acc[d + 1], acc[d + 2], acc[d + 3]);
-    if (tid % 8 == 0) p.partial_lse[int64_t(item.w) * p.num_qo_heads + head] = lse;
+      for (int d = 0; d < kDims; d += 8) {
+        Vec<T, 8> y;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y[e] = from_float<T>(acc[d + e]);
+        y.store(out + d);
+      }
+      if (p.lse != nullptr && tid % 8 == 0) p.lse[int64_t(request) * p.num_qo_heads + head] = lse;
+    } else {
+      float* out = p.partial_out + (int64_t(item.w) * p.num_qo_heads + head) * D + d0;
+#pragma unroll
+      for (int d = 0; d < kDims; d += 4) *reinterpret_cast<float4*>(out + d) = make_float4(acc[d], acc[d + 1], acc[d + 2], acc[d + 3]);
+      if (tid % 8 == 0) p.partial_lse[int64_t(item.w) * p.num_qo_heads + head] = lse;
+    }
   }
+  if (final || info.w > kFusedMergeParts) return;
+
+  // A request of few items: the last of them to finish (for this block row) merges them. The
+  // barrier and thread 0's fence order this block's partials before its count; the merging
+  // block's fence orders its reads after every count.
+  __shared__ bool merges;
+  __syncthreads();
+  if (tid == 0) {
+    int* const counter = p.counters + int64_t(request) * gridDim.y + blockIdx.y;
+    __threadfence();
+    merges = atomicAdd(counter, 1) == info.w - 1;
+    if (merges) *counter = 0;  // every item has counted: zero for the next launch
+  }
+  __syncthreads();
+  if (!merges) return;
+  __threadfence();
+  MergeFewPartials<T, D>(p, request, qo_head0, rows, info.z, info.w);
 }
 
 template <typename T, typename KV, int D, int kStages>
@@ -492,7 +554,8 @@ cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stre
                                 DecodeShape<T, KV, D, kStages>::kSharedBytes, stream, pdl, p);
 }
 
-// The decode kernel over num_items work items, then, if `merge`, the merge of split requests.
+// The decode kernel over num_items work items, then, if `merge`, the merge of split requests of
+// more than kFusedMergeParts items.
 template <typename T, typename KV, int D>
 cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
@@ -519,7 +582,7 @@ cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaSt
     }
   }
   if (status != cudaSuccess || !merge) return status;
-  return MergePartials<T, D>(p, p.batch, RowTablePartials{p.requests}, stream, pdl);
+  return MergePartials<T, D>(p, p.batch, RowTablePartials{p.requests, kFusedMergeParts}, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -12,16 +12,20 @@ FlashInfer's convention, which aotinfer.cascade merges). A request with no token
 
 The design choice: ``plan`` makes every host decision and ``run`` none. ``plan`` reads the small
 index arrays on the host, splits long sequences into chunks when the batch alone would leave the
-GPU idle, and writes the result into the workspace as two int32 tables the kernel reads:
+GPU idle, and writes the result into the workspace as int32 tables the kernel reads:
 
     work      [items, 4]  (request, kv_begin, kv_end, slot): one CTA column per item, attending
                           positions [kv_begin, kv_end) of its request; slot -1 writes the output
                           directly, slot >= 0 a partial result that a merge kernel combines;
                           request -1 is an idle item (a CUDA graph's fixed grid, see below)
     requests  [batch, 4]  (page_begin, kv_len, first_partial, num_partials) per request
+    counters  [batch * num_kv_heads * ceil(group / 16)]  zeros: a split request's items done (per
+                          block row); the last of up to _FUSED_MERGE_PARTS items merges them in the
+                          decode launch and zeroes its counter again
 
-``run`` only launches: the decode kernel, then (when something was split) the merge kernel, with
-the planned tables, so every layer reuses one plan and a CUDA graph can capture ``run``.
+``run`` only launches: the decode kernel, then (when a request was split into more items than that)
+the merge kernel, with the planned tables, so every layer reuses one plan and a CUDA graph can
+capture ``run``.
 
 FlashInfer behaviours followed, and the decisions they settle:
 
@@ -84,6 +88,9 @@ _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # boundaries), at least 128 tokens (two of the kernel's tiles): a block's time is mostly the
 # latency of its first tiles, so short requests gain from more, shorter chunks.
 _HEADS_PER_CTA = 16
+# Split requests of at most this many items are merged inside the decode launch (decode.cuh's
+# kFusedMergeParts); the merge kernel runs only where a request has more.
+_FUSED_MERGE_PARTS = 4
 _CTAS_PER_SM = 2
 _CHUNK_UNIT = 64
 _MAX_CHUNK_UNIT = 4096
@@ -365,7 +372,8 @@ class _Plan:
 
     __slots__ = (
         "batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
-        "window_left", "work", "requests", "indices", "partial_out", "partial_lse", "merge", "empty", "partition",
+        "window_left", "work", "requests", "counters", "indices", "partial_out", "partial_lse", "merge", "empty",
+        "partition",
     )  # fmt: skip
 
 
@@ -673,7 +681,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         # run captured stay the same.
         slots = capacity if self._use_cuda_graph else partition.num_slots
         plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
-        plan.requests, plan.work = self._write_tables([partition.requests, partition.work], non_blocking)
+        counters = torch.zeros(batch * heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32)
+        plan.requests, plan.work, plan.counters = self._write_tables([partition.requests, partition.work, counters], non_blocking)
         if self._use_cuda_graph:
             self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
             self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
@@ -685,7 +694,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             self._paged_kv_indptr_buf = indptr
             self._paged_kv_indices_buf = plan.indices
             self._paged_kv_last_page_len_buf = last_page_len
-        plan.merge = self._use_cuda_graph or partition.num_slots > 0
+        most_parts = int(partition.requests[:, 3].max()) if batch else 0
+        plan.merge = self._use_cuda_graph or most_parts > _FUSED_MERGE_PARTS
         plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
         plan.partition = partition
         plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
@@ -788,6 +798,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             plan.indices,
             plan.work,
             plan.requests,
+            plan.counters,
             plan.empty if sinks is None else sinks,
             self._kv_layout_code,
             sm_scale,
@@ -1009,13 +1020,14 @@ def single_decode_with_kv_cache(
         indices,
         work,
         requests,
+        torch.zeros(heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32, device=device),
         torch.empty(0, dtype=torch.float32, device=device),
         _KV_LAYOUTS[kv_layout],
         sm_scale,
         logits_soft_cap or 0.0,
         window_left,
         1.0 if v_scale is None else v_scale,
-        slots > 0,
+        slots > _FUSED_MERGE_PARTS,
         -1,
     )
     return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
