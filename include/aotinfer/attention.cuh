@@ -45,23 +45,16 @@ __device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
 // Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
 __device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
 
-// fp8 KV caches land in shared memory as stored and are widened to half, which holds every
-// fp8 value exactly (one conversion instruction a pair; two fp8 to bfloat16 take four), before the
-// tensor cores read them; the tensor cores then run in half, and a bfloat16 q is converted once,
-// clamped to half's range (+-65504).
-// Eight fp8 elements (half of a 16-byte chunk) as eight halves, packed in four registers: exact.
+// fp8 KV caches land in shared memory as stored and are widened to half, which holds every fp8
+// value exactly (one conversion instruction a pair; two fp8 to bfloat16 take four), in registers
+// between ldmatrix and the tensor cores; the tensor cores then run in half, and a bfloat16 q is
+// converted once, clamped to half's range (+-65504).
 // Two fp8 elements (the low byte first) as two halves in one register, the first in the low half.
 template <typename KV>
 __device__ __forceinline__ uint32_t WidenPairToHalf(uint16_t pair) {
   constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, kFormat);
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-
-template <typename KV>
-__device__ __forceinline__ uint4 WidenToHalf8(uint2 raw) {
-  return make_uint4(WidenPairToHalf<KV>(uint16_t(raw.x)), WidenPairToHalf<KV>(uint16_t(raw.x >> 16)),
-                    WidenPairToHalf<KV>(uint16_t(raw.y)), WidenPairToHalf<KV>(uint16_t(raw.y >> 16)));
 }
 
 // A 16-byte chunk of 8 bfloat16 as 8 halves, clamped to half's finite range (the fp8 path's q).
