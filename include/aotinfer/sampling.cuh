@@ -1029,16 +1029,22 @@ struct TopKGathered {
   uint32_t hi;   // the gathered range's last key
 };
 
+// The level-0 histogram of a row (counts, and masses where with_mass), scanned from the top bin.
 template <typename T, int kVec, typename KeyOf>
-__device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
-                                   float dropped, bool with_top) {
+__device__ __forceinline__ void Level0Histogram(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of, bool with_mass) {
   ClearBins(sh, kSamplingBins);
   __syncthreads();
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
-    for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), 1u, 0xFFFFFFFFu, 20, false);
+    for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), 1u, 0xFFFFFFFFu, 20, with_mass);
   });
   __syncthreads();
-  ScanBinsFromTop(sh, kSamplingBins, 0, 20, false);
+  ScanBinsFromTop(sh, kSamplingBins, 0, 20, with_mass);
+}
+
+template <typename T, int kVec, typename KeyOf>
+__device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
+                                   float dropped, bool with_top) {
+  Level0Histogram<T, kVec>(row, n, sh, key_of, false);
   const int bin_k = CrossingBin(sh, kSamplingBins, Need::kCount, double(k));
   if (bin_k < 0 || sh.cum_count[bin_k] > uint32_t(kCandidates)) {
     __syncthreads();
@@ -1111,13 +1117,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
     // Top-p: the level-0 histogram with masses gives the threshold's bin and the exact mass above
     // it; that bin's elements, gathered (and shared across the row's blocks), give t.
     const float top_p = p.top_p.at(r);
-    ClearBins(sh, kSamplingBins);
-    __syncthreads();
-    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-      for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, true);
-    });
-    __syncthreads();
-    ScanBinsFromTop(sh, kSamplingBins, 0, 20, true);
+    Level0Histogram<float, kVec>(row, n, sh, [](float x) { return ProbKey(x); }, true);
     const double total = sh.cum_mass[0];
     const double target = double(top_p) * total;
     const int p_bin = top_p < 1.f ? CrossingBin(sh, kSamplingBins, Need::kMass, target) : -1;
