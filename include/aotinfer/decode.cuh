@@ -172,9 +172,10 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   if (p.window_left >= 0) begin = max(begin, kv_len - 1 - p.window_left);
   const int num_tiles = end > begin ? (end - begin + S::kTileTokens - 1) / S::kTileTokens : 0;
 
-  // Where each token of a tile lives: threads 0..kTileTokens-1 look up one token's page each, a tile ahead of
-  // publishing its K and V offsets (in elements; -1 past the end) to a ring of kOffsetTiles tables
-  // in shared memory; every copy then reads them there. One lookup a token, not one a 16-byte chunk.
+  // Where each token of a tile lives: the first kTileTokens threads look up one token's page each,
+  // a tile ahead of publishing its K and V offsets (in elements; -1 past the end) to a ring of
+  // kOffsetTiles tables in shared memory; every copy then reads them there. One lookup a token,
+  // not one a 16-byte chunk.
   const int32_t* pages = p.indices + info.x;
   const bool looks_up = tid < S::kTileTokens;
   auto look_up = [&](int tile, int& page, int& slot) {  // the page of this thread's token of `tile`
