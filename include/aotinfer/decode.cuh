@@ -555,32 +555,39 @@ cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stre
                                 DecodeShape<T, KV, D, kStages>::kSharedBytes, stream, pdl, p);
 }
 
+template <typename T, typename KV, int D, int kStages>
+int DecodeBlocksPerSm(int device) {  // also raises the kernel's shared-memory limit past 48 KB, once per device
+  return BlocksPerSm<DecodeKernel<T, KV, D, kStages>>(kDecodeThreads, DecodeShape<T, KV, D, kStages>::kSharedBytes, device);
+}
+
+// Whether this launch takes the three-blocks-an-SM form (kDecodeStagesWide): where there is one,
+// and the grid is one wave of it or at least four.
+template <typename T, typename KV, int D>
+bool DecodeTakesWideForm(const DecodeParams& p, int num_items, int device) {
+  constexpr int kWide = kDecodeStagesWide<KV, D>;
+  if constexpr (kWide == kDecodeStages<KV, D>) {
+    return false;
+  } else {
+    const int blocks = DecodeBlocksPerSm<T, KV, D, kWide>(device);
+    const int64_t wave = int64_t(blocks) * GetDeviceFacts(device).sms;
+    const int64_t ctas = int64_t(num_items) * p.num_kv_heads * p.head_blocks;
+    return blocks > 2 && (ctas <= wave || ctas >= 4 * wave);
+  }
+}
+
 // The decode kernel over num_items work items, then, if `merge`, the merge of split requests of
 // more than kFusedMergeParts items.
 template <typename T, typename KV, int D>
 cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>, kWide = kDecodeStagesWide<KV, D>;
-  // BlocksPerSm also raises a kernel's shared-memory limit past 48 KB, once per device.
-  const auto fits = [device](auto kernel_stages) {
-    constexpr int n = decltype(kernel_stages)::value;
-    return BlocksPerSm<DecodeKernel<T, KV, D, n>>(kDecodeThreads, DecodeShape<T, KV, D, n>::kSharedBytes, device);
-  };
+  constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>;
   cudaError_t status = cudaErrorInvalidConfiguration;
-  bool wide = false;
-  if constexpr (kWide != kStages) {
-    const int blocks = fits(std::integral_constant<int, kWide>{});
-    const int64_t wave = int64_t(blocks) * GetDeviceFacts(device).sms;
-    const int64_t ctas = int64_t(num_items) * p.num_kv_heads * p.head_blocks;
-    wide = blocks > 2 && (ctas <= wave || ctas >= 4 * wave);
-    if (wide) status = LaunchDecode<T, KV, D, kWide>(p, num_items, stream, pdl);
-  }
-  if (!wide) {
-    if (fits(std::integral_constant<int, kStages>{}) > 0) {
-      status = LaunchDecode<T, KV, D, kStages>(p, num_items, stream, pdl);
-    } else if constexpr (kSmall != kStages) {
-      if (fits(std::integral_constant<int, kSmall>{}) > 0) status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
-    }
+  if (DecodeTakesWideForm<T, KV, D>(p, num_items, device)) {
+    status = LaunchDecode<T, KV, D, kDecodeStagesWide<KV, D>>(p, num_items, stream, pdl);
+  } else if (DecodeBlocksPerSm<T, KV, D, kStages>(device) > 0) {
+    status = LaunchDecode<T, KV, D, kStages>(p, num_items, stream, pdl);
+  } else if constexpr (kSmall != kStages) {
+    if (DecodeBlocksPerSm<T, KV, D, kSmall>(device) > 0) status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
   }
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, p.batch, RowTablePartials{p.requests, kFusedMergeParts}, stream, pdl);
