@@ -2,7 +2,8 @@
 // decode.py) has written the work partition: `work` rows (request, kv_begin, kv_end, slot),
 // `requests` rows (page_begin, kv_len, first_partial, num_partials) and zeroed `counters` (a split
 // request's items done, one a request and block row); this binding checks the tensors, then
-// launches the decode kernel and, when `merge`, the merge of requests split into many items.
+// launches the decode kernel and, where `max_partials` (the most items a request may have) is
+// more than the kernel merges itself, the merge kernel.
 #include "aotinfer/decode.cuh"
 #include "attention_checks.h"
 #include "tvm_ffi_utils.h"
@@ -37,7 +38,7 @@ cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                   TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
                   TensorView counters, TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
-                  double v_scale, bool merge, int64_t enable_pdl) {
+                  double v_scale, int64_t max_partials, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
   CheckQuery(q);
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
@@ -105,6 +106,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   cudaStream_t stream = aotinfer::get_stream(q.device());
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   const int num_items = int(work.size(0));
+  const bool merge = max_partials > aotinfer::kFusedMergeParts;
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     cudaError_t status;
     if (kv_key == DtypeKey(kDLFloat8_e4m3fn, 8)) {

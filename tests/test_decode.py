@@ -246,7 +246,7 @@ def test_split_requests_merged_in_the_launch_or_after(parts, kv_dtype):
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD")
     case.plan(wrapper, fixed_split_size=4)  # 64-token items
     assert int(wrapper._plan.partition.requests[0, 3]) == parts
-    assert wrapper._plan.merge == (parts > decode._FUSED_MERGE_PARTS)
+    assert wrapper._plan.max_partials == parts
     sinks = torch.randn(32, device="cuda")
     want, want_lse = case.reference(sinks=sinks, v_scale=0.7)
     for _ in range(3):
@@ -406,7 +406,7 @@ def test_large_batch_is_not_split():
     case = Case(lengths, 16, heads, torch.float16)
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"))
     case.plan(wrapper)
-    assert wrapper._plan.partition.num_slots == 0 and not wrapper._plan.merge
+    assert wrapper._plan.partition.num_slots == 0 and wrapper._plan.max_partials == 0
     want, want_lse = case.reference()
     out, lse = wrapper.run(case.q, case.cache, return_lse=True)
     check(out, want, torch.float16, lse, want_lse)
@@ -648,7 +648,7 @@ def merge_into(o, s, o_other, s_other):
 
 
 def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters,
-                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, merge, enable_pdl):  # fmt: skip
+                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, max_partials, enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     nhd = kv_layout == 0
@@ -702,7 +702,7 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
             partial_out[slot], partial_lse[slot] = o, s
     for request, (_, _, first_partial, num_partials) in enumerate(requests.tolist()):
         if num_partials > 1:
-            assert merge or num_partials <= decode._FUSED_MERGE_PARTS, "a request split into many items but merge is off"
+            assert num_partials <= max_partials, "a request has more items than max_partials says"
             o, s = torch.zeros(num_heads, head_dim), torch.full((num_heads,), float("-inf"))
             for slot in range(first_partial, first_partial + num_partials):
                 o, s = merge_into(o, s, partial_out[slot], partial_lse[slot])
@@ -769,7 +769,7 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
         layout = [(t.data_ptr(), tuple(t.shape)) for t in (plan.work, plan.requests, plan.indices, plan.partial_out, plan.partial_lse)]
         assert seen is None or layout == seen
         seen = layout
-        assert plan.merge and plan.work.shape[0] == decode.target_items(132, 16, 4)
+        assert plan.max_partials == plan.work.shape[0] == decode.target_items(132, 16, 4)
         assert torch.equal(buffers["paged_kv_indices_buffer"][: indices.numel()], indices)
         assert torch.equal(buffers["paged_kv_indptr_buffer"], indptr)
         keys, values = gather(k, v, indptr, indices, last, "NHD")

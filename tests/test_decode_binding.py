@@ -72,8 +72,6 @@ def plan(lens, page_begin, chunk, capacity=None):
     return as_gpu(work), as_gpu(requests), slot
 
 
-FUSED_MERGE_PARTS = 4  # decode.cuh's kFusedMergeParts: requests split further take the merge kernel
-
 
 CASES = [
     # head_dim, qo, kv, page, dtype, kv dtype, layout, lens, chunk
@@ -108,8 +106,8 @@ def test_batch_decode(case, options):
     most_parts = int(requests[:, 3].max())
     binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, counters,
                             empty if sinks is None else sinks, layout, sm_scale * k_scale, cap, window, v_scale,
-                            most_parts > FUSED_MERGE_PARTS, -1)
-    # Every request of at most FUSED_MERGE_PARTS items was merged by its last item, which zeroed its counter.
+                            most_parts, -1)
+    # Every merge in the launch (requests of few items) zeroed its counter again.
     assert not counters.any()
     want, want_lse = reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window, sinks, k_scale, v_scale)
     assert not out.isnan().any() and not lse.isnan().any()

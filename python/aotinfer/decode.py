@@ -20,12 +20,12 @@ GPU idle, and writes the result into the workspace as int32 tables the kernel re
                           request -1 is an idle item (a CUDA graph's fixed grid, see below)
     requests  [batch, 4]  (page_begin, kv_len, first_partial, num_partials) per request
     counters  [batch * num_kv_heads * ceil(group / 16)]  zeros: a split request's items done (per
-                          block row); the last of up to _FUSED_MERGE_PARTS items merges them in the
-                          decode launch and zeroes its counter again
+                          block row); the last of a few items merges them in the decode launch
+                          and zeroes its counter again
 
-``run`` only launches: the decode kernel, then (when a request was split into more items than that)
-the merge kernel, with the planned tables, so every layer reuses one plan and a CUDA graph can
-capture ``run``.
+``run`` only launches, with the planned tables: the decode kernel, then, where a request has more
+items than the kernel merges itself (the binding decides from the most items a request has), the
+merge kernel; so every layer reuses one plan and a CUDA graph can capture ``run``.
 
 FlashInfer behaviours followed, and the decisions they settle:
 
@@ -88,9 +88,6 @@ _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # boundaries), at least 128 tokens (two of the kernel's tiles): a block's time is mostly the
 # latency of its first tiles, so short requests gain from more, shorter chunks.
 _HEADS_PER_CTA = 16
-# Split requests of at most this many items are merged inside the decode launch (decode.cuh's
-# kFusedMergeParts); the merge kernel runs only where a request has more.
-_FUSED_MERGE_PARTS = 4
 _CTAS_PER_SM = 2
 _CHUNK_UNIT = 64
 _MAX_CHUNK_UNIT = 4096
@@ -372,7 +369,7 @@ class _Plan:
 
     __slots__ = (
         "batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
-        "window_left", "work", "requests", "counters", "indices", "partial_out", "partial_lse", "merge", "empty",
+        "window_left", "work", "requests", "counters", "indices", "partial_out", "partial_lse", "max_partials", "empty",
         "partition",
     )  # fmt: skip
 
@@ -694,8 +691,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             self._paged_kv_indptr_buf = indptr
             self._paged_kv_indices_buf = plan.indices
             self._paged_kv_last_page_len_buf = last_page_len
-        most_parts = int(partition.requests[:, 3].max()) if batch else 0
-        plan.merge = self._use_cuda_graph or most_parts > _FUSED_MERGE_PARTS
+        # The most items a request has; a captured graph's, the most it may have after a new plan.
+        plan.max_partials = capacity if self._use_cuda_graph else int(partition.requests[:, 3].max()) if batch else 0
         plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
         plan.partition = partition
         plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
@@ -805,7 +802,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             self._logits_soft_cap or 0.0,
             self._window_left if window_left is None else window_left,
             1.0 if v_scale is None else v_scale,
-            plan.merge,
+            plan.max_partials,
             -1 if enable_pdl is None else enable_pdl,
         )
         return (out, lse) if return_lse else out
@@ -1027,7 +1024,7 @@ def single_decode_with_kv_cache(
         logits_soft_cap or 0.0,
         window_left,
         1.0 if v_scale is None else v_scale,
-        slots > _FUSED_MERGE_PARTS,
+        slots,
         -1,
     )
     return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
