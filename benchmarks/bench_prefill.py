@@ -1,13 +1,16 @@
-"""Batch prefill attention: TFLOP/s beside torch's scaled_dot_product_attention (flash backend),
-and paged beside ragged KV.
+"""Batch prefill attention: TFLOP/s of each backend beside torch's scaled_dot_product_attention
+(flash and cuDNN backends), and paged beside ragged KV.
 
-    python benchmarks/bench_prefill.py [--quick]
+    python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3]
+
+Backends: "fa2", the kernel of every arch (mma.sync), and "fa3", Hopper's (wgmma; compute
+capability 9.0, head_dim 64 and 128), each where it runs.
 
 FLOPs = 4 x query heads x head_dim x (query, key) pairs attended, causal pairs counted exactly.
 Each case is checked against torch SDPA (float32 math on the same inputs, for a few heads)
 before it is timed; times are medians of CUDA-event timings after warm-up (aotinfer.testing).
 Single sequences run through the ragged wrapper (planned once); SDPA gets K and V with every
-query head's copy (its flash backend has no GQA), made before timing. The batch case: 16
+query head's copy (made before timing), as its flash backend has no GQA. The batch case: 16
 sequences of 512-4096 tokens (causal prefill), once against a paged cache (page 16, pages
 scattered over a pool of twice the pages used) and once against the same keys contiguous; then
 against the same pages in fp8 (e4m3 and e5m2, checked against the ragged run over the keys and
@@ -46,34 +49,48 @@ def check_against_sdpa(out, q, k, v, causal, heads_checked=2):
     torch.testing.assert_close(out[:, :heads_checked].float(), want, rtol=2e-2, atol=2e-2)
 
 
-def single(seq, heads, kv_heads, head_dim, causal, dtype=torch.bfloat16):
+def runs(backend, head_dim):
+    """Whether a backend runs this shape on this GPU (fa3: compute capability 9.0, d64 and d128)."""
+    return backend != "fa3" or (torch.cuda.get_device_capability() == (9, 0) and head_dim in (64, 128))
+
+
+def sdpa_time(q, k, v, causal, backend):
+    group = q.shape[1] // k.shape[1]
+    qs = q.transpose(0, 1).unsqueeze(0)  # [1, heads, seq, dim]
+    ks = k.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0)
+    vs = v.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0)
+    try:
+        with sdpa_kernel(backend):
+            return bench_gpu_time(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal), cold_l2_cache=False)[0]
+    except RuntimeError:  # this backend does not take the shape here
+        return float("nan")
+
+
+def single(seq, heads, kv_heads, head_dim, causal, backends, dtype=torch.bfloat16):
     q = torch.randn(seq, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
     indptr = torch.tensor([0, seq], dtype=torch.int32, device="cuda")
-    wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"))
-    wrapper.plan(indptr, indptr, heads, kv_heads, head_dim, causal=causal, q_data_type=dtype)
-    out = torch.empty_like(q)
-    run = lambda: wrapper.run(q, k, v, out=out)  # noqa: E731
-    out.fill_(float("nan"))
-    run()
-    check_against_sdpa(out, q, k, v, causal)
-    ours, _ = bench_gpu_time(run, cold_l2_cache=False)
-
-    group = heads // kv_heads
-    qs = q.transpose(0, 1).unsqueeze(0)  # [1, heads, seq, dim]
-    ks = k.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0)
-    vs = v.repeat_interleave(group, 1).transpose(0, 1).unsqueeze(0)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        theirs, _ = bench_gpu_time(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal), cold_l2_cache=False)
     n = flops(heads, head_dim, pairs_of(seq, seq, causal))
+    columns = []
+    for backend in backends:
+        if not runs(backend, head_dim):
+            continue
+        wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"), backend=backend)
+        wrapper.plan(indptr, indptr, heads, kv_heads, head_dim, causal=causal, q_data_type=dtype)
+        out = torch.empty_like(q)
+        run = lambda: wrapper.run(q, k, v, out=out)  # noqa: E731
+        out.fill_(float("nan"))
+        run()
+        check_against_sdpa(out, q, k, v, causal)
+        columns.append(f"{backend} {n / bench_gpu_time(run, cold_l2_cache=False)[0] / 1e12:6.1f}")
+    for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+        columns.append(f"{name} {n / sdpa_time(q, k, v, causal, backend) / 1e12:6.1f}")
     label = f"{seq}x{seq} {heads}/{kv_heads} heads d{head_dim} {'causal' if causal else 'full'}"
-    print(f"  {label:<40} ours {n / ours / 1e12:6.1f} TFLOP/s ({ours * 1e3:7.3f} ms)   "
-          f"SDPA flash {n / theirs / 1e12:6.1f} TFLOP/s   ours/SDPA {theirs / ours:5.2f}")
-    return n / ours / 1e12
+    print(f"  {label:<40} TFLOP/s: {'   '.join(columns)}")
 
 
-def batch_paged_vs_ragged(heads=32, kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16):
+def batch_paged_vs_ragged(backend, heads=32, kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16):
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(512, 4097, (16,), generator=gen).tolist()
     total = sum(lengths)
@@ -97,9 +114,9 @@ def batch_paged_vs_ragged(heads=32, kv_heads=8, head_dim=128, page_size=16, dtyp
     last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lengths, pages)], dtype=torch.int32)
 
     workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
-    ragged = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace)
+    ragged = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, backend=backend)
     ragged.plan(qo_indptr.cuda(), qo_indptr.cuda(), heads, kv_heads, head_dim, causal=True, q_data_type=dtype)
-    paged = aotinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"))
+    paged = aotinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"), backend=backend)
     paged.plan(qo_indptr.cuda(), page_indptr.cuda(), order.cuda(), last.cuda(), heads, kv_heads, head_dim, page_size,
                causal=True, q_data_type=dtype)  # fmt: skip
     out_r, out_p = torch.empty_like(q), torch.empty_like(q)
@@ -112,11 +129,11 @@ def batch_paged_vs_ragged(heads=32, kv_heads=8, head_dim=128, page_size=16, dtyp
     t_r, _ = bench_gpu_time(run_r, cold_l2_cache=False)
     t_p, _ = bench_gpu_time(run_p, cold_l2_cache=False)
     n = sum(flops(heads, head_dim, pairs_of(x, x, True)) for x in lengths)
-    print(f"  16 sequences of 512-4096 (total {total}), {heads}/{kv_heads} heads d{head_dim} causal, page {page_size}:")
+    print(f"  {backend}: 16 sequences of 512-4096 (total {total}), {heads}/{kv_heads} heads d{head_dim} causal, page {page_size}:")
     print(f"    ragged {n / t_r / 1e12:6.1f} TFLOP/s ({t_r * 1e3:.3f} ms)   paged {n / t_p / 1e12:6.1f} TFLOP/s "
           f"({t_p * 1e3:.3f} ms)   paged/ragged throughput {t_r / t_p:5.3f}")
 
-    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2) if backend == "fa2" else ():  # fp8 caches: fa2 only
         paged8 = aotinfer.BatchPrefillWithPagedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"))
         try:
             paged8.plan(qo_indptr.cuda(), page_indptr.cuda(), order.cuda(), last.cuda(), heads, kv_heads, head_dim,
@@ -137,13 +154,17 @@ def batch_paged_vs_ragged(heads=32, kv_heads=8, head_dim=128, page_size=16, dtyp
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the d128 8192 cases and the batch only")
+    parser.add_argument("--backends", default="fa2,fa3", help="comma-separated: fa2, fa3 (each where it runs)")
     args = parser.parse_args()
+    backends = args.backends.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
     cases = [(32, 32, 128), (32, 8, 128)] + ([] if args.quick else [(32, 32, 64), (16, 16, 256)])
     for heads, kv_heads, head_dim in cases:
         for causal in (True, False):
-            single(8192, heads, kv_heads, head_dim, causal)
-    batch_paged_vs_ragged()
+            single(8192, heads, kv_heads, head_dim, causal, backends)
+    for backend in backends:
+        if runs(backend, 128):
+            batch_paged_vs_ragged(backend)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,9 @@
-// Binding of batch prefill attention (include/aotinfer/prefill.cuh). The plan (python/aotinfer/
-// prefill.py) has written the work partition: `work` (row 0: the number of items; then a row
-// (request, row_begin, kv_begin, kv_end, chunk, -, -, -) an item) and `requests` rows (q_begin,
-// q_len, kv_offset, kv_len, first_partial, num_partials, -, -); this binding checks the tensors,
-// then launches the prefill kernel on num_kv_heads x `ctas` blocks and, when `merge`, the merge of
-// split requests.
-#include "aotinfer/prefill.cuh"
-#include "attention_checks.h"
-#include "tvm_ffi_utils.h"
+// Binding of batch prefill attention (include/aotinfer/prefill.cuh, mma.sync for every arch from
+// sm80): checks the tensors and the plan's tables (prefill_checks.h), then launches the prefill
+// kernel on num_kv_heads x `ctas` blocks and, when `merge`, the merge of split requests.
+#include "prefill_checks.h"
 
 namespace {
-
-using aotinfer::CheckAttentionOptions;
-using aotinfer::CheckAttentionOutputs;
-using aotinfer::CheckHeads;
-using aotinfer::CheckIndexTable;
-using aotinfer::CheckKvLayout;
-using aotinfer::CheckLastDimContiguous;
-using aotinfer::CheckOptionalDevices;
-using aotinfer::CheckQuery;
-using aotinfer::CheckRows16;
-using aotinfer::DtypeKey;
 
 template <typename T>
 cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp8, int ctas, bool merge, int merge_rows,
@@ -33,92 +17,24 @@ cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp
 
 }  // namespace
 
-// Prefill attention of q ([tokens, num_qo_heads, head_dim]) against k and v: ragged, 3-D
-// [kv_tokens, num_kv_heads, head_dim] (any strides of the first two dimensions) with `indices`
-// empty; or paged, 4-D (kv_layout 0: [pages, page_size, kv_heads, head_dim], 1: [pages, kv_heads,
-// page_size, head_dim]) with `indices` the page ids. Over the planned work items. K and V have q's
-// dtype, or (paged) float8_e4m3fn or float8_e5m2; v_scale multiplies the output.
+// Prefill attention over the planned work items (the tensors: CheckPrefill).
 void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                    TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
                    TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
                    double v_scale, bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
-  // 1. Validate: inputs, scalars, then outputs; devices last.
-  CheckQuery(q);
-  const int64_t total_q = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
-  CheckKvLayout(kv_layout);
-  const bool paged = k.ndim() == 4;
-  if (!paged && k.ndim() != 3) {
-    AOTINFER_THROW(ValueError) << "Expected k to have 3 dimensions (ragged) or 4 (paged), got " << k.ndim()
-                              << " (shape " << aotinfer::ShapeString(k.shape()) << ")";
-  }
-  aotinfer::CheckSameShape(v, k, "v", "k");
-  aotinfer::CheckSameDtype(v, k, "v", "k");
-  const uint32_t kv_key = DtypeKey(k.dtype());
-  const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
-  if (fp8 && !paged) {
-    AOTINFER_THROW(TypeError) << "Expected k to have q's dtype " << q.dtype() << " with ragged (3-D) KV, got "
-                             << k.dtype() << " (fp8 KV is taken paged only)";
-  }
-  if (!fp8 && k.dtype() != q.dtype()) {
-    AOTINFER_THROW(TypeError) << "Expected k to have q's dtype " << q.dtype() << (paged ? ", float8_e4m3fn or float8_e5m2" : "")
-                             << ", got " << k.dtype();
-  }
-  const int head_axis = !paged ? 1 : kv_layout == 0 ? 2 : 1, slot_axis = kv_layout == 0 ? 1 : 2;
-  const int64_t num_kv_heads = k.size(head_axis), page_size = paged ? k.size(slot_axis) : 1;
-  if (k.size(-1) != head_dim) {
-    AOTINFER_THROW(ValueError) << "Expected the last dimension of k to be head_dim " << head_dim << ", got shape "
-                              << aotinfer::ShapeString(k.shape());
-  }
-  CheckHeads(num_qo_heads, num_kv_heads);
-  if (paged && page_size == 0) AOTINFER_THROW(ValueError) << "Expected a page_size of 1 or more, got k of shape " << aotinfer::ShapeString(k.shape());
-  CheckLastDimContiguous(k, "k");
-  CheckLastDimContiguous(v, "v");
-  CheckRows16(k, fp8 ? 16 : 8, "k", k.ndim() - 1);
-  CheckRows16(v, fp8 ? 16 : 8, "v", v.ndim() - 1);
-  CheckIndexTable(indices, 0, "indices");
-  if (!paged && indices.numel() != 0) {
-    AOTINFER_THROW(ValueError) << "Expected no indices with a ragged (3-D) k, got " << indices.numel();
-  }
-  CheckIndexTable(work, 8, "work");
-  CheckIndexTable(requests, 8, "requests");
-  if (work.size(0) < 1) AOTINFER_THROW(ValueError) << "Expected work to have its count row, got no rows";
-  const int64_t batch = requests.size(0);
-  const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
-  if (ctas < 0 || ctas > 0x7fffffff) AOTINFER_THROW(ValueError) << "Expected ctas in [0, 2^31), got " << ctas;
-  aotinfer::CheckEnablePdl(enable_pdl);
-  const aotinfer::AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
-  const TensorView* on_gpu[] = {&q, &k, &v, &work, &requests, &out};
-  const char* names[] = {"q", "k", "v", "work", "requests", "out"};
-  for (int i = 0; i < 6; ++i) {
-    aotinfer::CheckCuda(*on_gpu[i], names[i]);
-    aotinfer::CheckSameDevice(*on_gpu[i], q, names[i], "q");
-  }
-  if (paged) aotinfer::CheckSameDevice(indices, q, "indices", "q");
-  CheckOptionalDevices(sinks, has_sinks, lse, partial_out, partial_lse, given, q);
-  if (total_q > 0x7fffffff || num_kv_heads > 0xffff || batch > 0x7fffffff) {
-    AOTINFER_THROW(ValueError) << "Expected fewer query tokens (" << total_q << "), KV heads or requests";
-  }
-
-  aotinfer::PrefillParams p{};
-  aotinfer::SetAttentionParams(p, out, lse, partial_out, partial_lse, given, q, k, v, head_axis,
-                               paged ? slot_axis : -1, indices, sinks, has_sinks, batch, page_size, sm_scale,
-                               logits_soft_cap, window_left);
-  p.work = aotinfer::data_ptr<int4>(work);
-  p.requests = aotinfer::data_ptr<int4>(requests);
-  p.group_divisor = aotinfer::PageDivisor(uint32_t(p.group));
-  p.v_scale = float(v_scale);
-  p.causal = causal;
-  p.bf16_io = q.dtype().code == kDLBfloat;
-  p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
-  if (batch == 0 || ctas == 0 || total_q == 0) return;
-
-  // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
+  // 1. Validate; 2. guard the device; 3. get the stream; 4. dispatch and launch.
+  const aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
+      out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
+      logits_soft_cap, window_left, v_scale, causal, ctas, enable_pdl);
+  if (checked.empty) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(q.device());
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
-    CHECK_LAUNCH(Dispatch<T>(p, head_dim, fp8, int(ctas), merge, int(total_q), stream, pdl, device), "batch_prefill");
+    CHECK_LAUNCH(Dispatch<T>(checked.params, checked.head_dim, checked.fp8, int(ctas), merge, int(checked.total_q),
+                             stream, pdl, device),
+                 "batch_prefill");
     return true;
   });
 }

@@ -32,6 +32,13 @@ def positional(op, args):
     return f, tuple(tensors.values())
 
 
+def records_its_bindings(graph, op):
+    """The graph calls some of the op's bindings and nothing else of aotinfer's (an op that
+    chooses among kernels, such as a prefill backend, records the one it chose)."""
+    names = recorded(graph)
+    return bool(names) and names <= bindings_of(op)
+
+
 def recorded(graph):
     """The aotinfer custom ops a graph calls, by name."""
     names = set()
@@ -51,7 +58,7 @@ def recorded(graph):
 def test_make_fx(op, template, rank, mode):
     f, tensors = positional(op, make_arguments(template, "cpu", rank=rank)[0])
     gm = make_fx(f, tracing_mode=mode)(*tensors)
-    assert recorded(gm.graph) == bindings_of(op)
+    assert records_its_bindings(gm.graph, op), (recorded(gm.graph), bindings_of(op))
 
 
 @pytest.mark.parametrize("op, template, rank", CASES, ids=CASE_IDS)
@@ -64,7 +71,7 @@ def test_export(op, template, rank, strict):
             return f(*values)
 
     exported = torch.export.export(Model(), tensors, strict=strict)
-    assert recorded(exported.graph) == bindings_of(op)
+    assert records_its_bindings(exported.graph, op), (recorded(exported.graph), bindings_of(op))
 
 
 @pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
@@ -81,7 +88,7 @@ def test_dynamo_fullgraph(op, template):
     with pytest.raises(ValueError, match="to be a CUDA tensor, got a tensor on cpu"):
         compiled(*tensors)  # the graph runs the op on CPU tensors: the binding refuses them by name
     (graph,) = graphs
-    assert recorded(graph.graph) == bindings_of(op)
+    assert records_its_bindings(graph.graph, op), (recorded(graph.graph), bindings_of(op))
 
 
 @pytest.mark.parametrize("op, template", PAIRS, ids=IDS)

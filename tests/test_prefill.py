@@ -24,6 +24,17 @@ HEADS = [  # (num_qo_heads, num_kv_heads, head_dim): group sizes 1, 4, 8 and 6, 
     (12, 2, 256),
 ]
 HEAD_IDS = [f"h{h}kv{kv}d{d}" for h, kv, d in HEADS]
+# "fa2": the kernel of every arch; "fa3": Hopper's (wgmma), on compute capability 9.0 only.
+BACKENDS = ["fa2", "fa3"]
+
+
+def backend_or_skip(backend, head_dim):
+    """The backend, or a skip where it does not run (fa3 off Hopper, or at head_dim 256)."""
+    if backend == "fa3" and (torch.cuda.get_device_capability() != (9, 0) or head_dim not in prefill._SM90_HEAD_DIMS):
+        pytest.skip("backend='fa3' runs on compute capability 9.0 at head_dim 64 and 128")
+    return backend
+
+
 # (q_len, kv_len) pairs: a long prompt, appends (q_len < kv_len), an empty request, one token,
 # lengths off the tile sizes, and a request with keys but no queries.
 PAIRS = [(300, 300), (17, 530), (0, 0), (1, 1), (129, 200), (64, 64), (0, 40), (200, 1100)]
@@ -137,9 +148,10 @@ class Case:
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
-def test_batch_prefill(kind, causal, layout, dtype, heads):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_prefill(backend, kind, causal, layout, dtype, heads):
     case = Case(PAIRS, heads, dtype, kind, layout)
-    wrapper = case.wrapper()
+    wrapper = case.wrapper(backend=backend_or_skip(backend, heads[2]))
     case.plan(wrapper, causal=causal)
     want, want_lse = case.reference(causal=causal)
     out, lse = poisoned(case.q.shape, dtype), poisoned(case.q.shape[:2], torch.float32)
@@ -170,7 +182,8 @@ PAGED_ONLY = ("sinks", "scales", "window_by_run", "all")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
-def test_attention_options(kind, layout, dtype, page_size, option):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_options(backend, kind, layout, dtype, page_size, option):
     if kind == "ragged" and (option in PAGED_ONLY or page_size != 1):
         pytest.skip("a paged-wrapper option (ragged KV has no pages)")
     case = Case(PAIRS, (16, 4, 128), dtype, kind, layout, page_size)
@@ -178,7 +191,7 @@ def test_attention_options(kind, layout, dtype, page_size, option):
     if run_options == "sinks":
         sinks = torch.randn(16, device="cuda") * 2
         run_options, reference_options["sinks"] = dict(sinks=sinks), sinks
-    wrapper = case.wrapper()
+    wrapper = case.wrapper(backend=backend_or_skip(backend, 128))
     case.plan(wrapper, **plan_options)
     want, want_lse = case.reference(**reference_options)
     out, lse = case.run(wrapper, out=poisoned(case.q.shape, dtype), return_lse=True, **run_options)
@@ -438,16 +451,74 @@ def test_bad_tensors_are_named():
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("heads", [(8, 8, 64), (32, 8, 128), (12, 2, 256)], ids=["g1d64", "g4d128", "g6d256"])
 @pytest.mark.parametrize("lengths", [(300, 300), (37, 900), (1, 1)], ids=str)
-def test_single_prefill(lengths, heads, layout, causal):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_prefill(backend, lengths, heads, layout, causal):
     (q_len, kv_len), (num_qo_heads, num_kv_heads, head_dim) = lengths, heads
+    backend_or_skip(backend, head_dim)
     q = torch.randn(q_len, num_qo_heads, head_dim, device="cuda").half()
     shape = (kv_len, num_kv_heads, head_dim) if layout == "NHD" else (num_kv_heads, kv_len, head_dim)
     k, v = torch.randn(*shape, device="cuda").half(), torch.randn(*shape, device="cuda").half()
     nhd = (k, v) if layout == "NHD" else (k.transpose(0, 1), v.transpose(0, 1))
     want, want_lse = reference(q, [0, q_len], [nhd[0]], [nhd[1]], 1 / math.sqrt(head_dim), causal=causal)
-    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, return_lse=True)
+    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, return_lse=True, backend=backend)
     check(out, want, torch.float16, lse, want_lse)
-    check(aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout), want, torch.float16)
+    check(aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, backend=backend), want, torch.float16)
+
+
+@gpu
+@pytest.mark.parametrize("options", [dict(causal=True), dict(logits_soft_cap=5.0, window_left=300), "split"], ids=str)
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64)], ids=["g4d128", "g1d64"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_backends_agree(kind, heads, options):
+    """Hopper's kernel and the kernel of every arch on the same inputs: outputs within the
+    rounding of one bfloat16 output, LSEs within float32 noise."""
+    backend_or_skip("fa3", heads[2])
+    case = Case([(700, 900), (1, 33), (256, 256), (90, 2000)], heads, torch.bfloat16, kind)
+    if options == "split":  # 256-token chunks: in tokens (ragged) or 16-token pages
+        options = dict(causal=True, fixed_split_size=256 if kind == "ragged" else 16)
+    results = []
+    for backend in BACKENDS:
+        wrapper = case.wrapper(backend=backend)
+        case.plan(wrapper, **options)
+        assert wrapper._plan.binding is (prefill._batch_prefill_sm90 if backend == "fa3" else prefill._batch_prefill)
+        results.append(case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True))
+    (out2, lse2), (out3, lse3) = results
+    torch.testing.assert_close(out3.float(), out2.float(), rtol=1.6e-2, atol=1.6e-2)
+    torch.testing.assert_close(lse3, lse2, rtol=1e-4, atol=1e-4)
+
+
+@gpu
+def test_auto_runs_the_hopper_kernel_where_it_applies():
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    for heads, kv_dtype, expected in [
+        ((32, 8, 128), None, hopper),
+        ((8, 8, 64), None, hopper),
+        ((12, 2, 256), None, False),
+        ((32, 8, 128), torch.float8_e4m3fn, False),
+    ]:
+        case = Case([(40, 80)], heads, torch.float16, "paged", kv_dtype=kv_dtype)
+        wrapper = case.wrapper()
+        case.plan(wrapper, **({} if kv_dtype is None else dict(kv_data_type=kv_dtype)))
+        assert (wrapper._plan.binding is prefill._batch_prefill_sm90) == expected, (heads, kv_dtype)
+
+
+@gpu
+def test_fa3_refuses_what_it_does_not_run():
+    if torch.cuda.get_device_capability() != (9, 0):
+        case = Case([(40, 80)], (32, 8, 128), torch.float16, "ragged")
+        with pytest.raises(ValueError, match="backend='fa3' runs on GPUs of compute capability 9.0"):
+            case.plan(case.wrapper(backend="fa3"))
+        return
+    case = Case([(40, 80)], (12, 2, 256), torch.float16, "ragged")
+    with pytest.raises(NotImplementedError, match="head_dim 64 or 128"):
+        case.plan(case.wrapper(backend="fa3"))
+    case = Case([(40, 80)], (32, 8, 128), torch.float16, "paged", kv_dtype=torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="K and V of q's dtype"):
+        case.plan(case.wrapper(backend="fa3"), kv_data_type=torch.float8_e4m3fn)
+    q = torch.randn(10, 12, 256, device="cuda").half()
+    k = torch.randn(20, 2, 256, device="cuda").half()
+    with pytest.raises(NotImplementedError, match="head_dim 64 or 128"):
+        aotinfer.single_prefill_with_kv_cache(q, k, k, backend="fa3")
 
 
 @gpu

@@ -93,8 +93,12 @@ if TYPE_CHECKING:
     import torch
 
 _batch_prefill = kernel("prefill", "batch_prefill")
+# Hopper's kernel (prefill_sm90.cuh: wgmma, a producer warpgroup), the same tables and signature.
+_batch_prefill_sm90 = kernel("prefill_sm90", "batch_prefill_sm90")
 
 _CTAS_PER_SM = 2  # 96 KB of shared memory a CTA: two fit an SM of sm80/sm90/sm100
+_SM90_CTAS_PER_SM = 1  # 197 KB and 384 threads
+_SM90_HEAD_DIMS = (64, 128)
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
 
@@ -102,6 +106,32 @@ _WORK_WIDTH = 8
 def tile_rows(head_dim: int) -> int:
     """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh)."""
     return 128 if head_dim <= 128 else 64
+
+
+def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any) -> bool:
+    """Whether the Hopper kernel runs: ``backend="fa3"`` (FlashInfer's name for its Hopper
+    backend), or ``"auto"`` on a GPU of compute capability 9.0 where the kernel takes the shapes
+    (head_dim 64 or 128, K and V of q's dtype); every other case runs the kernel of every arch."""
+    import torch
+
+    if backend not in ("auto", "fa3"):
+        return False
+    # None off a GPU, and for fake CUDA tensors where torch has no CUDA (a tracer's, which records
+    # the choice of "auto" made here).
+    cc = torch.cuda.get_device_capability(device) if device.type == "cuda" and torch.cuda.is_available() else None
+    fits = head_dim in _SM90_HEAD_DIMS and kv_dtype == q_dtype
+    if backend == "fa3":
+        if cc != (9, 0):
+            raise ValueError(
+                f"backend='fa3' runs on GPUs of compute capability 9.0 (Hopper), got {'a CPU' if cc is None else cc} "
+                f"for {device}: use backend='auto' or 'fa2'"
+            )
+        if not fits:
+            raise NotImplementedError(
+                f"backend='fa3' takes head_dim 64 or 128 and K and V of q's dtype, got head_dim {head_dim} and "
+                f"{dtype_name(kv_dtype)} K and V with {dtype_name(q_dtype)} q: use backend='auto' or 'fa2'"
+            )
+    return cc == (9, 0) and fits
 
 
 # ---- argument checks (what the binding cannot name) --------------------------------------------
@@ -192,19 +222,20 @@ def partition_prefill(
     window_left: int = -1,
     disable_split_kv: bool = False,
     fixed_split_size: Optional[int] = None,
+    ctas_per_sm: int = _CTAS_PER_SM,
 ) -> PrefillPartition:
     """Cut each request's query rows into tiles and, where the tiles leave the GPU idle, its keys
     into chunks (see the module doc). The chunk size: ``disable_split_kv``: none;
     ``fixed_split_size``: that many pages (chunks from position 0, so a request's output depends on
-    the request alone); otherwise none when the tiles fill the GPU (2 CTAs an SM), else the
-    smallest (a multiple of 64 tokens and of the page size, at least 128) that keeps the items
-    within it. Items are ordered by their cost (rows x keys attended under ``causal`` and
-    ``window_left``), most costly first: the tail of a ragged batch starts early."""
+    the request alone); otherwise none when the tiles fill the GPU (``ctas_per_sm`` blocks an
+    SM), else the smallest (a multiple of 64 tokens and of the page size, at least 128) that keeps
+    the items within it. Items are ordered by their cost (rows x keys attended under ``causal``
+    and ``window_left``), most costly first: the tail of a ragged batch starts early."""
     import torch
 
     rows_per_tile = tile_rows(head_dim)
     tiles = [-(-q * group // rows_per_tile) for q in q_len]
-    fill = max(1, -(-_CTAS_PER_SM * num_sms // max(num_kv_heads, 1)))
+    fill = max(1, -(-ctas_per_sm * num_sms // max(num_kv_heads, 1)))
     if disable_split_kv or (fixed_split_size is None and sum(tiles) >= fill):
         chunk = 0
     elif fixed_split_size is not None:
@@ -250,21 +281,19 @@ class _Plan:
 
     __slots__ = (
         "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
-        "work", "requests", "indices", "partial_out", "partial_lse", "merge", "ctas", "empty", "partition",
+        "work", "requests", "indices", "partial_out", "partial_lse", "merge", "ctas", "empty", "partition", "binding",
     )  # fmt: skip
 
 
-def _run_prefill(
-    batch_prefill, wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return_lse, enable_pdl, sinks, sm_scale, v_scale
-):
-    """The launch both wrappers' ``run`` make (the binding passed in, so tracers see it)."""
+def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return_lse, enable_pdl, sinks, sm_scale, v_scale):
+    """The launch both wrappers' ``run`` make, through the binding the plan chose."""
     import torch
 
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=wrapper.device)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=wrapper.device)
-    batch_prefill.fn(
+    plan.binding.fn(
         out,
         plan.empty if lse is None else lse,
         plan.partial_out,
@@ -360,11 +389,13 @@ class _BatchPrefillWrapper(AttentionWorkspace):
                 f"The batch size is fixed under use_cuda_graph: got {batch}, the buffers given to the wrapper hold "
                 f"{self._fixed_batch_size}"
             )
+        sm90 = use_sm90(self._backend, self.device, head_dim, q_dtype, kv_dtype)
+        ctas_per_sm = _SM90_CTAS_PER_SM if sm90 else _CTAS_PER_SM
         partition = partition_prefill(
             qo_host[:-1].tolist(), q_len, kv_offset.tolist(), kv_len_list,
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
             num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
-            disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size,
+            disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
         )  # fmt: skip
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
@@ -385,7 +416,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
                     f"float_workspace_buffer holds the partial results of {slots} (query token, chunk) pairs, this plan "
                     f"needs {partition.num_slots}: give the wrapper a larger one or pass disable_split_kv=True"
                 )
-            plan.ctas = max(1, -(-_CTAS_PER_SM * _num_sms(self.device) // num_kv_heads))
+            plan.ctas = max(1, -(-ctas_per_sm * _num_sms(self.device) // num_kv_heads))
         else:
             capacity, slots = partition.num_items, partition.num_slots
             plan.ctas = partition.num_items
@@ -396,6 +427,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             work = self._int_bytes[begin : begin + (capacity + 1) * 4 * _WORK_WIDTH].view(torch.int32).view(-1, _WORK_WIDTH)
         plan.requests, plan.work = requests, work
         plan.indices = indices
+        plan.binding = _batch_prefill_sm90 if sm90 else _batch_prefill
         plan.merge = self._use_cuda_graph or partition.num_slots > 0
         plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
         plan.partition = partition
@@ -508,8 +540,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         custom_mask_buf, mask_indptr_buf : torch.Tensor
             Custom masks are not implemented: None (else NotImplementedError).
         backend : str
-            FlashInfer's ``"auto"``, ``"fa2"``, ``"fa3"``, ``"trtllm-gen"`` or ``"cute-dsl"``; all
-            run aotinfer's kernel.
+            FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
+            head_dim 64 or 128, K and V of q's dtype: else ValueError / NotImplementedError at
+            ``plan``), ``"auto"`` runs it where it applies; ``"fa2"``, ``"trtllm-gen"`` and
+            ``"cute-dsl"`` run the kernel of every arch from sm80.
         """
         self._init_common(float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf)
         if self._use_cuda_graph:
@@ -654,9 +688,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             raise RuntimeError("BatchPrefillWithRaggedKVCacheWrapper.run: call plan() first")
         if self._kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
-        return _run_prefill(
-            _batch_prefill, self, plan, q, k, v, 0, out, lse, return_lse, enable_pdl, None, self._sm_scale_for(plan), None
-        )
+        return _run_prefill(self, plan, q, k, v, 0, out, lse, return_lse, enable_pdl, None, self._sm_scale_for(plan), None)
 
     def run_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""``run(..., return_lse=True)``: ``(out, lse)``."""
@@ -763,8 +795,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         custom_mask_buf, mask_indptr_buf : torch.Tensor
             Custom masks are not implemented: None (else NotImplementedError).
         backend : str
-            FlashInfer's ``"auto"``, ``"fa2"``, ``"fa3"``, ``"trtllm-gen"`` or ``"cute-dsl"``; all
-            run aotinfer's kernel.
+            FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
+            head_dim 64 or 128, K and V of q's dtype: else ValueError / NotImplementedError at
+            ``plan``), ``"auto"`` runs it where it applies; ``"fa2"``, ``"trtllm-gen"`` and
+            ``"cute-dsl"`` run the kernel of every arch from sm80.
         """
         self._init_common(float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf)
         if self._use_cuda_graph:
@@ -951,8 +985,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             self._window_left = window_left
         try:
             return _run_prefill(
-                _batch_prefill, self, plan, q, k_cache, v_cache, self._kv_layout_code, out, lse, return_lse, enable_pdl,
-                sinks, self._sm_scale_for(plan, q_scale, k_scale), v_scale,
+                self, plan, q, k_cache, v_cache, self._kv_layout_code, out, lse, return_lse, enable_pdl, sinks,
+                self._sm_scale_for(plan, q_scale, k_scale), v_scale,
             )  # fmt: skip
         finally:
             self._window_left = planned_window
@@ -1007,9 +1041,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
 def _check_single_prefill(
     q, k, v, custom_mask=None, packed_custom_mask=None, causal=False, kv_layout="NHD", pos_encoding_mode="NONE",
     use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None,
-    rope_theta=None, return_lse=False,
+    rope_theta=None, return_lse=False, backend="auto",
 ) -> bool:  # fmt: skip
     _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    if backend not in _BACKENDS:
+        raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
     _check_kv_layout(kv_layout)
     _check_pos_encoding_mode(pos_encoding_mode)
     if use_fp16_qk_reduction:
@@ -1046,6 +1082,7 @@ def single_prefill_with_kv_cache(
     rope_scale: Optional[float] = None,
     rope_theta: Optional[float] = None,
     return_lse: bool = False,
+    backend: str = "auto",
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     r"""Prefill attention of one request over contiguous K and V (FlashInfer's API).
 
@@ -1076,6 +1113,8 @@ def single_prefill_with_kv_cache(
         Unused.
     return_lse : bool
         Also return the log-sum-exp (base 2), float32 ``[qo_len, num_qo_heads]``.
+    backend : str
+        As the wrappers' (``"fa3"``: the Hopper kernel; ``"auto"``: it where it applies).
 
     Returns
     -------
@@ -1119,7 +1158,8 @@ def single_prefill_with_kv_cache(
 
     out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=device)
     lse = torch.empty((qo_len, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
-    _batch_prefill.fn(
+    binding = _batch_prefill_sm90 if use_sm90(backend, device, head_dim, q.dtype, k.dtype) else _batch_prefill
+    binding.fn(
         out,
         lse,
         empty,

@@ -1,0 +1,37 @@
+// Binding of the Hopper batch prefill (include/aotinfer/prefill_sm90.cuh, wgmma, sm90a only): the
+// signature and checks of batch_prefill (prefill_checks.h), for 16-bit K and V and head_dim 64 or
+// 128; the launch on num_kv_heads x `ctas` blocks (one an SM) and, when `merge`, the merge of
+// split requests.
+#include "aotinfer/prefill_sm90.cuh"
+#include "prefill_checks.h"
+
+// Prefill attention over the planned work items (the tensors: CheckPrefill).
+void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
+                        TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
+                        TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap,
+                        int64_t window_left, double v_scale, bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
+  // 1. Validate; 2. guard the device; 3. get the stream; 4. dispatch and launch.
+  const aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
+      out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
+      logits_soft_cap, window_left, v_scale, causal, ctas, enable_pdl);
+  if (checked.fp8) {
+    AOTINFER_THROW(TypeError) << "Expected k of q's dtype " << q.dtype() << " for this backend, got " << k.dtype()
+                             << " (fp8 caches: the fa2 backend)";
+  }
+  if (checked.head_dim != 64 && checked.head_dim != 128) {
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64 or 128 for this backend, got " << checked.head_dim
+                              << " (head_dim 256: the fa2 backend)";
+  }
+  if (checked.empty) return;
+  const int device = q.device().device_id;
+  aotinfer::DeviceGuard guard(device);
+  cudaStream_t stream = aotinfer::get_stream(q.device());
+  const bool pdl = aotinfer::UsePdl(enable_pdl, device);
+  const int merge_rows = int(checked.total_q);
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
+    const auto launch = checked.head_dim == 64 ? aotinfer::BatchPrefillSm90<T, 64> : aotinfer::BatchPrefillSm90<T, 128>;
+    CHECK_LAUNCH(launch(checked.params, int(ctas), merge, merge_rows, stream, pdl, device), "batch_prefill_sm90");
+    return true;
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill_sm90, batch_prefill_sm90);

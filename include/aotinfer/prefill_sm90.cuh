@@ -1,0 +1,507 @@
+// Batch prefill attention for Hopper (sm90a): the work items, masks, softmax and outputs of
+// prefill.cuh, on warpgroup MMA (wgmma) with a producer warp that keeps K and V in flight.
+//
+// A block is two consumer warpgroups and one producer warp, one block an SM, walking the plan's
+// work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
+// - the producer warp copies K and V tiles of kTileKV = 128 tokens (ragged rows, or pages through
+//   the page table) with cp.async into kStages stages of the 128-byte-swizzled layout wgmma reads,
+//   and each stage's K and V have their own "full" barrier, counted when its copies land; it
+//   refills a stage's K (V) once both warpgroups released it (the "empty" barriers), running up to
+//   kStages tiles ahead, across items too;
+// - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (its own copies),
+//   then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
+//   on S in registers (lazy rescaling as in prefill.cuh), and O += P V (wgmma, P from registers,
+//   V as stored: N-major). The next tile's S is issued before this tile's softmax, so the tensor
+//   cores work on it while the softmax runs; P V follows the softmax.
+// Outputs: the final output through shared memory (the warpgroup's Q rows) in 16-byte stores and
+// its LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes
+// them.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "aotinfer/async_copy.cuh"
+#include "aotinfer/attention.cuh"
+#include "aotinfer/launch.cuh"
+#include "aotinfer/prefill.cuh"
+#include "aotinfer/wgmma.cuh"
+
+namespace aotinfer {
+
+template <typename T, int D>
+struct Sm90PrefillShape {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kConsumers = 2;                    // warpgroups, 64 query rows each
+  static constexpr int kTileQ = 64 * kConsumers;
+  static constexpr int kTileKV = 128;
+#ifndef AOTINFER_SM90_STAGES
+#define AOTINFER_SM90_STAGES 2
+#endif
+  static constexpr int kStages = AOTINFER_SM90_STAGES;
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
+  // Registers a thread (setmaxnreg): the producer needs few, the consumers hold S, P and O.
+  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+  static_assert(128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536, "the register file");
+  static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
+  static constexpr int kQBytes = kTileQ * D * 2;
+  static constexpr int kKVBytes = kTileKV * D * 2;
+  static constexpr int kBarrierBytes = 4 * kStages * 8;   // K and V full, K and V empty, a stage
+  // 1024 bytes of slack: the tiles start at a multiple of 1024 (the swizzle's period).
+  static constexpr size_t kSharedBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static_assert(kSharedBytes <= 227 * 1024, "an sm90 block's shared memory");
+};
+
+// The keys an item attends (begin, end) and its tiles: the item's range cut by the request's
+// length, the causal diagonal of its last query and the window of its first.
+struct Sm90ItemKeys {
+  int begin, end, num_tiles, first_token, last_token, rows;
+};
+
+template <int kTileQ, int kTileKV>
+__device__ __forceinline__ Sm90ItemKeys ItemKeys(const PrefillParams& p, int4 item, int4 info) {
+  Sm90ItemKeys keys;
+  const int q_len = info.y, kv_len = info.w, delta = kv_len - q_len;
+  keys.rows = min(kTileQ, q_len * p.group - item.y);
+  keys.first_token = int(p.group_divisor.Divide(uint32_t(item.y)));
+  keys.last_token = int(p.group_divisor.Divide(uint32_t(item.y + keys.rows - 1)));
+  keys.begin = max(item.z, 0);
+  keys.end = min(item.w, kv_len);
+  if (p.causal) keys.end = min(keys.end, keys.last_token + delta + 1);
+  if (p.window_left >= 0) keys.begin = max(keys.begin, keys.first_token + delta - p.window_left);
+  keys.num_tiles = keys.end > keys.begin ? (keys.end - keys.begin + kTileKV - 1) / kTileKV : 0;
+  return keys;
+}
+
+// The shared memory of a block: Q, the K and V stages (each tile 1024-byte aligned), barriers.
+template <typename T, int D>
+struct Sm90PrefillSmem {
+  using S = Sm90PrefillShape<T, D>;
+  uint8_t* q;
+  uint8_t* k;  // [kStages][kKVBytes]
+  uint8_t* v;
+  uint64_t* k_full;  // [kStages] each
+  uint64_t* v_full;
+  uint64_t* k_empty;
+  uint64_t* v_empty;
+  __device__ __forceinline__ explicit Sm90PrefillSmem(uint8_t* raw) {
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+    q = base;
+    k = q + S::kQBytes;
+    v = k + S::kStages * S::kKVBytes;
+    k_full = reinterpret_cast<uint64_t*>(v + S::kStages * S::kKVBytes);
+    v_full = k_full + S::kStages;
+    k_empty = v_full + S::kStages;
+    v_empty = k_empty + S::kStages;
+  }
+};
+
+// The producer warpgroup: every item's K and V tiles into the stages, in the consumers' order.
+// Thread t copies chunk t % kRowChunks of rows t / kRowChunks + i * kRowsAtOnce; each lane looks up
+// one of the rows its warp copies (its page, paged, or its token row, ragged) and hands it over by
+// shuffle.
+template <typename T, int D, bool kPaged>
+__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem) {
+  using S = Sm90PrefillShape<T, D>;
+  constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
+  constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
+  static_assert(kCopies * kWarpRows == 32, "a lane looks up one row");
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kv_head = blockIdx.x;
+  const int chunk = tid % S::kRowChunks, row0 = tid / S::kRowChunks;
+  // The row lane l looks up: the warp's row l % kWarpRows of copy l / kWarpRows.
+  const int lookup_row = warp * kWarpRows + lane % kWarpRows + lane / kWarpRows * kRowsAtOnce;
+  const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + chunk * 8;
+  const T* v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
+  uint32_t counter = 0;  // tiles produced, over every item
+  const int num_items = p.work[0].x;
+  for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
+    const int4 item = p.work[2 + 2 * i];
+    if (item.x < 0) continue;
+    const int4 info = p.requests[2 * item.x];
+    const Sm90ItemKeys keys = ItemKeys<S::kTileQ, S::kTileKV>(p, item, info);
+    const int kv_offset = info.z;
+    for (int tile = 0; tile < keys.num_tiles; ++tile, ++counter) {
+      const int stage = counter % S::kStages;
+      const uint32_t parity = (counter / S::kStages) & 1;
+      const int tile_pos = keys.begin + tile * S::kTileKV;
+      const int pos = min(tile_pos + lookup_row, keys.end - 1);
+      int where;  // the page (paged) or the token row (ragged) of position pos
+      if constexpr (kPaged) where = p.indices[kv_offset + int(p.page_size.Divide(uint32_t(pos)))];
+      else where = kv_offset + pos;
+      // K (which == 0), then V, each once its stage is free.
+      for (int which = 0; which < 2; ++which) {
+        BarrierWait(which == 0 ? &smem.k_empty[stage] : &smem.v_empty[stage], parity ^ 1);
+        uint8_t* const dst = (which == 0 ? smem.k : smem.v) + stage * S::kKVBytes;
+        const T* const src = which == 0 ? k : v;
+        const int64_t stride_page = which == 0 ? p.k_stride_page : p.v_stride_page;
+        const int64_t stride_slot = which == 0 ? p.k_stride_slot : p.v_stride_slot;
+#pragma unroll
+        for (int c = 0; c < kCopies; ++c) {
+          const int row = row0 + c * kRowsAtOnce;
+          const int at = __shfl_sync(0xffffffffu, where, c * kWarpRows + row0 % kWarpRows);
+          int64_t offset = int64_t(at) * stride_page;
+          if constexpr (kPaged) {
+            const int row_pos = tile_pos + row;
+            offset += int64_t(row_pos - int(p.page_size.Divide(uint32_t(row_pos))) * int(p.page_size.divisor)) * stride_slot;
+          }
+          const bool valid = tile_pos + row < keys.end;
+#ifndef AOTINFER_SM90_NO_LOADS
+          CopyAsync16OrZero(dst + SwizzledTileOffset<S::kTileKV>(row, chunk), valid ? src + offset : src, valid);
+#else
+          if (tile == 0 && valid) CopyAsync16OrZero(dst + SwizzledTileOffset<S::kTileKV>(row, chunk), src + offset, false);
+#endif
+        }
+        ArriveWhenCopiesLand(which == 0 ? &smem.k_full[stage] : &smem.v_full[stage]);
+      }
+    }
+  }
+  WaitAsyncGroups<0>();
+}
+
+// One consumer warpgroup's part of an item: its 64 query rows against the item's keys.
+template <typename T, int D>
+__device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int4 item,
+                                                int chunk_index, uint32_t& counter) {
+  using S = Sm90PrefillShape<T, D>;
+  constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
+  const int tid = threadIdx.x % 128, wg = threadIdx.x / 128 - 1, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int kv_head = blockIdx.x;
+  const int4 info = p.requests[2 * item.x];
+  const int4 split = p.requests[2 * item.x + 1];
+  const int q_begin = info.x, q_len = info.y, kv_len = info.w, delta = kv_len - q_len;
+  const int row_begin = item.y;
+  const Sm90ItemKeys keys = ItemKeys<S::kTileQ, S::kTileKV>(p, item, info);
+  const int wg_row0 = wg * 64;  // of the item's rows
+  const int barrier_id = 1 + wg;
+
+  // Q rows of this warpgroup (zero past the item's rows).
+  {
+    const T* q = static_cast<const T*>(p.q);
+    for (int c = tid; c < 64 * S::kRowChunks; c += 128) {
+      const int r = wg_row0 + c / S::kRowChunks, column = c % S::kRowChunks;
+      const bool valid = r < keys.rows;
+      const int packed = row_begin + min(r, keys.rows - 1);
+      const int token = int(p.group_divisor.Divide(uint32_t(packed)));
+      const int head = kv_head * p.group + (packed - token * p.group);
+      CopyAsync16OrZero(smem.q + SwizzledTileOffset<S::kTileQ>(r, column),
+                        q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
+    }
+    CommitAsyncGroup();
+    WaitAsyncGroups<0>();
+    FenceAsyncProxy();
+    NamedBarrierSync(barrier_id, 128);
+  }
+
+  // This thread's rows: g and g + 8 of its warp's 16; their query tokens.
+  const int local0 = wg_row0 + warp * 16 + g;  // of the item's rows
+  int token[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) token[r] = int(p.group_divisor.Divide(uint32_t(row_begin + local0 + 8 * r)));
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+
+  const bool capped = p.soft_cap > 0.f;
+  const float cap_scale = capped ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;
+  const float cap_log2 = p.soft_cap * kLog2e;
+  const float scale = capped ? 1.f : p.scale_log2;
+  const int all_see_up_to = p.causal ? keys.first_token + delta : INT_MAX;
+  const int all_see_from = p.window_left >= 0 ? keys.last_token + delta - p.window_left : INT_MIN;
+
+  const uint32_t q_address = SmemAddress(smem.q) + wg_row0 * 128;
+  // S = Q K^T of the tile in stage `stage`, issued and committed (not waited for).
+  auto issue_s = [&](float (&s)[S::kTileKV / 2], int stage) {
+    const uint32_t k_address = SmemAddress(smem.k + stage * S::kKVBytes);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t column = (kk % 4) * 32;  // bytes into the 128-byte row of region kk / 4
+      WgmmaSS<T>(s, MatrixDescriptor(q_address + (kk / 4) * S::kTileQ * 128 + column),
+                 MatrixDescriptor(k_address + (kk / 4) * S::kTileKV * 128 + column), kk > 0);
+    }
+    WgmmaCommit();
+  };
+  // O += P V of the tile in stage `stage`, issued and committed: P from registers, V N-major.
+  auto issue_pv = [&](const uint32_t (&pa)[S::kTileKV / 16][4], int stage) {
+    const uint32_t v_address = SmemAddress(smem.v + stage * S::kKVBytes);
+    FenceOperands(o);
+    WgmmaFence();
+#pragma unroll
+    for (int j = 0; j < S::kTileKV / 16; ++j) {
+      WgmmaRS<T>(o, pa[j], MatrixDescriptor(v_address + j * 16 * 128, S::kTileKV * 128), 1);
+    }
+    WgmmaCommit();
+  };
+
+  // Softmax of a tile's S in place (S becomes P, unnormalized): cap, mask where a mask cuts the
+  // tile, the running max (moved lazily, as in prefill.cuh) and sums. Where a row's max moved,
+  // alpha scales what O holds; the caller applies it once O is out of the tensor cores.
+  auto softmax = [&](float (&s)[S::kTileKV / 2], int tile, float (&alpha)[2]) {
+    const int tile_pos = keys.begin + tile * S::kTileKV;
+    const bool masked = tile_pos + S::kTileKV > keys.end || tile_pos + S::kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
+    if (capped) {
+#pragma unroll
+      for (int i = 0; i < S::kTileKV / 2; ++i) s[i] = cap_log2 * TanhApprox(s[i] * cap_scale);
+    }
+    if (masked) {
+      const int col0 = tile_pos + 2 * t;
+      int lo[2], hi[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int diagonal = token[r] + delta;
+        hi[r] = min(keys.end - 1, p.causal ? diagonal : INT_MAX) - col0;
+        lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + (e & 1);
+          s[4 * nt + e] = c <= hi[e / 2] && c >= lo[e / 2] ? s[4 * nt + e] : -INFINITY;
+        }
+      }
+    }
+    // Row maxima and sums in 4 independent chains a row (a plain chain would leave the warp
+    // waiting on each step; an array tree is not unrolled here and goes to local memory).
+    float chain[2][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float pair = fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]);
+        chain[r][nt % 4] = nt < 4 ? pair : fmaxf(chain[r][nt % 4], pair);
+      }
+    }
+    float partial[2][1];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) partial[r][0] = fmaxf(fmaxf(chain[r][0], chain[r][1]), fmaxf(chain[r][2], chain[r][3]));
+    float tile_max[2];
+    bool grows = false;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      alpha[r] = 1.f;
+      tile_max[r] = partial[r][0] * scale;
+      grows |= tile_max[r] > row_max[r] + kRescaleSlack;
+    }
+    if (__any_sync(0xffffffffu, grows)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float new_max = fmaxf(row_max[r], tile_max[r]);
+        alpha[r] = Exp2(row_max[r] - SafeBase(new_max));
+        row_max[r] = new_max;
+        row_sum[r] *= alpha[r];
+      }
+    }
+    const float base[2] = {SafeBase(row_max[0]), SafeBase(row_max[1])};
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[4 * nt + e] = Exp2(fmaf(s[4 * nt + e], scale, -base[e / 2]));
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float pair = s[4 * nt + 2 * r] + s[4 * nt + 2 * r + 1];
+        chain[r][nt % 4] = nt < 4 ? pair : chain[r][nt % 4] + pair;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) partial[r][0] = (chain[r][0] + chain[r][1]) + (chain[r][2] + chain[r][3]);
+    row_sum[0] += partial[0][0];
+    row_sum[1] += partial[1][0];
+  };
+  auto rescale_o = [&](const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[4 * n] *= alpha[0];
+        o[4 * n + 1] *= alpha[0];
+        o[4 * n + 2] *= alpha[1];
+        o[4 * n + 3] *= alpha[1];
+      }
+    }
+  };
+  auto pack_p = [&](uint32_t (&pa)[S::kTileKV / 16][4], const float (&s)[S::kTileKV / 2]) {
+#pragma unroll
+    for (int j = 0; j < S::kTileKV / 16; ++j) {
+      pa[j][0] = PackPair<T>(s[8 * j], s[8 * j + 1]);
+      pa[j][1] = PackPair<T>(s[8 * j + 2], s[8 * j + 3]);
+      pa[j][2] = PackPair<T>(s[8 * j + 4], s[8 * j + 5]);
+      pa[j][3] = PackPair<T>(s[8 * j + 6], s[8 * j + 7]);
+    }
+  };
+  auto stage_of = [&](uint32_t n) { return int(n % S::kStages); };
+  auto parity_of = [&](uint32_t n) { return (n / S::kStages) & 1; };
+
+  // The pipeline: tile n's S is issued with tile n - 1's P V, and its softmax runs while P V is
+  // in the tensor cores; O is rescaled (and P packed) once P V is done.
+  if (keys.num_tiles > 0) {
+    float s[S::kTileKV / 2], alpha[2];
+    uint32_t pa[S::kTileKV / 16][4];
+    BarrierWait(&smem.k_full[stage_of(counter)], parity_of(counter));
+    FenceAsyncProxy();
+    issue_s(s, stage_of(counter));
+    WgmmaWait<0>();
+    FenceOperands(s);
+    if (lane == 0) BarrierArrive(&smem.k_empty[stage_of(counter)]);
+    softmax(s, 0, alpha);  // O is zero: nothing to rescale
+    pack_p(pa, s);
+    for (int tile = 1; tile < keys.num_tiles; ++tile) {
+      const uint32_t previous = counter++;
+      BarrierWait(&smem.k_full[stage_of(counter)], parity_of(counter));
+      FenceAsyncProxy();
+      issue_s(s, stage_of(counter));
+      BarrierWait(&smem.v_full[stage_of(previous)], parity_of(previous));
+      FenceAsyncProxy();
+      issue_pv(pa, stage_of(previous));
+      WgmmaWait<1>();  // S (P V may still run)
+      FenceOperands(s);
+      if (lane == 0) BarrierArrive(&smem.k_empty[stage_of(counter)]);
+      softmax(s, tile, alpha);
+      WgmmaWait<0>();  // P V
+      FenceOperands(o);
+      FenceOperands(pa);
+      if (lane == 0) BarrierArrive(&smem.v_empty[stage_of(previous)]);
+      rescale_o(alpha);
+      pack_p(pa, s);
+    }
+    BarrierWait(&smem.v_full[stage_of(counter)], parity_of(counter));
+    FenceAsyncProxy();
+    issue_pv(pa, stage_of(counter));
+    WgmmaWait<0>();
+    FenceOperands(o);
+    FenceOperands(pa);
+    if (lane == 0) BarrierArrive(&smem.v_empty[stage_of(counter)]);
+    ++counter;
+  }
+
+  // Finish each row (prefill.cuh's epilogue): the sum over the quad, the sink where the request is
+  // not split, the LSE; the output through this warpgroup's Q rows, or float32 partials.
+  const bool final = split.y <= 1;
+  NamedBarrierSync(barrier_id, 128);  // every warp of the group is done reading Q
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int local = local0 + 8 * r;
+    const int packed = row_begin + local;
+    const int head = kv_head * p.group + (packed - token[r] * p.group);
+    const float m = row_max[r];
+    const float sink = final && p.sinks != nullptr ? p.sinks[head] * kLog2e : -INFINITY;
+    const float top = SafeBase(fmaxf(m, sink));
+    const float total = sum * Exp2(m - top) + Exp2(sink - top);
+    const float inv = total > 0.f ? p.v_scale * Exp2(m - top) / total : 0.f;
+    const float lse = total > 0.f ? top + __log2f(total) : -INFINITY;
+    const bool valid = local < keys.rows;
+    if (final) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(smem.q + SwizzledTileOffset<S::kTileQ>(local, n) + 4 * t) =
+            PackPair<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+      }
+      if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token[r]) * p.num_qo_heads + head] = lse;
+    } else if (valid) {
+      const int64_t slot = int64_t(split.x) + int64_t(token[r]) * split.y + chunk_index;
+      float* out = p.partial_out + (slot * p.num_qo_heads + head) * D + 2 * t;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
+      }
+      if (t == 0) p.partial_lse[slot * p.num_qo_heads + head] = lse;
+    }
+  }
+  if (final) {
+    NamedBarrierSync(barrier_id, 128);
+    T* out = static_cast<T*>(p.out);
+    for (int c = tid; c < 64 * S::kRowChunks; c += 128) {
+      const int r = wg_row0 + c / S::kRowChunks, column = c % S::kRowChunks;
+      if (r >= keys.rows) break;
+      const int packed = row_begin + r;
+      const int tok = int(p.group_divisor.Divide(uint32_t(packed)));
+      const int head = kv_head * p.group + (packed - tok * p.group);
+      *reinterpret_cast<uint4*>(out + int64_t(q_begin + tok) * p.out_stride_n + int64_t(head) * p.out_stride_h + column * 8) =
+          *reinterpret_cast<const uint4*>(smem.q + SwizzledTileOffset<S::kTileQ>(r, column));
+    }
+  }
+  NamedBarrierSync(barrier_id, 128);  // the group's Q rows are free for the next item
+}
+
+template <typename T, int D, bool kPaged>
+__global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90PrefillKernel(const PrefillParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = Sm90PrefillShape<T, D>;
+  extern __shared__ uint8_t shared[];
+  const Sm90PrefillSmem<T, D> smem(shared);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S::kStages; ++s) {
+      BarrierInit(&smem.k_full[s], 128);  // the producer's threads, as their copies land
+      BarrierInit(&smem.v_full[s], 128);
+      BarrierInit(&smem.k_empty[s], 4 * S::kConsumers);  // a consumer warp's lane 0
+      BarrierInit(&smem.v_empty[s], 4 * S::kConsumers);
+    }
+    BarrierInitFence();
+  }
+  __syncthreads();
+  WaitForPriorGrids();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::kProducerRegisters));
+    Sm90Produce<T, D, kPaged>(p, smem);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
+    uint32_t counter = 0;  // tiles consumed, over every item
+    const int num_items = p.work[0].x;
+    for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
+      const int4 item = p.work[2 + 2 * i];
+      if (item.x < 0) continue;
+      Sm90ConsumeItem<T, D>(p, smem, item, p.work[3 + 2 * i].x, counter);
+    }
+  }
+  AllowDependentGrids();
+#else
+  __trap();  // an sm_90 build without the "a" features: BatchPrefillSm90 refuses to launch it
+#endif
+}
+
+// Whether this object's device code has sm_90a's features (wgmma): an sm_90 build without them
+// holds kernels that only trap, so the launcher refuses it (read once a process).
+__device__ const int kSm90aFeatures =
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    1;
+#else
+    0;
+#endif
+
+inline bool HasSm90aFeatures() {
+  static const bool has = [] {
+    int value = 0;
+    return cudaMemcpyFromSymbol(&value, kSm90aFeatures, sizeof(value)) == cudaSuccess && value == 1;
+  }();
+  return has;
+}
+
+// The kernel on num_kv_heads x `ctas` blocks (ragged or paged by p.indices), then, if `merge`,
+// the merge of split requests' partials over the first `merge_rows` query tokens.
+template <typename T, int D>
+cudaError_t BatchPrefillSm90(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
+                             int device) {
+  using S = Sm90PrefillShape<T, D>;
+  if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
+  if (!HasSm90aFeatures()) return cudaErrorInvalidDeviceFunction;
+  auto kernel = p.indices != nullptr ? Sm90PrefillKernel<T, D, true> : Sm90PrefillKernel<T, D, false>;
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSharedBytes));
+  if (status != cudaSuccess) return status;
+  const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));
+  status = LaunchWithSharedMemory(kernel, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p);
+  if (status != cudaSuccess || !merge) return status;
+  return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
+}
+
+}  // namespace aotinfer

@@ -1,0 +1,195 @@
+// Hopper (sm90a) building blocks: shared-memory barriers (mbarrier), named barriers, the fence
+// between the generic and the async proxy, and warpgroup MMA (wgmma.mma_async) with its operands
+// in 128-byte-swizzled shared memory described by matrix descriptors.
+//
+// Tiles in shared memory (what the descriptors below describe): 16-bit elements, cut into regions
+// of 64 columns (128 bytes a row); region c / 64 of a tile of R rows starts at (c / 64) * R * 128
+// bytes, row r of it at r * 128, and its 16-byte chunk j (columns 8j..8j+7 of the region) at
+// (j ^ (r % 8)) * 16: the 128-byte swizzle, the same XOR the hardware applies to the address bits
+// 4-6 with bits 7-9, so a tile must start at a multiple of 1024 bytes.
+//
+// wgmma: a warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64 x 16 A by a
+// 16 x N B into a 64 x N float32 accumulator spread over its threads like N / 8 m16n8 tiles of
+// mma.sync: warp w holds rows 16w..16w+15; d[4n + e] is row 16w + lane / 4 + 8 (e / 2), column
+// 8n + 2 (lane % 4) + e % 2. The MMAs run asynchronously: wgmma.fence before the first (after
+// the registers they use were written), commit_group after the last, wait_group before their
+// accumulators are read; FenceOperands keeps the compiler from moving the accumulators' uses
+// across them.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace aotinfer {
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// ---- barriers ---------------------------------------------------------------------------------
+
+__device__ __forceinline__ void BarrierInit(uint64_t* barrier, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddress(barrier)), "r"(arrivals) : "memory");
+}
+
+// Makes the initialized barriers visible to the other threads and to the async proxy (before a
+// __syncthreads).
+__device__ __forceinline__ void BarrierInitFence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+__device__ __forceinline__ void BarrierArrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(SmemAddress(barrier)) : "memory");
+}
+
+// Waits until the phase of parity `parity` of the barrier has completed (a fresh barrier is in
+// phase 0: waiting for parity 1 returns at once).
+__device__ __forceinline__ void BarrierWait(uint64_t* barrier, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(SmemAddress(barrier)),
+      "r"(parity)
+      : "memory");
+}
+
+// The barrier counts one arrival when every cp.async this thread issued before has landed.
+__device__ __forceinline__ void ArriveWhenCopiesLand(uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SmemAddress(barrier)) : "memory");
+}
+
+// Orders this thread's view of shared memory (writes by cp.async or plain stores, seen through a
+// barrier) before the async proxy's reads (wgmma's operands).
+__device__ __forceinline__ void FenceAsyncProxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// A barrier among `threads` threads (whole warps) by id (0 is __syncthreads'), e.g. a warpgroup's.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- warpgroup MMA ----------------------------------------------------------------------------
+
+// Byte offset of 16-byte chunk `chunk` (of the whole row) of row `row` in a swizzled tile of
+// kRows rows (the layout above).
+template <int kRows>
+__device__ __forceinline__ uint32_t SwizzledTileOffset(int row, int chunk) {
+  return uint32_t(chunk / 8 * kRows * 128 + row * 128 + ((chunk % 8) ^ (row % 8)) * 16);
+}
+
+// The descriptor of a matrix at shared address `address` in the swizzled layout: 8-row groups
+// 1024 bytes apart (the "stride byte offset"); `leading_bytes`: for an N-major B, the distance
+// between its 64-column regions (K-major operands ignore it).
+__device__ __forceinline__ uint64_t MatrixDescriptor(uint32_t address, uint32_t leading_bytes = 16) {
+  return uint64_t((address >> 4) & 0x3fff) | uint64_t((leading_bytes >> 4) & 0x3fff) << 16 |
+         uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;  // 62-63: the 128-byte swizzle
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void FenceOperands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The same for A fragments in registers, which an MMA reads until it is waited for: kept alive
+// (and unmoved) up to here, so the compiler never gives their registers to other values before.
+template <int N>
+__device__ __forceinline__ void FenceOperands(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
+}
+
+// d = A B (accumulate: d += A B), A 64x16 and B 16x64 both K-major in shared memory.
+template <typename T>
+__device__ __forceinline__ void WgmmaSS(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+#define AOTINFER_WGMMA(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+      "%32, %33, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (std::is_same_v<T, half>) AOTINFER_WGMMA("f16");
+  else AOTINFER_WGMMA("bf16");
+#undef AOTINFER_WGMMA
+}
+
+// d = A B (accumulate: d += A B), A 64x16 in registers (each warp's 16 rows as an m16n8k16
+// A fragment), B 16x64 N-major (B's rows contiguous) in shared memory.
+template <typename T>
+__device__ __forceinline__ void WgmmaRS(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+#define AOTINFER_WGMMA(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+  if constexpr (std::is_same_v<T, half>) AOTINFER_WGMMA("f16");
+  else AOTINFER_WGMMA("bf16");
+#undef AOTINFER_WGMMA
+}
+
+// d = A B (accumulate: d += A B), A 64x16 and B 16x128 both K-major in shared memory.
+template <typename T>
+__device__ __forceinline__ void WgmmaSS(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+#define AOTINFER_WGMMA(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      "%64, %65, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (std::is_same_v<T, half>) AOTINFER_WGMMA("f16");
+  else AOTINFER_WGMMA("bf16");
+#undef AOTINFER_WGMMA
+}
+
+// d = A B (accumulate: d += A B), A 64x16 in registers (each warp's 16 rows as an m16n8k16
+// A fragment), B 16x128 N-major (B's rows contiguous) in shared memory.
+template <typename T>
+__device__ __forceinline__ void WgmmaRS(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+#define AOTINFER_WGMMA(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+  if constexpr (std::is_same_v<T, half>) AOTINFER_WGMMA("f16");
+  else AOTINFER_WGMMA("bf16");
+#undef AOTINFER_WGMMA
+}
+
+}  // namespace aotinfer
