@@ -64,9 +64,14 @@ __device__ __forceinline__ void ArriveWhenCopiesLand(uint64_t* barrier) {
 // barrier) before the async proxy's reads (wgmma's operands).
 __device__ __forceinline__ void FenceAsyncProxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-// A barrier among `threads` threads (whole warps) by id (0 is __syncthreads'), e.g. a warpgroup's.
+// A barrier among `threads` threads (whole warps) by id (0 is __syncthreads'), e.g. a warpgroup's;
+// NamedBarrierArrive counts this warp without waiting (a producer-consumer handoff).
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- warpgroup MMA ----------------------------------------------------------------------------
