@@ -98,21 +98,24 @@ struct Sm90PrefillSmem {
 };
 
 // The producer warpgroup: every item's K and V tiles into the stages, in the consumers' order.
-// Thread t copies chunk t % kRowChunks of rows t / kRowChunks + i * kRowsAtOnce; each lane looks up
-// one of the rows its warp copies (its page, paged, or its token row, ragged) and hands it over by
-// shuffle.
+// Thread t copies chunk t % kRowChunks of rows t / kRowChunks + i * kRowsAtOnce (one swizzle phase
+// for all of them). Ragged rows are a stride apart; a paged row's offset is computed by the lane
+// that looked up its page (one row a lane) and handed over by shuffle. The copies are the
+// producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
 __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
   constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
   static_assert(kCopies * kWarpRows == 32, "a lane looks up one row");
+  static_assert(kRowsAtOnce % 8 == 0, "a thread's rows share their swizzle phase");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kv_head = blockIdx.x;
   const int chunk = tid % S::kRowChunks, row0 = tid / S::kRowChunks;
-  // The row lane l looks up: the warp's row l % kWarpRows of copy l / kWarpRows.
+  const uint32_t dst0 = SwizzledTileOffset<S::kTileKV>(row0, chunk);  // row row0 + c * kRowsAtOnce: + c * kRowsAtOnce * 128
+  // The row lane l looks up (paged): the warp's row l % kWarpRows of copy l / kWarpRows.
   const int lookup_row = warp * kWarpRows + lane % kWarpRows + lane / kWarpRows * kRowsAtOnce;
-  const T* k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + chunk * 8;
-  const T* v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
+  const T* const k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + chunk * 8;
+  const T* const v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
   uint32_t counter = 0;  // tiles produced, over every item
   const int num_items = p.work[0].x;
   for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
@@ -125,31 +128,39 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
       const int stage = counter % S::kStages;
       const uint32_t parity = (counter / S::kStages) & 1;
       const int tile_pos = keys.begin + tile * S::kTileKV;
-      const int pos = min(tile_pos + lookup_row, keys.end - 1);
-      int where;  // the page (paged) or the token row (ragged) of position pos
-      if constexpr (kPaged) where = p.indices[kv_offset + int(p.page_size.Divide(uint32_t(pos)))];
-      else where = kv_offset + pos;
-      // K (which == 0), then V, each once its stage is free.
-      for (int which = 0; which < 2; ++which) {
-        BarrierWait(which == 0 ? &smem.k_empty[stage] : &smem.v_empty[stage], parity ^ 1);
-        uint8_t* const dst = (which == 0 ? smem.k : smem.v) + stage * S::kKVBytes;
-        const T* const src = which == 0 ? k : v;
-        const int64_t stride_page = which == 0 ? p.k_stride_page : p.v_stride_page;
-        const int64_t stride_slot = which == 0 ? p.k_stride_slot : p.v_stride_slot;
+      const int left = keys.end - tile_pos - row0;  // this thread's rows c with c * kRowsAtOnce < left are keys
+      int64_t k_row = 0, v_row = 0;  // paged: the offsets of lookup_row; ragged: of row0
+      if constexpr (kPaged) {
+        const int pos = min(tile_pos + lookup_row, keys.end - 1);
+        const int index = int(p.page_size.Divide(uint32_t(pos)));
+        const int64_t page = p.indices[kv_offset + index], slot = pos - index * int(p.page_size.divisor);
+        k_row = page * p.k_stride_page + slot * p.k_stride_slot;
+        v_row = page * p.v_stride_page + slot * p.v_stride_slot;
+      } else {
+        k_row = int64_t(kv_offset + tile_pos + row0) * p.k_stride_page;
+        v_row = int64_t(kv_offset + tile_pos + row0) * p.v_stride_page;
+      }
+      auto copy_tile = [&](uint8_t* stage_base, const T* src, int64_t row_offset, int64_t row_step) {
 #pragma unroll
         for (int c = 0; c < kCopies; ++c) {
-          const int row = row0 + c * kRowsAtOnce;
-          const int at = __shfl_sync(0xffffffffu, where, c * kWarpRows + row0 % kWarpRows);
-          int64_t offset = int64_t(at) * stride_page;
+          int64_t offset;
           if constexpr (kPaged) {
-            const int row_pos = tile_pos + row;
-            offset += int64_t(row_pos - int(p.page_size.Divide(uint32_t(row_pos))) * int(p.page_size.divisor)) * stride_slot;
+            const int from = c * kWarpRows + row0 % kWarpRows;
+            offset = int64_t(__shfl_sync(0xffffffffu, int32_t(row_offset), from)) & 0xffffffffll;
+            offset |= int64_t(__shfl_sync(0xffffffffu, int32_t(row_offset >> 32), from)) << 32;
+          } else {
+            offset = row_offset + c * row_step;
           }
-          const bool valid = tile_pos + row < keys.end;
-          CopyAsync16OrZero(dst + SwizzledTileOffset<S::kTileKV>(row, chunk), valid ? src + offset : src, valid);
+          const bool valid = c * kRowsAtOnce < left;
+          CopyAsync16OrZero(stage_base + dst0 + c * kRowsAtOnce * 128, valid ? src + offset : src, valid);
         }
-        ArriveWhenCopiesLand(which == 0 ? &smem.k_full[stage] : &smem.v_full[stage]);
-      }
+      };
+      BarrierWait(&smem.k_empty[stage], parity ^ 1);
+      copy_tile(smem.k + stage * S::kKVBytes, k, k_row, kRowsAtOnce * p.k_stride_page);
+      ArriveWhenCopiesLand(&smem.k_full[stage]);
+      BarrierWait(&smem.v_empty[stage], parity ^ 1);
+      copy_tile(smem.v + stage * S::kKVBytes, v, v_row, kRowsAtOnce * p.v_stride_page);
+      ArriveWhenCopiesLand(&smem.v_full[stage]);
     }
   }
   WaitAsyncGroups<0>();
