@@ -140,19 +140,21 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
         k_row = int64_t(kv_offset + tile_pos + row0) * p.k_stride_page;
         v_row = int64_t(kv_offset + tile_pos + row0) * p.v_stride_page;
       }
+      // A full tile (every row a key: all but an item's last) copies without predicates.
+      const bool full = left >= S::kTileKV - row0;
       auto copy_tile = [&](uint8_t* stage_base, const T* src, int64_t row_offset, int64_t row_step) {
+        uint8_t* const dst = stage_base + dst0;
+        const T* row = src + row_offset;  // ragged: this thread's row c, a step at a time
 #pragma unroll
-        for (int c = 0; c < kCopies; ++c) {
-          int64_t offset;
+        for (int c = 0; c < kCopies; ++c, row += row_step) {
           if constexpr (kPaged) {
             const int from = c * kWarpRows + row0 % kWarpRows;
-            offset = int64_t(__shfl_sync(0xffffffffu, int32_t(row_offset), from)) & 0xffffffffll;
-            offset |= int64_t(__shfl_sync(0xffffffffu, int32_t(row_offset >> 32), from)) << 32;
-          } else {
-            offset = row_offset + c * row_step;
+            const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(row_offset), from);
+            const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(uint64_t(row_offset) >> 32), from);
+            row = src + int64_t(uint64_t(hi) << 32 | lo);
           }
-          const bool valid = c * kRowsAtOnce < left;
-          CopyAsync16OrZero(stage_base + dst0 + c * kRowsAtOnce * 128, valid ? src + offset : src, valid);
+          if (full) CopyAsync16(dst + c * kRowsAtOnce * 128, row);
+          else CopyAsync16OrZero(dst + c * kRowsAtOnce * 128, c * kRowsAtOnce < left ? row : src, c * kRowsAtOnce < left);
         }
       };
       BarrierWait(&smem.k_empty[stage], parity ^ 1);
@@ -219,28 +221,30 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   const int all_see_up_to = p.causal ? keys.first_token + delta : INT_MAX;
   const int all_see_from = p.window_left >= 0 ? keys.last_token + delta - p.window_left : INT_MIN;
 
-  const uint32_t q_address = SmemAddress(smem.q) + wg_row0 * 128;
+  // Matrix descriptors: made once, then moved by constants (the address field, in 16-byte units,
+  // is the descriptor's low bits; shared memory addresses stay below its 256 KB).
+  const uint64_t q_desc = MatrixDescriptor(SmemAddress(smem.q) + wg_row0 * 128);
+  const uint64_t k_desc = MatrixDescriptor(SmemAddress(smem.k));
+  const uint64_t v_desc = MatrixDescriptor(SmemAddress(smem.v), S::kTileKV * 128);
   // S = Q K^T of the tile in stage `stage`, issued and committed (not waited for).
   auto issue_s = [&](float (&s)[S::kTileKV / 2], int stage) {
-    const uint32_t k_address = SmemAddress(smem.k + stage * S::kKVBytes);
+    const uint64_t k_stage = k_desc + uint64_t(stage * (S::kKVBytes >> 4));
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t column = (kk % 4) * 32;  // bytes into the 128-byte row of region kk / 4
-      WgmmaSS<T>(s, MatrixDescriptor(q_address + (kk / 4) * S::kTileQ * 128 + column),
-                 MatrixDescriptor(k_address + (kk / 4) * S::kTileKV * 128 + column), kk > 0);
+      // Region kk / 4 of the rows, 32 bytes a k-step into it.
+      WgmmaSS<T>(s, q_desc + ((kk / 4) * S::kTileQ * 128 + (kk % 4) * 32) / 16,
+                 k_stage + ((kk / 4) * S::kTileKV * 128 + (kk % 4) * 32) / 16, kk > 0);
     }
     WgmmaCommit();
   };
   // O += P V of the tile in stage `stage`, issued and committed: P from registers, V N-major.
   auto issue_pv = [&](const uint32_t (&pa)[S::kTileKV / 16][4], int stage) {
-    const uint32_t v_address = SmemAddress(smem.v + stage * S::kKVBytes);
+    const uint64_t v_stage = v_desc + uint64_t(stage * (S::kKVBytes >> 4));
     FenceOperands(o);
     WgmmaFence();
 #pragma unroll
-    for (int j = 0; j < S::kTileKV / 16; ++j) {
-      WgmmaRS<T>(o, pa[j], MatrixDescriptor(v_address + j * 16 * 128, S::kTileKV * 128), 1);
-    }
+    for (int j = 0; j < S::kTileKV / 16; ++j) WgmmaRS<T>(o, pa[j], v_stage + j * 16 * 128 / 16, 1);
     WgmmaCommit();
   };
 
