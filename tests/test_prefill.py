@@ -531,7 +531,7 @@ def test_single_prefill_refuses_causal_with_more_queries_than_keys():
 
 @gpu
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="needs compute-sanitizer")
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_sanitizer_clean(tmp_path, tool):
     script = tmp_path / "run.py"
     script.write_text(
