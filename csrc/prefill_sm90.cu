@@ -27,6 +27,10 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(q.device());
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
+  if (!aotinfer::HasSm90aFeatures()) {
+    AOTINFER_THROW(RuntimeError) << "batch_prefill_sm90: this build has no sm_90a code (its arch list named 9.0, not 9.0a): "
+                                 << "rebuild with AOTINFER_CUDA_ARCH_LIST=9.0a, or plan with backend='fa2'";
+  }
   const int merge_rows = int(checked.total_q);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     const auto launch = checked.head_dim == 64 ? aotinfer::BatchPrefillSm90<T, 64> : aotinfer::BatchPrefillSm90<T, 128>;

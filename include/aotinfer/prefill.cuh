@@ -97,6 +97,29 @@ __device__ __forceinline__ float TanhApprox(float x) {
   return y;
 }
 
+// The mask of one thread's part of a score tile: rows r = 0, 1 (its rows g and g + 8) of query
+// tokens token[r], columns col0 + nt * 8 + e % 2 (e: the fragment element) for n-tiles nt. A row
+// sees keys up to the keys' end and (causal) its diagonal, and from its window's start; what it
+// does not see becomes -inf. `at(nt, e)` is the score's register.
+template <int kNT, typename At>
+__device__ __forceinline__ void MaskScores(const PrefillParams& p, At at, const int (&token)[2], int delta, int end, int col0) {
+  int lo[2], hi[2];  // a row sees keys col0 + c for lo <= c <= hi
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int diagonal = token[r] + delta;
+    hi[r] = min(end - 1, p.causal ? diagonal : INT_MAX) - col0;
+    lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = nt * 8 + (e & 1);
+      at(nt, e) = c <= hi[e / 2] && c >= lo[e / 2] ? at(nt, e) : -INFINITY;
+    }
+  }
+}
+
 // Where a split request's partials are: query token t (of the request) has partials first_partial
 // + t * num_partials + chunk. Row n of the merge is a query token of the batch, found among the
 // requests by binary search on q_begin.
@@ -389,22 +412,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
         const int col0 = tile_pos + (lane % 4) * 2;  // this thread's first key of the tile
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
-          // A row sees keys col0 + c for lo <= c <= hi (c: the column offset from col0).
-          int lo[2], hi[2];
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int diagonal = token_of(mq, r) + delta;
-            hi[r] = min(end - 1, p.causal ? diagonal : INT_MAX) - col0;
-            lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
-          }
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int c = nt * 8 + (e & 1);
-              s[mq][nt][e] = c <= hi[e / 2] && c >= lo[e / 2] ? s[mq][nt][e] : -INFINITY;
-            }
-          }
+          const int token[2] = {token_of(mq, 0), token_of(mq, 1)};
+          MaskScores<kNT>(p, [&](int nt, int e) -> float& { return s[mq][nt][e]; }, token, delta, end, col0);
         }
       }
 #pragma unroll

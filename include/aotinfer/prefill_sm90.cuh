@@ -1,21 +1,22 @@
 // Batch prefill attention for Hopper (sm90a): the work items, masks, softmax and outputs of
-// prefill.cuh, on warpgroup MMA (wgmma) with a producer warp that keeps K and V in flight.
+// prefill.cuh, on warpgroup MMA (wgmma) with a producer warpgroup that keeps K and V in flight.
 //
-// A block is two consumer warpgroups and one producer warp, one block an SM, walking the plan's
-// work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
-// - the producer warp copies K and V tiles of kTileKV = 128 tokens (ragged rows, or pages through
-//   the page table) with cp.async into kStages stages of the 128-byte-swizzled layout wgmma reads,
-//   and each stage's K and V have their own "full" barrier, counted when its copies land; it
-//   refills a stage's K (V) once both warpgroups released it (the "empty" barriers), running up to
-//   kStages tiles ahead, across items too;
+// A block is one producer warpgroup and two consumer warpgroups, one block an SM, taking the
+// plan's work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
+// - the producer copies K and V tiles of kTileKV = 128 tokens (ragged rows, or pages through the
+//   page table) with cp.async into kStages stages of the 128-byte-swizzled layout wgmma reads;
+//   each stage's K and V have a "full" mbarrier, counted as the copies land, and an "empty" one
+//   that every consumer warp arrives on once its MMAs have read the tile; it runs up to kStages
+//   tiles ahead, across items too. `setmaxnreg` gives its registers to the consumers;
 // - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (its own copies),
 //   then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
-//   on S in registers (lazy rescaling as in prefill.cuh), and O += P V (wgmma, P from registers,
-//   V as stored: N-major). The next tile's S is issued before this tile's softmax, so the tensor
-//   cores work on it while the softmax runs; P V follows the softmax.
+//   on S in registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers,
+//   V N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
+//   while P V does; and the two warpgroups take turns issuing their MMAs (named barriers), so one's
+//   softmax runs while the other's MMAs do.
 // Outputs: the final output through shared memory (the warpgroup's Q rows) in 16-byte stores and
 // its LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes
-// them.
+// them. benchmarks/NOTES.md has what each step measured.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -259,22 +260,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       for (int i = 0; i < S::kTileKV / 2; ++i) s[i] = cap_log2 * TanhApprox(s[i] * cap_scale);
     }
     if (masked) {
-      const int col0 = tile_pos + 2 * t;
-      int lo[2], hi[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int diagonal = token[r] + delta;
-        hi[r] = min(keys.end - 1, p.causal ? diagonal : INT_MAX) - col0;
-        lo[r] = p.window_left >= 0 ? diagonal - p.window_left - col0 : INT_MIN;
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = nt * 8 + (e & 1);
-          s[4 * nt + e] = c <= hi[e / 2] && c >= lo[e / 2] ? s[4 * nt + e] : -INFINITY;
-        }
-      }
+      MaskScores<kNT>(p, [&](int nt, int e) -> float& { return s[4 * nt + e]; }, token, delta, keys.end, tile_pos + 2 * t);
     }
     // Row maxima and sums in 4 independent chains a row (a plain chain would leave the warp
     // waiting on each step; an array tree is not unrolled here and goes to local memory).
@@ -490,7 +476,7 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90Prefi
 }
 
 // Whether this object's device code has sm_90a's features (wgmma): an sm_90 build without them
-// holds kernels that only trap, so the launcher refuses it (read once a process).
+// holds kernels that only trap, so the binding and the launcher refuse it (read once a process).
 __device__ const int kSm90aFeatures =
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     1;
