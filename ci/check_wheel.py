@@ -181,6 +181,7 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
             if entry is None:
                 problems.append(f"manifest: module {name} missing")
                 continue
+            sizes[name] = {}  # a row even where no arch of the list is one the module builds for
             for arch in modules.module_archs(decl, archs):
                 build = entry["builds"].get(arch.name)
                 file = f"{name}_sm{arch.tag}.so"
@@ -189,7 +190,7 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
                 if build is None or not path.is_file():
                     problems.append(f"{file}: missing (module {name}, arch {arch})")
                     continue
-                sizes.setdefault(name, {})[arch.name] = path.stat().st_size
+                sizes[name][arch.name] = path.stat().st_size
                 if hashlib.sha256(path.read_bytes()).hexdigest() != build["sha256"]:
                     problems.append(f"{file}: sha256 differs from the manifest")
                 sm = arch.major * 10 + arch.minor
