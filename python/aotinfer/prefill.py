@@ -29,6 +29,12 @@ the tiles alone would leave the GPU idle, and writes two int32 tables into the w
 ``run`` only launches the kernel (a CTA per item and KV head) and, when something was split, the
 merge of the partials, so a CUDA graph can capture it.
 
+Two kernels read these tables: prefill.cuh's, on mma.sync for every arch from sm80 (two CTAs an
+SM), and prefill_sm90.cuh's for Hopper, on warpgroup MMA with a producer warpgroup (one CTA an
+SM; head_dim 64 and 128, K and V of q's dtype). ``plan`` picks one by FlashInfer's backend names
+(``use_sm90``): ``"fa3"`` asks for Hopper's, ``"auto"`` takes it on compute capability 9.0 where
+it applies, the others take the first.
+
 FlashInfer behaviours followed, and the decisions they settle:
 
 - ``plan`` copies ``qo_indptr``, the KV ``indptr`` and ``last_page_len`` to the host (a
