@@ -8,17 +8,15 @@
 //   each stage's K and V have a "full" mbarrier, counted as the copies land, and an "empty" one
 //   that every consumer warp arrives on once its MMAs have read the tile; it runs up to kStages
 //   tiles ahead, across items too. `setmaxnreg` gives its registers to the consumers;
-// - the producer also copies each item's Q, into one of two buffers, so the next item's Q lands
-//   while this one finishes (each buffer freed by the consumers once their last S of it is done);
-// - consumer warpgroup w takes query rows 64w..64w+63 of the item; a tile is S = Q K^T (wgmma,
-//   both operands in shared memory), the online softmax in base 2 on S in registers (lazy
-//   rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers, V N-major as stored).
-//   Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs while P V does; and
-//   the two warpgroups take turns issuing their MMAs (named barriers), so one's softmax runs while
-//   the other's MMAs do.
-// Outputs: the final output through a staging tile in shared memory, in 16-byte stores, and its
-// LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes them.
-// benchmarks/NOTES.md has what each step measured.
+// - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (its own copies),
+//   then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
+//   on S in registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers,
+//   V N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
+//   while P V does; and the two warpgroups take turns issuing their MMAs (named barriers), so one's
+//   softmax runs while the other's MMAs do.
+// Outputs: the final output through shared memory (the warpgroup's Q rows) in 16-byte stores and
+// its LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes
+// them. benchmarks/NOTES.md has what each step measured.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,10 +48,9 @@ struct Sm90PrefillShape {
   static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;
-  static constexpr int kBarrierBytes = (4 * kStages + 4) * 8;  // K and V full and empty a stage; Q full and empty a buffer
-  // Two Q buffers (the next item's lands during this one), the output's staging tile, the stages;
+  static constexpr int kBarrierBytes = 4 * kStages * 8;   // K and V full, K and V empty, a stage
   // 1024 bytes of slack: the tiles start at a multiple of 1024 (the swizzle's period).
-  static constexpr size_t kSharedBytes = 1024 + 3 * kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static constexpr size_t kSharedBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kSharedBytes <= 227 * 1024, "an sm90 block's shared memory");
 };
 
@@ -82,28 +79,22 @@ __device__ __forceinline__ Sm90ItemKeys ItemKeys(const PrefillParams& p, int4 it
 template <typename T, int D>
 struct Sm90PrefillSmem {
   using S = Sm90PrefillShape<T, D>;
-  uint8_t* q;    // [2][kQBytes]: items alternate
-  uint8_t* out;  // the output's staging tile
-  uint8_t* k;    // [kStages][kKVBytes]
+  uint8_t* q;
+  uint8_t* k;  // [kStages][kKVBytes]
   uint8_t* v;
   uint64_t* k_full;  // [kStages] each
   uint64_t* v_full;
   uint64_t* k_empty;
   uint64_t* v_empty;
-  uint64_t* q_full;  // [2]
-  uint64_t* q_empty;
   __device__ __forceinline__ explicit Sm90PrefillSmem(uint8_t* raw) {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     q = base;
-    out = q + 2 * S::kQBytes;
-    k = out + S::kQBytes;
+    k = q + S::kQBytes;
     v = k + S::kStages * S::kKVBytes;
     k_full = reinterpret_cast<uint64_t*>(v + S::kStages * S::kKVBytes);
     v_full = k_full + S::kStages;
     k_empty = v_full + S::kStages;
     v_empty = k_empty + S::kStages;
-    q_full = v_empty + S::kStages;
-    q_empty = q_full + 2;
   }
 };
 
@@ -126,7 +117,7 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
   const int lookup_row = warp * kWarpRows + lane % kWarpRows + lane / kWarpRows * kRowsAtOnce;
   const T* const k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + chunk * 8;
   const T* const v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
-  uint32_t counter = 0, q_count = 0;  // tiles produced, and items with tiles, over every item
+  uint32_t counter = 0;  // tiles produced, over every item
   const int num_items = p.work[0].x;
   for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
@@ -134,22 +125,6 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
     const int4 info = p.requests[2 * item.x];
     const Sm90ItemKeys keys = ItemKeys<S::kTileQ, S::kTileKV>(p, item, info);
     const int kv_offset = info.z;
-    if (keys.num_tiles > 0) {  // the item's Q rows (zero past them) into buffer q_count % 2
-      const int buffer = q_count % 2;
-      BarrierWait(&smem.q_empty[buffer], ((q_count / 2) & 1) ^ 1);
-      const T* q = static_cast<const T*>(p.q) + chunk * 8;
-#pragma unroll 4
-      for (int c = 0; c < S::kTileQ / kRowsAtOnce; ++c) {
-        const int r = row0 + c * kRowsAtOnce;
-        const int packed = item.y + min(r, keys.rows - 1);
-        const int token = int(p.group_divisor.Divide(uint32_t(packed)));
-        const int head = kv_head * p.group + (packed - token * p.group);
-        CopyAsync16OrZero(smem.q + buffer * S::kQBytes + SwizzledTileOffset<S::kTileQ>(r, chunk),
-                          q + int64_t(info.x + token) * p.q_stride_n + int64_t(head) * p.q_stride_h, r < keys.rows);
-      }
-      ArriveWhenCopiesLand(&smem.q_full[buffer]);
-      ++q_count;
-    }
     for (int tile = 0; tile < keys.num_tiles; ++tile, ++counter) {
       const int stage = counter % S::kStages;
       const uint32_t parity = (counter / S::kStages) & 1;
@@ -197,7 +172,7 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
 // One consumer warpgroup's part of an item: its 64 query rows against the item's keys.
 template <typename T, int D>
 __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int4 item,
-                                                int chunk_index, uint32_t& counter, uint32_t& q_count) {
+                                                int chunk_index, uint32_t& counter) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
   const int tid = threadIdx.x % 128, wg = threadIdx.x / 128 - 1, warp = tid / 32, lane = tid % 32;
@@ -211,11 +186,22 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   const int wg_row0 = wg * 64;  // of the item's rows
   const int barrier_id = 1 + wg;
 
-  // The item's Q (the producer's copies, in buffer q_count % 2), where it has keys to attend.
-  const int q_buffer = q_count % 2;
-  if (keys.num_tiles > 0) {
-    BarrierWait(&smem.q_full[q_buffer], (q_count / 2) & 1);
+  // Q rows of this warpgroup (zero past the item's rows).
+  {
+    const T* q = static_cast<const T*>(p.q);
+    for (int c = tid; c < 64 * S::kRowChunks; c += 128) {
+      const int r = wg_row0 + c / S::kRowChunks, column = c % S::kRowChunks;
+      const bool valid = r < keys.rows;
+      const int packed = row_begin + min(r, keys.rows - 1);
+      const int token = int(p.group_divisor.Divide(uint32_t(packed)));
+      const int head = kv_head * p.group + (packed - token * p.group);
+      CopyAsync16OrZero(smem.q + SwizzledTileOffset<S::kTileQ>(r, column),
+                        q + int64_t(q_begin + token) * p.q_stride_n + int64_t(head) * p.q_stride_h + column * 8, valid);
+    }
+    CommitAsyncGroup();
+    WaitAsyncGroups<0>();
     FenceAsyncProxy();
+    NamedBarrierSync(barrier_id, 128);
   }
 
   // This thread's rows: g and g + 8 of its warp's 16; their query tokens.
@@ -238,7 +224,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
 
   // Matrix descriptors: made once, then moved by constants (the address field, in 16-byte units,
   // is the descriptor's low bits; shared memory addresses stay below its 256 KB).
-  const uint64_t q_desc = MatrixDescriptor(SmemAddress(smem.q + q_buffer * S::kQBytes) + wg_row0 * 128);
+  const uint64_t q_desc = MatrixDescriptor(SmemAddress(smem.q) + wg_row0 * 128);
   const uint64_t k_desc = MatrixDescriptor(SmemAddress(smem.k));
   const uint64_t v_desc = MatrixDescriptor(SmemAddress(smem.v), S::kTileKV * 128);
   // S = Q K^T of the tile in stage `stage`, issued and committed (not waited for).
@@ -388,8 +374,6 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       rescale_o(alpha);
       pack_p(pa, s);
     }
-    if (lane == 0) BarrierArrive(&smem.q_empty[q_buffer]);  // every S of the item is done: Q's buffer is free
-    ++q_count;
     BarrierWait(&smem.v_full[stage_of(counter)], parity_of(counter));
     FenceAsyncProxy();
     take_turn();
@@ -405,6 +389,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   // Finish each row (prefill.cuh's epilogue): the sum over the quad, the sink where the request is
   // not split, the LSE; the output through this warpgroup's Q rows, or float32 partials.
   const bool final = split.y <= 1;
+  NamedBarrierSync(barrier_id, 128);  // every warp of the group is done reading Q
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
@@ -423,7 +408,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     if (final) {
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(smem.out + SwizzledTileOffset<S::kTileQ>(local, n) + 4 * t) =
+        *reinterpret_cast<uint32_t*>(smem.q + SwizzledTileOffset<S::kTileQ>(local, n) + 4 * t) =
             PackPair<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
       }
       if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token[r]) * p.num_qo_heads + head] = lse;
@@ -447,10 +432,10 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       const int tok = int(p.group_divisor.Divide(uint32_t(packed)));
       const int head = kv_head * p.group + (packed - tok * p.group);
       *reinterpret_cast<uint4*>(out + int64_t(q_begin + tok) * p.out_stride_n + int64_t(head) * p.out_stride_h + column * 8) =
-          *reinterpret_cast<const uint4*>(smem.out + SwizzledTileOffset<S::kTileQ>(r, column));
+          *reinterpret_cast<const uint4*>(smem.q + SwizzledTileOffset<S::kTileQ>(r, column));
     }
   }
-  NamedBarrierSync(barrier_id, 128);  // the group's staging rows are free for the next item
+  NamedBarrierSync(barrier_id, 128);  // the group's Q rows are free for the next item
 }
 
 template <typename T, int D, bool kPaged>
@@ -466,10 +451,6 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90Prefi
       BarrierInit(&smem.k_empty[s], 4 * S::kConsumers);  // a consumer warp's lane 0
       BarrierInit(&smem.v_empty[s], 4 * S::kConsumers);
     }
-    for (int b = 0; b < 2; ++b) {
-      BarrierInit(&smem.q_full[b], 128);
-      BarrierInit(&smem.q_empty[b], 4 * S::kConsumers);
-    }
     BarrierInitFence();
   }
   __syncthreads();
@@ -480,12 +461,12 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90Prefi
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
     if (threadIdx.x >= 256) NamedBarrierArrive(3, 256);  // the first turn on the tensor cores is warpgroup 0's
-    uint32_t counter = 0, q_count = 0;  // tiles consumed, and items with tiles, over every item
+    uint32_t counter = 0;  // tiles consumed, over every item
     const int num_items = p.work[0].x;
     for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
       const int4 item = p.work[2 + 2 * i];
       if (item.x < 0) continue;
-      Sm90ConsumeItem<T, D>(p, smem, item, p.work[3 + 2 * i].x, counter, q_count);
+      Sm90ConsumeItem<T, D>(p, smem, item, p.work[3 + 2 * i].x, counter);
     }
   }
   AllowDependentGrids();
