@@ -224,9 +224,9 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
 
   // Matrix descriptors: made once, then moved by constants (the address field, in 16-byte units,
   // is the descriptor's low bits; shared memory addresses stay below its 256 KB).
-  const uint64_t q_desc = MatrixDescriptor(SmemAddress(smem.q) + wg_row0 * 128);
-  const uint64_t k_desc = MatrixDescriptor(SmemAddress(smem.k));
-  const uint64_t v_desc = MatrixDescriptor(SmemAddress(smem.v), S::kTileKV * 128);
+  const uint64_t q_desc = MatrixDescriptor(SharedAddress(smem.q) + wg_row0 * 128);
+  const uint64_t k_desc = MatrixDescriptor(SharedAddress(smem.k));
+  const uint64_t v_desc = MatrixDescriptor(SharedAddress(smem.v), S::kTileKV * 128);
   // S = Q K^T of the tile in stage `stage`, issued and committed (not waited for).
   auto issue_s = [&](float (&s)[S::kTileKV / 2], int stage) {
     const uint64_t k_stage = k_desc + uint64_t(stage * (S::kKVBytes >> 4));

@@ -23,16 +23,14 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace aotinfer {
+#include "aotinfer/mma.cuh"  // SharedAddress
 
-__device__ __forceinline__ uint32_t SmemAddress(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
+namespace aotinfer {
 
 // ---- barriers ---------------------------------------------------------------------------------
 
 __device__ __forceinline__ void BarrierInit(uint64_t* barrier, int arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddress(barrier)), "r"(arrivals) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(barrier)), "r"(arrivals) : "memory");
 }
 
 // Makes the initialized barriers visible to the other threads and to the async proxy (before a
@@ -40,7 +38,7 @@ __device__ __forceinline__ void BarrierInit(uint64_t* barrier, int arrivals) {
 __device__ __forceinline__ void BarrierInitFence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
 __device__ __forceinline__ void BarrierArrive(uint64_t* barrier) {
-  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(SmemAddress(barrier)) : "memory");
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(SharedAddress(barrier)) : "memory");
 }
 
 // Waits until the phase of parity `parity` of the barrier has completed (a fresh barrier is in
@@ -50,14 +48,14 @@ __device__ __forceinline__ void BarrierWait(uint64_t* barrier, uint32_t parity) 
       "{\n.reg .pred done;\n"
       "wait:\n"
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n}\n" ::"r"(SmemAddress(barrier)),
+      "@!done bra wait;\n}\n" ::"r"(SharedAddress(barrier)),
       "r"(parity)
       : "memory");
 }
 
 // The barrier counts one arrival when every cp.async this thread issued before has landed.
 __device__ __forceinline__ void ArriveWhenCopiesLand(uint64_t* barrier) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SmemAddress(barrier)) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddress(barrier)) : "memory");
 }
 
 // Orders this thread's view of shared memory (writes by cp.async or plain stores, seen through a
