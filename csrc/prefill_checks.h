@@ -86,9 +86,8 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   }
 
   PrefillParams p{};
-  SetAttentionParams(p, out, lse, partial_out, partial_lse, given, q, k, v, head_axis,
-                               paged ? slot_axis : -1, indices, sinks, has_sinks, batch, page_size, sm_scale,
-                               logits_soft_cap, window_left);
+  SetAttentionParams(p, out, lse, partial_out, partial_lse, given, q, k, v, head_axis, paged ? slot_axis : -1, indices,
+                     sinks, has_sinks, batch, page_size, sm_scale, logits_soft_cap, window_left);
   p.work = data_ptr<int4>(work);
   p.requests = data_ptr<int4>(requests);
   p.group_divisor = PageDivisor(uint32_t(p.group));
@@ -97,7 +96,6 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   p.bf16_io = q.dtype().code == kDLBfloat;
   p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
   return {p, head_dim, total_q, fp8, batch == 0 || ctas == 0 || total_q == 0};
-
 }
 
 }  // namespace aotinfer

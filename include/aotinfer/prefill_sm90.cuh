@@ -471,12 +471,12 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90Prefi
   }
   AllowDependentGrids();
 #else
-  __trap();  // an sm_90 build without the "a" features: BatchPrefillSm90 refuses to launch it
+  __trap();  // an sm_90 build without the "a" features: the binding refuses to launch it
 #endif
 }
 
 // Whether this object's device code has sm_90a's features (wgmma): an sm_90 build without them
-// holds kernels that only trap, so the binding and the launcher refuse it (read once a process).
+// holds kernels that only trap, so the binding refuses it (read once a process).
 __device__ const int kSm90aFeatures =
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     1;
@@ -492,19 +492,26 @@ inline bool HasSm90aFeatures() {
   return has;
 }
 
-// The kernel on num_kv_heads x `ctas` blocks (ragged or paged by p.indices), then, if `merge`,
-// the merge of split requests' partials over the first `merge_rows` query tokens.
+template <typename T, int D, bool kPaged>
+cudaError_t LaunchPrefillSm90(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
+  using S = Sm90PrefillShape<T, D>;
+  // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
+  if (BlocksPerSm<Sm90PrefillKernel<T, D, kPaged>>(S::kThreads, S::kSharedBytes, device) == 0) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
+  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p);
+}
+
+// The kernel (paged where p.indices is set, else ragged) on num_kv_heads x `ctas` blocks, then, if
+// `merge`, the merge of split requests' partials over the first `merge_rows` query tokens. The
+// caller has checked HasSm90aFeatures.
 template <typename T, int D>
 cudaError_t BatchPrefillSm90(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
                              int device) {
-  using S = Sm90PrefillShape<T, D>;
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  if (!HasSm90aFeatures()) return cudaErrorInvalidDeviceFunction;
-  auto kernel = p.indices != nullptr ? Sm90PrefillKernel<T, D, true> : Sm90PrefillKernel<T, D, false>;
-  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSharedBytes));
-  if (status != cudaSuccess) return status;
-  const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));
-  status = LaunchWithSharedMemory(kernel, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p);
+  const cudaError_t status = p.indices != nullptr ? LaunchPrefillSm90<T, D, true>(p, ctas, stream, pdl, device)
+                                                  : LaunchPrefillSm90<T, D, false>(p, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }

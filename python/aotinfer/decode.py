@@ -101,6 +101,11 @@ _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the pla
 # ---- argument checks (what the binding cannot name) --------------------------------------------
 
 
+def _check_backend(backend: Any) -> None:
+    if backend not in _BACKENDS:
+        raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
+
+
 def _check_kv_layout(kv_layout: Any) -> None:
     if kv_layout not in _KV_LAYOUTS:
         raise ValueError(f"Expected kv_layout to be 'NHD' or 'HND', got {kv_layout!r}")
@@ -459,8 +464,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         import torch
 
         _check_kv_layout(kv_layout)
-        if backend not in _BACKENDS:
-            raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
+        _check_backend(backend)
         self._kv_layout = kv_layout
         self._kv_layout_code = _KV_LAYOUTS[kv_layout]
         self._backend = backend

@@ -66,12 +66,13 @@ from __future__ import annotations
 
 import math
 
+from . import _loader
 from ._kernels import kernel
 from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
 from .api_logging import aotinfer_api
 from .decode import (
-    _BACKENDS,
     _FP8_DTYPES,
+    _check_backend,
     _check_head_dim,
     _check_heads,
     _check_int32,
@@ -123,8 +124,8 @@ def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: A
     if backend not in ("auto", "fa3"):
         return False
     # None off a GPU, and for fake CUDA tensors where torch has no CUDA (a tracer's, which records
-    # the choice of "auto" made here).
-    cc = torch.cuda.get_device_capability(device) if device.type == "cuda" and torch.cuda.is_available() else None
+    # the choice of "auto" made here); the loader's capability, asked once a device.
+    cc = _loader.device_capability(device.index) if device.type == "cuda" and torch.cuda.is_available() else None
     fits = head_dim in _SM90_HEAD_DIMS and kv_dtype == q_dtype
     if backend == "fa3":
         if cc != (9, 0):
@@ -347,8 +348,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
         import torch
 
         _check_kv_layout(kv_layout)
-        if backend not in _BACKENDS:
-            raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
+        _check_backend(backend)
         _refuse_masks(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
         self._kv_layout = kv_layout
         self._kv_layout_code = _KV_LAYOUTS[kv_layout]
@@ -1050,8 +1050,7 @@ def _check_single_prefill(
     rope_theta=None, return_lse=False, backend="auto",
 ) -> bool:  # fmt: skip
     _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
-    if backend not in _BACKENDS:
-        raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
+    _check_backend(backend)
     _check_kv_layout(kv_layout)
     _check_pos_encoding_mode(pos_encoding_mode)
     if use_fp16_qk_reduction:
