@@ -175,7 +175,10 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
                                                 int chunk_index, uint32_t& counter) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
-  const int tid = threadIdx.x % 128, wg = threadIdx.x / 128 - 1, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  // Broadcast from lane 0, so the compiler knows it is the same across the warp: what derives from
+  // it (the Q tile's descriptors) then lives in uniform registers, where wgmma takes them.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
   const int g = lane / 4, t = lane % 4;
   const int kv_head = blockIdx.x;
   const int4 info = p.requests[2 * item.x];
