@@ -318,6 +318,26 @@ def test_forward_overrides_the_planned_options(kind):
 
 
 @gpu
+@pytest.mark.parametrize("ctas", [None, 3], ids=["a block an item", "blocks stride"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_blocks_take_the_heads_a_few_at_a_time(backend, kind, ctas):
+    # The plan's count of heads that blocks share (work[0, 1]) only orders the blocks: every count,
+    # dividing the heads or not, gives the same attention, with a block an item or blocks striding.
+    case = Case(PAIRS, (10, 5, 64), torch.bfloat16, kind)
+    wrapper = case.wrapper(backend=backend_or_skip(backend, 64))
+    case.plan(wrapper, causal=True)
+    want, want_lse = case.reference(causal=True)
+    if ctas is not None:
+        wrapper._plan.ctas = ctas
+    for heads in (1, 2, 3, 5):
+        wrapper._plan.work[0, 1] = heads
+        out, lse = poisoned(case.q.shape, torch.bfloat16), poisoned(case.q.shape[:2], torch.float32)
+        case.run(wrapper, out=out, lse=lse, return_lse=True)
+        check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
 def test_cuda_graph_replays_after_a_new_plan(kind, layout):
@@ -612,6 +632,14 @@ def test_partition_splits_only_when_the_tiles_leave_the_gpu_idle():
     for request, row_begin, kv_begin, kv_end, *_ in small.work[1:].tolist():
         costs.append(min(128, 40 * 4 - row_begin) * (kv_end - kv_begin))  # rows x keys
     assert costs == sorted(costs, reverse=True), "the most costly items come first"
+
+
+def test_heads_sharing_l2_fit_a_third_of_it():
+    mb = 1 << 20
+    assert prefill.heads_sharing_l2(32, 4 * mb, 50 * mb) == 4  # a causal 8192-token d128 bf16 prefill on an H200
+    assert prefill.heads_sharing_l2(8, 1 * mb, 50 * mb) == 8  # all of them, never more
+    assert prefill.heads_sharing_l2(32, 100 * mb, 50 * mb) == 1  # at least one
+    assert prefill.heads_sharing_l2(4, 0, 50 * mb) == 4  # no keys
 
 
 def test_partition_orders_causal_tiles_by_their_keys():

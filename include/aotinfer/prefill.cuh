@@ -142,7 +142,7 @@ struct PrefillPartials {
 };
 
 template <typename T, typename KV, int D, bool kPaged>
-__device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, int chunk, uint8_t* shared) {
+__device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head, int4 item, int chunk, uint8_t* shared) {
   using S = PrefillShape<T, KV, D>;
   static_assert(!S::kWiden || kPaged, "fp8 caches are paged");
   constexpr int kMmaQ = S::kMmaQ, kTileKV = S::kTileKV, kNT = kTileKV / 8;
@@ -154,7 +154,6 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   int32_t* const tile_pages = reinterpret_cast<int32_t*>(v_stages + 2 * S::kCachedKVBytes);  // [2][kTileKV]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int kv_head = blockIdx.x;
   const int request = item.x, row_begin = item.y;
   const int4 info = p.requests[2 * request];
   const int4 split = p.requests[2 * request + 1];
@@ -592,20 +591,33 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int4 item, i
   __syncthreads();  // shared memory is free for the next item
 }
 
-// Blocks stride over the work items (one each, unless a CUDA graph's fixed grid is smaller than
-// the plan's items); grid.x: the KV heads, so that blocks start in the plan's order of items
-// (most costly first) for every head at once: with the heads outermost, the last head's costly
-// items would start last and run alone at the end (a causal 8192-token prefill with 32 KV heads
-// lost 12% so).
+// A block's KV head and first work item; blocks stride over the items from there (one each,
+// unless a CUDA graph's fixed grid is smaller than the plan's items). Blocks start in the order of
+// their linear index, and consecutive ones take the items of the same few KV heads, in the plan's
+// order of items (most costly first): work[0].y heads, which the plan chose so that their keys and
+// values fit in L2 together. All heads at once read every head's keys from memory at 32 KV heads;
+// one head at a time leaves its costly items to start last and run alone at the end (a causal
+// 8192-token prefill with 32 KV heads lost 12% so).
+__device__ __forceinline__ int2 BlockHeadAndItem(const PrefillParams& p) {
+  const int heads = int(gridDim.x), slots = int(gridDim.y);
+  const int group = min(max(p.work[0].y, 1), heads);
+  const int linear = int(blockIdx.x) + int(blockIdx.y) * heads;
+  const int first_head = linear / (group * slots) * group;
+  const int heads_here = min(group, heads - first_head);
+  const int rank = linear - first_head * slots;
+  return make_int2(first_head + rank % heads_here, rank / heads_here);
+}
+
 template <typename T, typename KV, int D, bool kPaged>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
   const int num_items = p.work[0].x;
-  for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
+  const int2 start = BlockHeadAndItem(p);
+  for (int i = start.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
-    PrefillItem<T, KV, D, kPaged>(p, item, p.work[3 + 2 * i].x, shared);
+    PrefillItem<T, KV, D, kPaged>(p, start.x, item, p.work[3 + 2 * i].x, shared);
   }
   AllowDependentGrids();
 }

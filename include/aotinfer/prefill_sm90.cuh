@@ -104,13 +104,13 @@ struct Sm90PrefillSmem {
 // that looked up its page (one row a lane) and handed over by shuffle. The copies are the
 // producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
-__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem) {
+__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int2 start) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
   constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
   static_assert(kCopies * kWarpRows == 32, "a lane looks up one row");
   static_assert(kRowsAtOnce % 8 == 0, "a thread's rows share their swizzle phase");
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kv_head = blockIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kv_head = start.x;
   const int chunk = tid % S::kRowChunks, row0 = tid / S::kRowChunks;
   const uint32_t dst0 = SwizzledTileOffset<S::kTileKV>(row0, chunk);  // row row0 + c * kRowsAtOnce: + c * kRowsAtOnce * 128
   // The row lane l looks up (paged): the warp's row l % kWarpRows of copy l / kWarpRows.
@@ -119,7 +119,7 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
   const T* const v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
   uint32_t counter = 0;  // tiles produced, over every item
   const int num_items = p.work[0].x;
-  for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
+  for (int i = start.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;
     const int4 info = p.requests[2 * item.x];
@@ -171,8 +171,8 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
 
 // One consumer warpgroup's part of an item: its 64 query rows against the item's keys.
 template <typename T, int D>
-__device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int4 item,
-                                                int chunk_index, uint32_t& counter) {
+__device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int kv_head,
+                                                int4 item, int chunk_index, uint32_t& counter) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -180,7 +180,6 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   // it (the Q tile's descriptors) then lives in uniform registers, where wgmma takes them.
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0) - 1;
   const int g = lane / 4, t = lane % 4;
-  const int kv_head = blockIdx.x;
   const int4 info = p.requests[2 * item.x];
   const int4 split = p.requests[2 * item.x + 1];
   const int q_begin = info.x, q_len = info.y, kv_len = info.w, delta = kv_len - q_len;
@@ -458,18 +457,19 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90Prefi
   }
   __syncthreads();
   WaitForPriorGrids();
+  const int2 start = BlockHeadAndItem(p);
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::kProducerRegisters));
-    Sm90Produce<T, D, kPaged>(p, smem);
+    Sm90Produce<T, D, kPaged>(p, smem, start);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
     if (threadIdx.x >= 256) NamedBarrierArrive(3, 256);  // the first turn on the tensor cores is warpgroup 0's
     uint32_t counter = 0;  // tiles consumed, over every item
     const int num_items = p.work[0].x;
-    for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
+    for (int i = start.y; i < num_items; i += gridDim.y) {
       const int4 item = p.work[2 + 2 * i];
       if (item.x < 0) continue;
-      Sm90ConsumeItem<T, D>(p, smem, item, p.work[3 + 2 * i].x, counter);
+      Sm90ConsumeItem<T, D>(p, smem, start.x, item, p.work[3 + 2 * i].x, counter);
     }
   }
   AllowDependentGrids();

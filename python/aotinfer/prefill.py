@@ -23,8 +23,10 @@ the tiles alone would leave the GPU idle, and writes two int32 tables into the w
                               kv_offset: the first KV row (ragged) or page-table entry (paged);
                               num_partials > 1: split, query token t's partial i is slot
                               first_partial + t * num_partials + i
-    work      [1 + items, 8]  row 0: (items, 0, ...); then (request, row_begin, kv_begin, kv_end,
-                              chunk, 0, 0, 0) an item, the most costly first; request -1: idle
+    work      [1 + items, 8]  row 0: (items, heads, 0, ...); then (request, row_begin, kv_begin, kv_end,
+                              chunk, 0, 0, 0) an item, the most costly first; request -1: idle;
+                              heads: how many KV heads the blocks starting together share, so
+                              that their K and V stay in L2 (``heads_sharing_l2``)
 
 ``run`` only launches the kernel (a CTA per item and KV head) and, when something was split, the
 merge of the partials, so a CUDA graph can capture it.
@@ -108,6 +110,8 @@ _SM90_CTAS_PER_SM = 1  # 197 KB and 384 threads
 _SM90_HEAD_DIMS = (64, 128)
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
+_L2_BYTES = {}  # device index -> bytes
+_CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 
 
 def tile_rows(head_dim: int) -> int:
@@ -207,7 +211,7 @@ class PrefillPartition:
     __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
 
     def __init__(self, work, requests, num_items, num_slots, chunk):
-        self.work = work  # [1 + items, 8]: the count row, then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
+        self.work = work  # [1 + items, 8]: the count row (heads: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
         self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
@@ -278,6 +282,27 @@ def partition_prefill(
     work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row in items], dtype=torch.int32)
     requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
     return PrefillPartition(work, requests, len(items), num_slots, chunk)
+
+
+def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> int:
+    """How many KV heads the blocks running at once work on (the kernels' BlockHeadAndItem): as
+    many as have their keys and values (``kv_head_bytes`` each) in a third of the L2, at least
+    one. Measured on the Hopper kernel (benchmarks/NOTES.md): all 32 heads of a causal 8192-token
+    prefill at once read K and V from memory; one or two at a time leave the last heads' costly
+    items running alone at the end; four (a third of an H200's L2) did best."""
+    return max(1, min(num_kv_heads, l2_bytes // 3 // max(kv_head_bytes, 1)))
+
+
+def _l2_bytes(device: "torch.device") -> int:
+    if device.type != "cuda":
+        return _CPU_L2_BYTES
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    size = _L2_BYTES.get(index)
+    if size is None:
+        size = _L2_BYTES[index] = torch.cuda.get_device_properties(index).L2_cache_size
+    return size
 
 
 # ---- the wrappers ------------------------------------------------------------------------------
@@ -403,6 +428,10 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
         )  # fmt: skip
+        # Hopper's kernel (one block an SM) takes the heads a few at a time; the first, two blocks
+        # an SM, lost up to 12% so (its causal d64 prefill) and keeps them all together.
+        kv_head_bytes = 2 * sum(kv_len_list) * head_dim * kv_dtype.itemsize
+        partition.work[0, 1] = heads_sharing_l2(num_kv_heads, kv_head_bytes, _l2_bytes(self.device)) if sm90 else num_kv_heads
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
         # plan that raises leaves the wrapper as it was). Under CUDA graphs every view keeps its
