@@ -342,7 +342,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   auto parity_of = [&](uint32_t n) { return (n / S::kStages) & 1; };
 
   // The pipeline: tile n's S is issued with tile n - 1's P V, and its softmax runs while P V is
-  // in the tensor cores; O is rescaled (and P packed) once P V is done.
+  // in the tensor cores; P is packed once P V is done, and O rescaled between the next issues
+  // (while S runs, where the warps would wait for the tensor cores anyway).
   if (keys.num_tiles > 0) {
     float s[S::kTileKV / 2], alpha[2];
     uint32_t pa[S::kTileKV / 16][4];
@@ -358,11 +359,12 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     pack_p(pa, s);
     for (int tile = 1; tile < keys.num_tiles; ++tile) {
       const uint32_t previous = counter++;
-      BarrierWait(&smem.k_full[stage_of(counter)], parity_of(counter));
-      BarrierWait(&smem.v_full[stage_of(previous)], parity_of(previous));
+      BarrierWait(&smem.k_full[stage_of(counter)], parity_of(counter), &smem.v_full[stage_of(previous)],
+                  parity_of(previous));
       FenceAsyncProxy();
       take_turn();
       issue_s(s, stage_of(counter));
+      rescale_o(alpha);  // while S runs: O is out of the tensor cores until P V is issued
       issue_pv(pa, stage_of(previous));
       pass_turn();
       WgmmaWait<1>();  // S (P V may still run)
@@ -373,12 +375,12 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       FenceOperands(o);
       FenceOperands(pa);
       if (lane == 0) BarrierArrive(&smem.v_empty[stage_of(previous)]);
-      rescale_o(alpha);
       pack_p(pa, s);
     }
     BarrierWait(&smem.v_full[stage_of(counter)], parity_of(counter));
     FenceAsyncProxy();
     take_turn();
+    rescale_o(alpha);
     issue_pv(pa, stage_of(counter));
     pass_turn();
     WgmmaWait<0>();

@@ -53,6 +53,20 @@ __device__ __forceinline__ void BarrierWait(uint64_t* barrier, uint32_t parity) 
       : "memory");
 }
 
+// Waits for two barriers at once (the phases of parities `parity_a` and `parity_b`): one round trip
+// to shared memory where both have completed, not two in sequence.
+__device__ __forceinline__ void BarrierWait(uint64_t* barrier_a, uint32_t parity_a, uint64_t* barrier_b, uint32_t parity_b) {
+  asm volatile(
+      "{\n.reg .pred done_a, done_b;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done_a, [%0], %1;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done_b, [%2], %3;\n"
+      "@!done_a bra wait;\n"
+      "@!done_b bra wait;\n}\n" ::"r"(SharedAddress(barrier_a)),
+      "r"(parity_a), "r"(SharedAddress(barrier_b)), "r"(parity_b)
+      : "memory");
+}
+
 // The barrier counts one arrival when every cp.async this thread issued before has landed.
 __device__ __forceinline__ void ArriveWhenCopiesLand(uint64_t* barrier) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddress(barrier)) : "memory");
