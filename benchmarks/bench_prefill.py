@@ -4,7 +4,7 @@
     python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3]
 
 Backends: "fa2", the kernel of every arch (mma.sync), and "fa3", Hopper's (wgmma; compute
-capability 9.0, head_dim 64 and 128), each where it runs.
+capability 9.0), each where it runs.
 
 FLOPs = 4 x query heads x head_dim x (query, key) pairs attended, causal pairs counted exactly.
 Each case is checked against torch SDPA (float32 math on the same inputs, for a few heads)
@@ -49,9 +49,9 @@ def check_against_sdpa(out, q, k, v, causal, heads_checked=2):
     torch.testing.assert_close(out[:, :heads_checked].float(), want, rtol=2e-2, atol=2e-2)
 
 
-def runs(backend, head_dim):
-    """Whether a backend runs this shape on this GPU (fa3: compute capability 9.0, d64 and d128)."""
-    return backend != "fa3" or (torch.cuda.get_device_capability() == (9, 0) and head_dim in (64, 128))
+def runs(backend):
+    """Whether a backend runs this shape on this GPU (fa3: compute capability 9.0)."""
+    return backend != "fa3" or torch.cuda.get_device_capability() == (9, 0)
 
 
 def sdpa_time(q, k, v, causal, backend):
@@ -74,7 +74,7 @@ def single(seq, heads, kv_heads, head_dim, causal, backends, dtype=torch.bfloat1
     n = flops(heads, head_dim, pairs_of(seq, seq, causal))
     columns = []
     for backend in backends:
-        if not runs(backend, head_dim):
+        if not runs(backend):
             continue
         wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"), backend=backend)
         wrapper.plan(indptr, indptr, heads, kv_heads, head_dim, causal=causal, q_data_type=dtype)
@@ -163,7 +163,7 @@ def main():
         for causal in (True, False):
             single(8192, heads, kv_heads, head_dim, causal, backends)
     for backend in backends:
-        if runs(backend, 128):
+        if runs(backend):
             batch_paged_vs_ragged(backend)
 
 

@@ -1,7 +1,7 @@
 // Binding of the Hopper batch prefill (include/aotinfer/prefill_sm90.cuh, wgmma, sm90a only): the
-// signature and checks of batch_prefill (prefill_checks.h), for 16-bit K and V and head_dim 64 or
-// 128; the launch on num_kv_heads x `ctas` blocks (one an SM) and, when `merge`, the merge of
-// split requests.
+// signature and checks of batch_prefill (prefill_checks.h), for 16-bit K and V and head_dim 64,
+// 128 or 256; the launch on num_kv_heads x `ctas` blocks (one an SM) and, when `merge`, the merge
+// of split requests.
 #include "aotinfer/prefill_sm90.cuh"
 #include "prefill_checks.h"
 
@@ -18,9 +18,8 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
     AOTINFER_THROW(TypeError) << "Expected k of q's dtype " << q.dtype() << " for this backend, got " << k.dtype()
                              << " (fp8 caches: the fa2 backend)";
   }
-  if (checked.head_dim != 64 && checked.head_dim != 128) {
-    AOTINFER_THROW(ValueError) << "Expected head_dim 64 or 128 for this backend, got " << checked.head_dim
-                              << " (head_dim 256: the fa2 backend)";
+  if (checked.head_dim != 64 && checked.head_dim != 128 && checked.head_dim != 256) {
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256 for this backend, got " << checked.head_dim;
   }
   if (checked.empty) return;
   const int device = q.device().device_id;
@@ -33,7 +32,9 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
   }
   const int merge_rows = int(checked.total_q);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
-    const auto launch = checked.head_dim == 64 ? aotinfer::BatchPrefillSm90<T, 64> : aotinfer::BatchPrefillSm90<T, 128>;
+    const auto launch = checked.head_dim == 64    ? aotinfer::BatchPrefillSm90<T, 64>
+                        : checked.head_dim == 128 ? aotinfer::BatchPrefillSm90<T, 128>
+                                                  : aotinfer::BatchPrefillSm90<T, 256>;
     CHECK_LAUNCH(launch(checked.params, int(ctas), merge, merge_rows, stream, pdl, device), "batch_prefill_sm90");
     return true;
   });

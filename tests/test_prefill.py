@@ -29,9 +29,9 @@ BACKENDS = ["fa2", "fa3"]
 
 
 def backend_or_skip(backend, head_dim):
-    """The backend, or a skip where it does not run (fa3 off Hopper, or at head_dim 256)."""
+    """The backend, or a skip where it does not run (fa3 off Hopper)."""
     if backend == "fa3" and (torch.cuda.get_device_capability() != (9, 0) or head_dim not in prefill._SM90_HEAD_DIMS):
-        pytest.skip("backend='fa3' runs on compute capability 9.0 at head_dim 64 and 128")
+        pytest.skip("backend='fa3' runs on compute capability 9.0")
     return backend
 
 
@@ -487,7 +487,7 @@ def test_single_prefill(backend, lengths, heads, layout, causal):
 
 @gpu
 @pytest.mark.parametrize("options", [dict(causal=True), dict(logits_soft_cap=5.0, window_left=300), "split"], ids=str)
-@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64)], ids=["g4d128", "g1d64"])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (12, 2, 256)], ids=["g4d128", "g1d64", "g6d256"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
 def test_backends_agree(kind, heads, options):
     """Hopper's kernel and the kernel of every arch on the same inputs: outputs within the
@@ -513,7 +513,7 @@ def test_auto_runs_the_hopper_kernel_where_it_applies():
     for heads, kv_dtype, expected in [
         ((32, 8, 128), None, hopper),
         ((8, 8, 64), None, hopper),
-        ((12, 2, 256), None, False),
+        ((12, 2, 256), None, hopper),
         ((32, 8, 128), torch.float8_e4m3fn, False),
     ]:
         case = Case([(40, 80)], heads, torch.float16, "paged", kv_dtype=kv_dtype)
@@ -529,16 +529,9 @@ def test_fa3_refuses_what_it_does_not_run():
         with pytest.raises(ValueError, match="backend='fa3' runs on GPUs of compute capability 9.0"):
             case.plan(case.wrapper(backend="fa3"))
         return
-    case = Case([(40, 80)], (12, 2, 256), torch.float16, "ragged")
-    with pytest.raises(NotImplementedError, match="head_dim 64 or 128"):
-        case.plan(case.wrapper(backend="fa3"))
     case = Case([(40, 80)], (32, 8, 128), torch.float16, "paged", kv_dtype=torch.float8_e4m3fn)
     with pytest.raises(NotImplementedError, match="K and V of q's dtype"):
         case.plan(case.wrapper(backend="fa3"), kv_data_type=torch.float8_e4m3fn)
-    q = torch.randn(10, 12, 256, device="cuda").half()
-    k = torch.randn(20, 2, 256, device="cuda").half()
-    with pytest.raises(NotImplementedError, match="head_dim 64 or 128"):
-        aotinfer.single_prefill_with_kv_cache(q, k, k, backend="fa3")
 
 
 @gpu
@@ -559,13 +552,13 @@ def test_sanitizer_clean(tmp_path, tool):
         f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "from test_prefill import Case\n"
         "fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)\n"
-        "for kind, pairs, heads, dtype, kv_dtype in (\n"
-        "    ('paged', [(40, 300), (3, 3)], (8, 2, 64), torch.float16, None), ('ragged', [(130, 130)], (4, 4, 128), torch.float16, None),\n"
-        "    ('paged', [(20, 2000)], (4, 4, 256), torch.float16, None),\n"
-        "    ('paged', [(150, 400), (3, 35)], (8, 2, 128), torch.bfloat16, fp8[0]), ('paged', [(70, 300)], (4, 2, 256), torch.float16, fp8[1]),\n"
+        "for kind, pairs, heads, dtype, kv_dtype, backend in (\n"
+        "    ('paged', [(40, 300), (3, 3)], (8, 2, 64), torch.float16, None, 'auto'), ('ragged', [(130, 130)], (4, 4, 128), torch.float16, None, 'auto'),\n"
+        "    ('paged', [(20, 2000)], (4, 4, 256), torch.float16, None, 'fa2'), ('ragged', [(150, 700)], (4, 2, 256), torch.bfloat16, None, 'auto'),\n"
+        "    ('paged', [(150, 400), (3, 35)], (8, 2, 128), torch.bfloat16, fp8[0], 'auto'), ('paged', [(70, 300)], (4, 2, 256), torch.float16, fp8[1], 'auto'),\n"
         "):\n"
         "    case = Case(pairs, heads, dtype, kind, kv_dtype=kv_dtype)\n"
-        "    wrapper = case.wrapper()\n"
+        "    wrapper = case.wrapper(backend=backend)\n"
         "    case.plan(wrapper, causal=True, **({} if kv_dtype is None else dict(kv_data_type=kv_dtype)))\n"
         "    case.run(wrapper, return_lse=True, **({} if kind == 'ragged' else dict(v_scale=0.5)))\n"
         "torch.cuda.synchronize()\n"

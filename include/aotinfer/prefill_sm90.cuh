@@ -36,10 +36,12 @@ namespace aotinfer {
 
 template <typename T, int D>
 struct Sm90PrefillShape {
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static constexpr int kConsumers = 2;                    // warpgroups, 64 query rows each
   static constexpr int kTileQ = 64 * kConsumers;
-  static constexpr int kTileKV = 128;
+  // Keys a tile: at head_dim 256 the output takes 128 registers a thread, S and P of 64 keys fit
+  // beside it (and a tile's bytes stay those of 128 keys at 128).
+  static constexpr int kTileKV = D == 256 ? 64 : 128;
   static constexpr int kStages = 2;  // measured: 3 (224 KB) no faster
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   // Registers a thread (setmaxnreg): the producer needs few, the consumers hold S, P and O.
@@ -108,13 +110,21 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
   using S = Sm90PrefillShape<T, D>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
   constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
-  static_assert(kCopies * kWarpRows == 32, "a lane looks up one row");
-  static_assert(kRowsAtOnce % 8 == 0, "a thread's rows share their swizzle phase");
+  static_assert(kCopies * kWarpRows <= 32, "a lane looks up at most one row");
+  // A thread's rows row0 + c * kRowsAtOnce take kPhases swizzle phases in turn (one where
+  // kRowsAtOnce is a multiple of 8, two at head_dim 256).
+  constexpr int kPhases = kRowsAtOnce % 8 == 0 ? 1 : 8 / kRowsAtOnce;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kv_head = start.x;
   const int chunk = tid % S::kRowChunks, row0 = tid / S::kRowChunks;
-  const uint32_t dst0 = SwizzledTileOffset<S::kTileKV>(row0, chunk);  // row row0 + c * kRowsAtOnce: + c * kRowsAtOnce * 128
-  // The row lane l looks up (paged): the warp's row l % kWarpRows of copy l / kWarpRows.
-  const int lookup_row = warp * kWarpRows + lane % kWarpRows + lane / kWarpRows * kRowsAtOnce;
+  uint32_t dst_phase[kPhases];  // copy c lands at dst_phase[c % kPhases] + c * kRowsAtOnce * 128
+#pragma unroll
+  for (int c = 0; c < kPhases; ++c) {
+    dst_phase[c] = SwizzledTileOffset<S::kTileKV>(row0 + c * kRowsAtOnce, chunk) - c * kRowsAtOnce * 128;
+  }
+  // The row lane l looks up (paged): the warp's row l % kWarpRows of copy l / kWarpRows (lanes
+  // past the tile's rows look up the last one again).
+  const int lookup_row =
+      warp * kWarpRows + lane % kWarpRows + min(lane / kWarpRows, kCopies - 1) * kRowsAtOnce;
   const T* const k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + chunk * 8;
   const T* const v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
   uint32_t counter = 0;  // tiles produced, over every item
@@ -144,7 +154,6 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
       // A full tile (every row a key: all but an item's last) copies without predicates.
       const bool full = left >= S::kTileKV - row0;
       auto copy_tile = [&](uint8_t* stage_base, const T* src, int64_t row_offset, int64_t row_step) {
-        uint8_t* const dst = stage_base + dst0;
         const T* row = src + row_offset;  // ragged: this thread's row c, a step at a time
 #pragma unroll
         for (int c = 0; c < kCopies; ++c, row += row_step) {
@@ -154,8 +163,9 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
             const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(uint64_t(row_offset) >> 32), from);
             row = src + int64_t(uint64_t(hi) << 32 | lo);
           }
-          if (full) CopyAsync16(dst + c * kRowsAtOnce * 128, row);
-          else CopyAsync16OrZero(dst + c * kRowsAtOnce * 128, c * kRowsAtOnce < left ? row : src, c * kRowsAtOnce < left);
+          uint8_t* const dst = stage_base + dst_phase[c % kPhases] + c * kRowsAtOnce * 128;
+          if (full) CopyAsync16(dst, row);
+          else CopyAsync16OrZero(dst, c * kRowsAtOnce < left ? row : src, c * kRowsAtOnce < left);
         }
       };
       BarrierWait(&smem.k_empty[stage], parity ^ 1);

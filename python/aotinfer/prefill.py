@@ -33,9 +33,9 @@ merge of the partials, so a CUDA graph can capture it.
 
 Two kernels read these tables: prefill.cuh's, on mma.sync for every arch from sm80 (two CTAs an
 SM), and prefill_sm90.cuh's for Hopper, on warpgroup MMA with a producer warpgroup (one CTA an
-SM; head_dim 64 and 128, K and V of q's dtype). ``plan`` picks one by FlashInfer's backend names
-(``use_sm90``): ``"fa3"`` asks for Hopper's, ``"auto"`` takes it on compute capability 9.0 where
-it applies, the others take the first.
+SM; head_dim 64, 128 and 256, K and V of q's dtype). ``plan`` picks one by FlashInfer's backend
+names (``use_sm90``): ``"fa3"`` asks for Hopper's, ``"auto"`` takes it on compute capability 9.0
+where it applies, the others take the first.
 
 FlashInfer behaviours followed, and the decisions they settle:
 
@@ -107,22 +107,23 @@ _batch_prefill_sm90 = kernel("prefill_sm90", "batch_prefill_sm90")
 
 _CTAS_PER_SM = 2  # 96 KB of shared memory a CTA: two fit an SM of sm80/sm90/sm100
 _SM90_CTAS_PER_SM = 1  # 197 KB and 384 threads
-_SM90_HEAD_DIMS = (64, 128)
+_SM90_HEAD_DIMS = (64, 128, 256)
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
 _L2_BYTES = {}  # device index -> bytes
 _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 
 
-def tile_rows(head_dim: int) -> int:
-    """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh)."""
-    return 128 if head_dim <= 128 else 64
+def tile_rows(head_dim: int, sm90: bool = False) -> int:
+    """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, or
+    prefill_sm90.cuh's with ``sm90``: two warpgroups of 64 at every head_dim)."""
+    return 128 if sm90 or head_dim <= 128 else 64
 
 
 def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any) -> bool:
     """Whether the Hopper kernel runs: ``backend="fa3"`` (FlashInfer's name for its Hopper
     backend), or ``"auto"`` on a GPU of compute capability 9.0 where the kernel takes the shapes
-    (head_dim 64 or 128, K and V of q's dtype); every other case runs the kernel of every arch."""
+    (head_dim 64, 128 or 256, K and V of q's dtype); every other case runs the kernel of every arch."""
     import torch
 
     if backend not in ("auto", "fa3"):
@@ -139,7 +140,7 @@ def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: A
             )
         if not fits:
             raise NotImplementedError(
-                f"backend='fa3' takes head_dim 64 or 128 and K and V of q's dtype, got head_dim {head_dim} and "
+                f"backend='fa3' takes head_dim 64, 128 or 256 and K and V of q's dtype, got head_dim {head_dim} and "
                 f"{dtype_name(kv_dtype)} K and V with {dtype_name(q_dtype)} q: use backend='auto' or 'fa2'"
             )
     return cc == (9, 0) and fits
@@ -234,6 +235,7 @@ def partition_prefill(
     disable_split_kv: bool = False,
     fixed_split_size: Optional[int] = None,
     ctas_per_sm: int = _CTAS_PER_SM,
+    rows_per_tile: Optional[int] = None,
 ) -> PrefillPartition:
     """Cut each request's query rows into tiles and, where the tiles leave the GPU idle, its keys
     into chunks (see the module doc). The chunk size: ``disable_split_kv``: none;
@@ -244,7 +246,7 @@ def partition_prefill(
     and ``window_left``), most costly first: the tail of a ragged batch starts early."""
     import torch
 
-    rows_per_tile = tile_rows(head_dim)
+    rows_per_tile = rows_per_tile or tile_rows(head_dim)
     tiles = [-(-q * group // rows_per_tile) for q in q_len]
     fill = max(1, -(-ctas_per_sm * num_sms // max(num_kv_heads, 1)))
     if disable_split_kv or (fixed_split_size is None and sum(tiles) >= fill):
@@ -427,6 +429,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
             num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
+            rows_per_tile=tile_rows(head_dim, sm90),
         )  # fmt: skip
         # Hopper's kernel (one block an SM) takes the heads a few at a time; the first, two blocks
         # an SM, lost up to 12% so (its causal d64 prefill) and keeps them all together.
@@ -576,7 +579,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             Custom masks are not implemented: None (else NotImplementedError).
         backend : str
             FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
-            head_dim 64 or 128, K and V of q's dtype: else ValueError / NotImplementedError at
+            head_dim 64, 128 or 256, K and V of q's dtype: else ValueError / NotImplementedError at
             ``plan``), ``"auto"`` runs it where it applies; ``"fa2"``, ``"trtllm-gen"`` and
             ``"cute-dsl"`` run the kernel of every arch from sm80.
         """
@@ -831,7 +834,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             Custom masks are not implemented: None (else NotImplementedError).
         backend : str
             FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
-            head_dim 64 or 128, K and V of q's dtype: else ValueError / NotImplementedError at
+            head_dim 64, 128 or 256, K and V of q's dtype: else ValueError / NotImplementedError at
             ``plan``), ``"auto"`` runs it where it applies; ``"fa2"``, ``"trtllm-gen"`` and
             ``"cute-dsl"`` run the kernel of every arch from sm80.
         """
@@ -1174,7 +1177,8 @@ def single_prefill_with_kv_cache(
         raise ValueError(f"Expected qo_len ({qo_len}) <= kv_len ({kv_len}) with causal=True")
     device = k.device  # everything the op makes goes beside K and V: a q elsewhere is what the binding names
     group = max(num_qo_heads // max(num_kv_heads, 1), 1)
-    rows = tile_rows(head_dim)
+    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype)
+    rows = tile_rows(head_dim, sm90)
     tiles = (qo_len * group + rows - 1) // rows
     # The tables on the device, by tensor ops (no copy from the host: tracers and CUDA graph
     # capture take them); tiles last to first, the most keys first under causal.
@@ -1184,6 +1188,8 @@ def single_prefill_with_kv_cache(
     items = torch.stack((zeros, row_begin, zeros, kv_end, zeros, zeros, zeros, zeros), dim=1)
     header = torch.zeros((1, 8), dtype=torch.int32, device=device)
     header.narrow(1, 0, 1).fill_(tiles)
+    kv_head_bytes = 2 * kv_len * head_dim * k.element_size()
+    header.narrow(1, 1, 1).fill_(heads_sharing_l2(num_kv_heads, kv_head_bytes, _l2_bytes(device)) if sm90 else num_kv_heads)
     work = torch.cat((header, items))
     requests = torch.zeros((1, 8), dtype=torch.int32, device=device)
     requests.narrow(1, 1, 1).fill_(qo_len)
@@ -1192,7 +1198,7 @@ def single_prefill_with_kv_cache(
 
     out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=device)
     lse = torch.empty((qo_len, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
-    binding = _batch_prefill_sm90 if use_sm90(backend, device, head_dim, q.dtype, k.dtype) else _batch_prefill
+    binding = _batch_prefill_sm90 if sm90 else _batch_prefill
     binding.fn(
         out,
         lse,
