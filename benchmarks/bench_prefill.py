@@ -1,7 +1,7 @@
 """Batch prefill attention: TFLOP/s of each backend beside torch's scaled_dot_product_attention
 (flash and cuDNN backends), and paged beside ragged KV.
 
-    python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3]
+    python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3] [--seqs 8192,16384]
 
 Backends: "fa2", the kernel of every arch (mma.sync), and "fa3", Hopper's (wgmma; compute
 capability 9.0), each where it runs.
@@ -155,13 +155,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the d128 8192 cases and the batch only")
     parser.add_argument("--backends", default="fa2,fa3", help="comma-separated: fa2, fa3 (each where it runs)")
+    parser.add_argument("--seqs", default="8192", help="comma-separated single-sequence lengths")
     args = parser.parse_args()
     backends = args.backends.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
     cases = [(32, 32, 128), (32, 8, 128)] + ([] if args.quick else [(32, 32, 64), (16, 16, 256)])
-    for heads, kv_heads, head_dim in cases:
-        for causal in (True, False):
-            single(8192, heads, kv_heads, head_dim, causal, backends)
+    for seq in (int(n) for n in args.seqs.split(",")):
+        for heads, kv_heads, head_dim in cases:
+            for causal in (True, False):
+                single(seq, heads, kv_heads, head_dim, causal, backends)
     for backend in backends:
         if runs(backend):
             batch_paged_vs_ragged(backend)
