@@ -311,19 +311,25 @@ def partition_work(
     return WorkPartition(work.to(torch.int32), requests.to(torch.int32), num_items, num_slots, chunk)
 
 
-def _num_sms(device: "torch.device") -> int:
+def _device_property(device: "torch.device", name: str, cpu_value: int) -> int:
+    """A field of the device's ``torch.cuda.get_device_properties`` (read once a device), or
+    ``cpu_value`` for a workspace on the CPU."""
     if device.type != "cuda":
-        return _CPU_SMS
+        return cpu_value
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _SMS.get(index)
-    if count is None:
-        count = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return count
+    properties = _PROPERTIES.get(index)
+    if properties is None:
+        properties = _PROPERTIES[index] = torch.cuda.get_device_properties(index)
+    return getattr(properties, name)
 
 
-_SMS: dict = {}
+def _num_sms(device: "torch.device") -> int:
+    return _device_property(device, "multi_processor_count", _CPU_SMS)
+
+
+_PROPERTIES: dict = {}  # device index -> torch.cuda.get_device_properties
 
 
 # ---- the KV cache ------------------------------------------------------------------------------

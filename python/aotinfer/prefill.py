@@ -83,6 +83,7 @@ from .decode import (
     _check_pos_encoding_mode,
     _check_soft_cap,
     _check_window_left,
+    _device_property,
     _dtype,
     _KV_LAYOUTS,
     _num_sms,
@@ -110,7 +111,6 @@ _SM90_CTAS_PER_SM = 1  # 197 KB and 384 threads
 _SM90_HEAD_DIMS = (64, 128, 256)
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
-_L2_BYTES = {}  # device index -> bytes
 _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 
 
@@ -296,15 +296,7 @@ def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> in
 
 
 def _l2_bytes(device: "torch.device") -> int:
-    if device.type != "cuda":
-        return _CPU_L2_BYTES
-    import torch
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    size = _L2_BYTES.get(index)
-    if size is None:
-        size = _L2_BYTES[index] = torch.cuda.get_device_properties(index).L2_cache_size
-    return size
+    return _device_property(device, "L2_cache_size", _CPU_L2_BYTES)
 
 
 # ---- the wrappers ------------------------------------------------------------------------------
