@@ -3,11 +3,12 @@
 //
 // A block is one producer warpgroup and two consumer warpgroups, one block an SM, taking the
 // plan's work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
-// - the producer copies K and V tiles of kTileKV = 128 tokens (ragged rows, or pages through the
-//   page table) with cp.async into kStages stages of the 128-byte-swizzled layout wgmma reads;
-//   each stage's K and V have a "full" mbarrier, counted as the copies land, and an "empty" one
-//   that every consumer warp arrives on once its MMAs have read the tile; it runs up to kStages
-//   tiles ahead, across items too. `setmaxnreg` gives its registers to the consumers;
+// - the producer copies K and V tiles of kTileKV tokens (128; 64 at head_dim 256: ragged rows, or
+//   pages through the page table) with cp.async into kStages stages of the 128-byte-swizzled
+//   layout wgmma reads; each stage's K and V have a "full" mbarrier, counted as the copies land,
+//   and an "empty" one that every consumer warp arrives on once its MMAs have read the tile; it
+//   runs up to kStages tiles ahead, across items too. `setmaxnreg` gives its registers to the
+//   consumers;
 // - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (its own copies),
 //   then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
 //   on S in registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers,
@@ -101,8 +102,8 @@ struct Sm90PrefillSmem {
 };
 
 // The producer warpgroup: every item's K and V tiles into the stages, in the consumers' order.
-// Thread t copies chunk t % kRowChunks of rows t / kRowChunks + i * kRowsAtOnce (one swizzle phase
-// for all of them). Ragged rows are a stride apart; a paged row's offset is computed by the lane
+// Thread t copies chunk t % kRowChunks of rows t / kRowChunks + i * kRowsAtOnce (in kPhases
+// swizzle phases). Ragged rows are a stride apart; a paged row's offset is computed by the lane
 // that looked up its page (one row a lane) and handed over by shuffle. The copies are the
 // producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
