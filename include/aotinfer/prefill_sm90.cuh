@@ -3,7 +3,7 @@
 //
 // A block is one producer warpgroup and two consumer warpgroups, one block an SM, taking the
 // plan's work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
-// - the producer copies K and V tiles of kTileKV tokens (128; 64 at head_dim 256: ragged rows, or
+// - the producer copies K and V tiles of kTileKV tokens (128; 80 at head_dim 256: ragged rows, or
 //   pages through the page table) with cp.async into kStages stages of the 128-byte-swizzled
 //   layout wgmma reads; each stage's K and V have a "full" mbarrier, counted as the copies land,
 //   and an "empty" one that every consumer warp arrives on once its MMAs have read the tile; it
@@ -40,9 +40,9 @@ struct Sm90PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static constexpr int kConsumers = 2;                    // warpgroups, 64 query rows each
   static constexpr int kTileQ = 64 * kConsumers;
-  // Keys a tile: at head_dim 256 the output takes 128 registers a thread, S and P of 64 keys fit
-  // beside it (and a tile's bytes stay those of 128 keys at 128).
-  static constexpr int kTileKV = D == 256 ? 64 : 128;
+  // Keys a tile: at head_dim 256 the output takes 128 registers a thread, S and P of 80 keys fit
+  // beside it, and two stages of K and V beside Q.
+  static constexpr int kTileKV = D == 256 ? 80 : 128;
   static constexpr int kStages = 2;  // measured: 3 (224 KB) no faster
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   // Registers a thread (setmaxnreg): the producer needs few, the consumers hold S, P and O.
