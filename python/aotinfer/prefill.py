@@ -23,10 +23,10 @@ the tiles alone would leave the GPU idle, and writes two int32 tables into the w
                               kv_offset: the first KV row (ragged) or page-table entry (paged);
                               num_partials > 1: split, query token t's partial i is slot
                               first_partial + t * num_partials + i
-    work      [1 + items, 8]  row 0: (items, heads, 0, ...); then (request, row_begin, kv_begin, kv_end,
-                              chunk, 0, 0, 0) an item, the most costly first; request -1: idle;
-                              heads: how many KV heads the blocks starting together share, so
-                              that their K and V stay in L2 (``heads_sharing_l2``)
+    work      [1 + items, 8]  row 0: (items, heads, 0, ...); then (request, row_begin, kv_begin,
+                              kv_end, chunk, 0, 0, 0) an item, the most costly first; request -1:
+                              idle; heads: how many KV heads the blocks starting together share,
+                              so that their K and V stay in L2 (``heads_sharing_l2``)
 
 ``run`` only launches the kernel (a CTA per item and KV head) and, when something was split, the
 merge of the partials, so a CUDA graph can capture it.
@@ -107,7 +107,7 @@ _batch_prefill = kernel("prefill", "batch_prefill")
 _batch_prefill_sm90 = kernel("prefill_sm90", "batch_prefill_sm90")
 
 _CTAS_PER_SM = 2  # 96 KB of shared memory a CTA: two fit an SM of sm80/sm90/sm100
-_SM90_CTAS_PER_SM = 1  # 197 KB and 384 threads
+_SM90_CTAS_PER_SM = 1  # up to 225 KB and 384 threads
 _SM90_HEAD_DIMS = (64, 128, 256)
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
