@@ -635,6 +635,16 @@ def test_heads_sharing_l2_fit_a_third_of_it():
     assert prefill.heads_sharing_l2(4, 0, 50 * mb) == 4  # no keys
 
 
+def test_plan_orders_heads_and_tiles_for_its_kernel():
+    # The first kernel (the plan of a CPU workspace) keeps every KV head together; Hopper's takes
+    # 128 query rows a block at every head_dim, two warpgroups of 64.
+    case = Case(PAIRS, (12, 4, 256), torch.float16, "ragged", device="cpu")
+    wrapper = case.wrapper(device="cpu")
+    case.plan(wrapper, causal=True)
+    assert int(wrapper._plan.work[0, 1]) == 4
+    assert prefill.tile_rows(256) == 64 and prefill.tile_rows(256, sm90=True) == 128
+
+
 def test_partition_orders_causal_tiles_by_their_keys():
     p = partition([(1024, 1024)], (8, 8, 128), causal=True, disable_split_kv=True)
     row_begins = [row[1] for row in p.work[1:].tolist()]
