@@ -45,6 +45,19 @@ __device__ __forceinline__ float Exp2(float x) {  // ex2.approx: exp2(-inf) = 0
 // Where a row's running max is -inf (nothing seen yet), exp2(x - max) must still be 0, not NaN.
 __device__ __forceinline__ float SafeBase(float running_max) { return running_max == -INFINITY ? 0.f : running_max; }
 
+// A row's running max moved to take in `tile_max` (this thread's, reduced here over the quad of
+// lanes that hold the row, as mma.sync and wgmma fragments spread it) and its running sum rescaled
+// to it; returns alpha, the factor that rescales what was accumulated under the old max.
+__device__ __forceinline__ float MoveRowMax(float tile_max, float& row_max, float& row_sum) {
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  const float new_max = fmaxf(row_max, tile_max);
+  const float alpha = Exp2(row_max - SafeBase(new_max));
+  row_max = new_max;
+  row_sum *= alpha;
+  return alpha;
+}
+
 // fp8 KV caches land in shared memory as stored and are widened to half, which holds every fp8
 // value exactly (one conversion instruction a pair; two fp8 to bfloat16 take four), in registers
 // between ldmatrix and the tensor cores; the tensor cores then run in half, and a bfloat16 q is

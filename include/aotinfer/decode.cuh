@@ -374,14 +374,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
     }
     float alpha[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float new_max = fmaxf(row_max[r], tile_max[r]);
-      alpha[r] = Exp2(row_max[r] - SafeBase(new_max));
-      row_max[r] = new_max;
-      row_sum[r] *= alpha[r];
-    }
+    for (int r = 0; r < 2; ++r) alpha[r] = MoveRowMax(tile_max[r], row_max[r], row_sum[r]);
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll

@@ -447,14 +447,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
         if (__any_sync(0xffffffffu, grows)) {
           float alpha[2];
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-            const float new_max = fmaxf(row_max[mq][r], tile_max[r]);
-            alpha[r] = Exp2(row_max[mq][r] - SafeBase(new_max));
-            row_max[mq][r] = new_max;
-            row_sum[mq][r] *= alpha[r];
-          }
+          for (int r = 0; r < 2; ++r) alpha[r] = MoveRowMax(tile_max[r], row_max[mq][r], row_sum[mq][r]);
 #pragma unroll
           for (int n = 0; n < D / 8; ++n) {
             o[mq][n][0] *= alpha[0];

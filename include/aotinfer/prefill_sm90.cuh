@@ -299,14 +299,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     }
     if (__any_sync(0xffffffffu, grows)) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float new_max = fmaxf(row_max[r], tile_max[r]);
-        alpha[r] = Exp2(row_max[r] - SafeBase(new_max));
-        row_max[r] = new_max;
-        row_sum[r] *= alpha[r];
-      }
+      for (int r = 0; r < 2; ++r) alpha[r] = MoveRowMax(tile_max[r], row_max[r], row_sum[r]);
     }
     const float base[2] = {SafeBase(row_max[0]), SafeBase(row_max[1])};
 #pragma unroll
