@@ -295,6 +295,25 @@ def test_softmax(dtype, vocab):
         torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=1e-7)
 
 
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1001, 128256])
+def test_softmax_many_rows(dtype, vocab):
+    """Many waves of blocks (16 rows an SM): every row's own temperature, a row of -inf and a half
+    -inf row among them, against float64."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = 16 * sms + 3
+    g = torch.Generator(device="cuda").manual_seed(vocab)
+    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 5).to(dtype)
+    logits[7] = float("-inf")
+    logits[rows - 2, : vocab // 2] = float("-inf")
+    temperature = torch.rand(rows, device="cuda", generator=g) * 2 + 0.1
+    out = aotinfer.softmax(logits, temperature)
+    want = torch.softmax(logits.double() / temperature.double()[:, None], -1).nan_to_num(0.0)
+    assert out[7].eq(0).all()
+    torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=1e-7)
+
+
 # ---- randomness: determinism, the generator, CUDA graphs ---------------------------------------------
 
 
