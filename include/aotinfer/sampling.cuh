@@ -50,6 +50,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "aotinfer/async_copy.cuh"
 #include "aotinfer/launch.cuh"
 #include "aotinfer/vec.cuh"
 
@@ -1267,13 +1268,16 @@ __global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams 
   AllowDependentGrids();
 }
 
-// The softmax of a row held in registers: the row is split over a cluster of RowParts() blocks of
-// kThreads threads, each holding kLoads 16-byte vectors of its block's slice, so it is read once
-// (the kernel above reads it twice) and written from the registers. Rows of up to
-// RowParts() * kThreads * kLoads * kVec elements.
-template <typename T, int kVec, int kLoads, int kThreads>
+// The softmax of a row held on chip: the row is split over a cluster of RowParts() blocks of
+// kThreads threads, each holding kLoads 16-byte vectors of its block's slice in registers and
+// kSharedLoads more in shared memory (its own slots, copied with cp.async beside the loads), so it
+// is read once (the kernel above reads it twice) and written from there. Rows of up to
+// RowParts() * kThreads * (kLoads + kSharedLoads) * kVec elements.
+template <typename T, int kVec, int kLoads, int kThreads, int kSharedLoads = 0>
 __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResidentKernel(SoftmaxParams p) {
   constexpr int kWarps = kThreads / 32;
+  constexpr int kGroups = kLoads + kSharedLoads;  // 16-byte vectors a thread
+  extern __shared__ __align__(16) unsigned char shared_groups[];  // kSharedLoads * kThreads vectors
   __shared__ float2 partial[kWarps];
   __shared__ float2 part_acc;
   const int64_t r = blockIdx.x / RowParts();
@@ -1283,31 +1287,42 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResi
   const int64_t n = p.vocab;
   const float scale = 1.4426950408889634f / p.temperature.at(r);  // log2(e) / temperature
   const int64_t groups = n / kVec;
-  const int64_t first = int64_t(RowPart()) * (kThreads * kLoads) + threadIdx.x;  // this thread's groups
+  const int64_t first = int64_t(RowPart()) * (kThreads * kGroups) + threadIdx.x;  // this thread's groups
+  // Groups kLoads.. of a thread wait in shared memory (this thread's own slots: no barrier).
+  Vec<T, kVec>* staged = reinterpret_cast<Vec<T, kVec>*>(shared_groups) + threadIdx.x;
+#pragma unroll
+  for (int u = kLoads; u < kGroups; ++u) {
+    if (first + u * kThreads < groups) CopyAsync16(staged + (u - kLoads) * kThreads, row + (first + u * kThreads) * kVec);
+  }
+  if constexpr (kSharedLoads > 0) CommitAsyncGroup();
   Vec<T, kVec> v[kLoads];
 #pragma unroll
   for (int u = 0; u < kLoads; ++u) {
     if (first + u * kThreads < groups) v[u].load(row + (first + u * kThreads) * kVec);
   }
+  auto group = [&](int u) { return u < kLoads ? v[u] : staged[(u - kLoads) * kThreads]; };
   const int64_t tail = groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
   const bool has_tail = kVec > 1 && RowPart() == RowParts() - 1 && tail < n;
   const float tail_y = has_tail ? to_float(row[tail]) * scale : -INFINITY;
   float m = tail_y;
+  if constexpr (kSharedLoads > 0) WaitAsyncGroups<0>();
 #pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
+  for (int u = 0; u < kGroups; ++u) {
     if (first + u * kThreads < groups) {
+      const Vec<T, kVec> x = group(u);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) m = fmaxf(m, to_float(v[u][e]) * scale);
+      for (int e = 0; e < kVec; ++e) m = fmaxf(m, to_float(x[e]) * scale);
     }
   }
   float s = 0.f;
   if (m != -INFINITY) {
     s = has_tail ? exp2f(tail_y - m) : 0.f;
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
+    for (int u = 0; u < kGroups; ++u) {
       if (first + u * kThreads < groups) {
+        const Vec<T, kVec> x = group(u);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) s += exp2f(to_float(v[u][e]) * scale - m);
+        for (int e = 0; e < kVec; ++e) s += exp2f(to_float(x[e]) * scale - m);
       }
     }
   }
@@ -1337,14 +1352,15 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResi
   const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
   auto y_of = [&](float x) { return row_max == -INFINITY ? 0.f : exp2f(x * scale - row_max) * inv_sum; };
 #pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
+  for (int u = 0; u < kGroups; ++u) {
     const int64_t g = first + u * kThreads;
     if (g < groups) {
+      const Vec<T, kVec> x = group(u);
 #pragma unroll
       for (int e = 0; e < kVec; e += 4) {
         Vec<float, 4> w;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = y_of(to_float(v[u][e + j]));
+        for (int j = 0; j < 4; ++j) w[j] = y_of(to_float(x[e + j]));
         w.store(out + g * kVec + e);
       }
     }
@@ -1486,22 +1502,23 @@ cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, b
                                                                              kSearchMinRowParts);
 }
 
-// SoftmaxResidentKernel<kLoads> where the row fits a cluster's registers: the blocks it needs, or
+// SoftmaxResidentKernel<kLoads, kSharedLoads> where the row fits a cluster: the blocks it needs, or
 // more (up to kMaxRowParts) where the batch leaves SMs idle. False where it does not apply.
-template <auto kKernel, int kVec, int kLoads, int kThreads>
+template <auto kKernel, int kVec, int kLoads, int kThreads, int kSharedLoads = 0>
 bool LaunchResidentSoftmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl, cudaError_t* status) {
-  constexpr int64_t kPerBlock = int64_t(kThreads) * kLoads * kVec;
+  constexpr int64_t kPerBlock = int64_t(kThreads) * (kLoads + kSharedLoads) * kVec;
+  constexpr size_t kShared = size_t(kSharedLoads) * kThreads * 16;
   int parts = int((p.vocab + kPerBlock - 1) / kPerBlock);
   if (parts > kMaxRowParts || p.rows > 0x7FFFFFFF / kMaxRowParts) return false;
   parts = std::max(parts, 1);
   const int sms = GetDeviceFacts(device).sms;
   if (p.rows * parts * 2 <= sms) parts = int(std::min<int64_t>(kMaxRowParts, std::max<int64_t>(parts, sms / p.rows)));
-  if (BlocksPerSm<kKernel>(kThreads, 0, device) == 0) return false;
-  while (parts > 1 && !ClusterFits<kKernel>(parts, 0, device, kThreads)) {
+  if (BlocksPerSm<kKernel>(kThreads, kShared, device) == 0) return false;
+  while (parts > 1 && !ClusterFits<kKernel>(parts, kShared, device, kThreads)) {
     if (int64_t(parts - 1) * kPerBlock < p.vocab) return false;  // fewer blocks cannot hold the row
     --parts;
   }
-  *status = LaunchSplit(kKernel, p.rows, parts, 0, stream, pdl, p, kThreads);
+  *status = LaunchSplit(kKernel, p.rows, parts, kShared, stream, pdl, p, kThreads);
   return true;
 }
 
@@ -1511,14 +1528,25 @@ cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, boo
                        p.out_stride % kVec16<T> == 0;
   if (p.rows == 0) return cudaSuccess;
   if (aligned) {
-    // The row read once where a cluster's registers hold it. Blocks of 1024 threads (128 KB of
-    // float32 each) where the grid fills the SMs four times over (on the H200 at vocab 128256:
+    // The row read once where a cluster holds it. Blocks of 1024 threads (128 KB of float32 in
+    // registers each) where the grid fills the SMs four times over (on the H200 at vocab 128256:
     // 2.67-2.83 passes at batch 256-1024 against 2.99-3.02 for 512), else blocks of 512, two to an SM
     // (3.02 against 3.30 at batch 64), up to 8 * 512 * 32 elements.
     constexpr int kVec = kVec16<T>;
     constexpr int64_t kBig = 1024 * 8 * kVec;
     const bool many = p.rows * ((p.vocab + kBig - 1) / kBig) >= 4 * int64_t(GetDeviceFacts(device).sms);
     cudaError_t status = cudaSuccess;
+    if constexpr (std::is_same_v<T, float>) {
+      // Where another 128 KB of shared memory a block takes a row over fewer blocks: clusters of 4
+      // fit 120 of the H200's 132 SMs at once, of 2 all of them (vocab 128256, batch 1024: 2.31
+      // passes against 2.71). 16-bit logits gained at some sizes and lost at others.
+      const bool fewer_blocks = (p.vocab + kBig - 1) / kBig > (p.vocab + 2 * kBig - 1) / (2 * kBig);
+      if (many && fewer_blocks &&
+          LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024, 8>, kVec, 8, 1024, 8>(p, device, stream, pdl,
+                                                                                              &status)) {
+        return status;
+      }
+    }
     if ((many && LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) ||
         LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 512>, kVec, 8, 512>(p, device, stream, pdl, &status) ||
         LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) {
