@@ -297,10 +297,11 @@ def test_softmax(dtype, vocab):
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("vocab", [1001, 128256])
+@pytest.mark.parametrize("vocab", [1001, 50000, 128256])
 def test_softmax_many_rows(dtype, vocab):
-    """Many waves of blocks (16 rows an SM): every row's own temperature, a row of -inf and a half
-    -inf row among them, against float64."""
+    """Many waves of blocks (16 rows an SM), the launches of large batches: float32 rows of 50000
+    and 128256 take blocks with part of their slice in shared memory (one block a row, a cluster of
+    2). Every row's own temperature, a row of -inf and a half -inf row among them, against float64."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = 16 * sms + 3
     g = torch.Generator(device="cuda").manual_seed(vocab)
