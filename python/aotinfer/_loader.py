@@ -39,7 +39,7 @@ def fork_safe_lock() -> threading.Lock:
 
 _lock = fork_safe_lock()
 _modules: "Dict[Tuple[str, int], Any]" = {}
-_capabilities: "Dict[int, Tuple[int, int]]" = {}
+_properties: "Dict[int, Any]" = {}  # device index -> torch.cuda.get_device_properties
 _jit_warned: set = set()
 
 
@@ -283,14 +283,21 @@ def verify() -> List[Tuple[str, Optional[str]]]:
     return results
 
 
-def device_capability(index: int) -> Tuple[int, int]:
-    """(major, minor) of CUDA device ``index``, asked once per device and process."""
-    cc = _capabilities.get(index)
-    if cc is None:
+def device_properties(index: int) -> Any:
+    """``torch.cuda.get_device_properties`` of CUDA device ``index``, asked once per device and
+    process (the loader's arch, the plans' SM count and L2 size)."""
+    properties = _properties.get(index)
+    if properties is None:
         import torch
 
-        cc = _capabilities[index] = torch.cuda.get_device_capability(index)
-    return cc
+        properties = _properties[index] = torch.cuda.get_device_properties(index)
+    return properties
+
+
+def device_capability(index: int) -> Tuple[int, int]:
+    """(major, minor) of CUDA device ``index``."""
+    properties = device_properties(index)
+    return properties.major, properties.minor
 
 
 def get_module(name: str, index: int) -> Any:

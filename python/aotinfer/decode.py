@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 
+from . import _loader
 from ._kernels import kernel
 from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
 from .api_logging import aotinfer_api
@@ -312,24 +313,18 @@ def partition_work(
 
 
 def _device_property(device: "torch.device", name: str, cpu_value: int) -> int:
-    """A field of the device's ``torch.cuda.get_device_properties`` (read once a device), or
-    ``cpu_value`` for a workspace on the CPU."""
+    """A field of the device's ``torch.cuda.get_device_properties`` (the loader's, read once a
+    device), or ``cpu_value`` for a workspace on the CPU."""
     if device.type != "cuda":
         return cpu_value
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    properties = _PROPERTIES.get(index)
-    if properties is None:
-        properties = _PROPERTIES[index] = torch.cuda.get_device_properties(index)
-    return getattr(properties, name)
+    return getattr(_loader.device_properties(index), name)
 
 
 def _num_sms(device: "torch.device") -> int:
     return _device_property(device, "multi_processor_count", _CPU_SMS)
-
-
-_PROPERTIES: dict = {}  # device index -> torch.cuda.get_device_properties
 
 
 # ---- the KV cache ------------------------------------------------------------------------------
