@@ -295,8 +295,14 @@ def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> in
     return max(1, min(num_kv_heads, l2_bytes // 3 // max(kv_head_bytes, 1)))
 
 
-def _l2_bytes(device: "torch.device") -> int:
-    return _device_property(device, "L2_cache_size", _CPU_L2_BYTES)
+def _heads_together(sm90: bool, num_kv_heads: int, kv_tokens: int, head_dim: int, kv_itemsize: int, device) -> int:
+    """The heads count of the work table's first row: Hopper's kernel (one block an SM) takes the
+    heads a few at a time (``heads_sharing_l2``); the first kernel, two blocks an SM, lost up to
+    12% so (its causal d64 prefill) and keeps them all together."""
+    if not sm90:
+        return num_kv_heads
+    l2_bytes = _device_property(device, "L2_cache_size", _CPU_L2_BYTES)
+    return heads_sharing_l2(num_kv_heads, 2 * kv_tokens * head_dim * kv_itemsize, l2_bytes)
 
 
 # ---- the wrappers ------------------------------------------------------------------------------
@@ -423,10 +429,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
             rows_per_tile=tile_rows(head_dim, sm90),
         )  # fmt: skip
-        # Hopper's kernel (one block an SM) takes the heads a few at a time; the first, two blocks
-        # an SM, lost up to 12% so (its causal d64 prefill) and keeps them all together.
-        kv_head_bytes = 2 * sum(kv_len_list) * head_dim * kv_dtype.itemsize
-        partition.work[0, 1] = heads_sharing_l2(num_kv_heads, kv_head_bytes, _l2_bytes(self.device)) if sm90 else num_kv_heads
+        partition.work[0, 1] = _heads_together(sm90, num_kv_heads, sum(kv_len_list), head_dim, kv_dtype.itemsize, self.device)
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
         # plan that raises leaves the wrapper as it was). Under CUDA graphs every view keeps its
@@ -1180,8 +1183,7 @@ def single_prefill_with_kv_cache(
     items = torch.stack((zeros, row_begin, zeros, kv_end, zeros, zeros, zeros, zeros), dim=1)
     header = torch.zeros((1, 8), dtype=torch.int32, device=device)
     header.narrow(1, 0, 1).fill_(tiles)
-    kv_head_bytes = 2 * kv_len * head_dim * k.element_size()
-    header.narrow(1, 1, 1).fill_(heads_sharing_l2(num_kv_heads, kv_head_bytes, _l2_bytes(device)) if sm90 else num_kv_heads)
+    header.narrow(1, 1, 1).fill_(_heads_together(sm90, num_kv_heads, kv_len, head_dim, k.element_size(), device))
     work = torch.cat((header, items))
     requests = torch.zeros((1, 8), dtype=torch.int32, device=device)
     requests.narrow(1, 1, 1).fill_(qo_len)
