@@ -50,7 +50,7 @@ def check_against_sdpa(out, q, k, v, causal, heads_checked=2):
 
 
 def runs(backend):
-    """Whether a backend runs this shape on this GPU (fa3: compute capability 9.0)."""
+    """Whether a backend runs on this GPU (fa3: compute capability 9.0)."""
     return backend != "fa3" or torch.cuda.get_device_capability() == (9, 0)
 
 
