@@ -1537,11 +1537,14 @@ cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, boo
     const bool many = p.rows * ((p.vocab + kBig - 1) / kBig) >= 4 * int64_t(GetDeviceFacts(device).sms);
     cudaError_t status = cudaSuccess;
     if constexpr (std::is_same_v<T, float>) {
-      // Where another 128 KB of shared memory a block takes a row over fewer blocks: clusters of 4
-      // fit 120 of the H200's 132 SMs at once, of 2 all of them (vocab 128256, batch 1024: 2.31
-      // passes against 2.71). 16-bit logits gained at some sizes and lost at others.
-      const bool fewer_blocks = (p.vocab + kBig - 1) / kBig > (p.vocab + 2 * kBig - 1) / (2 * kBig);
-      if (many && fewer_blocks &&
+      // Where another 128 KB of shared memory a block takes a row over fewer blocks, and those
+      // blocks still fill the SMs (7/8 of them): clusters of 4 fit 120 of the H200's 132 SMs at
+      // once, of 2 all of them (vocab 128256: 2.31 passes against 2.71 at batch 1024, 2.68 against
+      // 2.98 at 64; at batch 32 its 64 blocks took 4.7 against 3.2). 16-bit logits gained at some
+      // sizes and lost at others.
+      const int64_t shared_parts = (p.vocab + 2 * kBig - 1) / (2 * kBig);
+      const bool fewer_blocks = (p.vocab + kBig - 1) / kBig > shared_parts;
+      if (fewer_blocks && p.rows * shared_parts * 8 >= 7 * int64_t(GetDeviceFacts(device).sms) &&
           LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024, 8>, kVec, 8, 1024, 8>(p, device, stream, pdl,
                                                                                               &status)) {
         return status;
