@@ -181,7 +181,7 @@ def remove_abandoned_builds(entry: Entry, keep: Path) -> None:
         if path == keep:
             continue
         if name == entry.name:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_abandoned(path)
             continue
         lock = FileLock(str(entry.root / "locks" / f"{name}.lock"), mode=0o600, thread_local=False)
         try:
@@ -189,9 +189,21 @@ def remove_abandoned_builds(entry: Entry, keep: Path) -> None:
         except Timeout:
             continue
         try:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_abandoned(path)
         finally:
             lock.release()
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove a killed build's directory. Its compilers may live on, orphaned, and still create
+    temporary files in it by its path (TMPDIR): removed in place, the directory could be refilled
+    between the removal of its files and its own. Renamed first, their new files fail instead."""
+    aside = path.with_name(f"{path.name}.removing")
+    try:
+        os.rename(path, aside)
+    except OSError:  # gone already, or an earlier removal's leftover in the way: remove in place
+        aside = path
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def publish(entry: Entry, built: Path, record: Dict[str, Any]) -> None:
