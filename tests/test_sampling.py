@@ -194,6 +194,20 @@ def test_distribution_from_logits(order):
     assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_k=12, top_p=0.8, order=order))[0])
 
 
+@gpu
+@pytest.mark.parametrize("scale", [0.3, 2.0])
+def test_top_p_distribution_over_dense_and_sparse_bins(scale):
+    """Top-p alone draws from above its threshold's bin by picking a bin by mass, then an element
+    of it: by rejection from random positions where the bin holds at least 1/64 of the row (every
+    bin of the flat row, scale 0.3), by a race in the row's pass where it holds fewer (the peaked
+    row's upper bins, scale 2.0). Both against the exact renormalized distribution at vocab 4096."""
+    g = torch.Generator().manual_seed(21)
+    probs = torch.softmax(torch.randn(4096, generator=g, dtype=torch.float64) * scale, 0).float().cuda()[None]
+    for top_p in (0.7, 0.95):
+        samples = draw_many(aotinfer.top_p_sampling_from_probs, probs, top_p)
+        assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_p=top_p))[0])
+
+
 def llm_like(rows, vocab, seed=0, scale=3.0):
     """Peaked rows like a language model's: softmax of scaled Gumbel-ish logits."""
     g = torch.Generator(device="cuda").manual_seed(seed)

@@ -777,6 +777,45 @@ __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int6
 
 // ---- sampling ---------------------------------------------------------------------------------------
 
+// A race bin is dense where it holds at least 1/kDenseBin of the row: top-p alone then draws its
+// element by rejection (DrawFromDenseBin) rather than by a race over the bin in the row's pass.
+constexpr int kDenseBin = 64;
+constexpr int kDenseRounds = 16;  // rounds of rejection before the race over the bin instead
+
+// One element of the level-0 bin [lo, hi] of the row, with probability proportional to its value,
+// by rejection from uniform positions: in a round, every thread proposes a position of the row and
+// accepts it with probability value / (the bin's largest value) where a bin element lies there; the
+// first accepting thread wins, a draw of the accepted distribution. Where the bin holds at least
+// 1/kDenseBin of the row, a proposal is accepted with probability >= 0.889 / kDenseBin, so a round
+// finds none with probability < 1e-6; after kDenseRounds, the race over the bin's elements. The
+// random words come from groups after kDrawGroup's, so the draw is the same on every run. One
+// block draws (every thread calls it).
+__device__ Best DrawFromDenseBin(const float* row, int64_t n, uint32_t lo, uint32_t hi, const RowRandom& rng,
+                                 SamplingShared& sh) {
+  const float top = __uint_as_float(hi);
+  for (int round = 0; round < kDenseRounds; ++round) {
+    const uint4 r = rng.group(kDrawGroup + 1 + int64_t(round) * kSamplingThreads + threadIdx.x);
+    const int64_t at = min(int64_t(Uniform53(r.x, r.y) * double(n)), n - 1);
+    const float x = row[at];
+    const uint32_t key = ProbKey(x);
+    const bool accepted = key >= lo && key <= hi && Uniform53(r.z, r.w) * double(top) < double(x);
+    const int first = BlockMinInt(accepted ? int(threadIdx.x) : INT32_MAX, sh);
+    if (first != INT32_MAX) {
+      if (int(threadIdx.x) == first) sh.found = int(at);
+      __syncthreads();
+      const Best drawn{INFINITY, sh.found};
+      __syncthreads();
+      return drawn;
+    }
+  }
+  Best best{-INFINITY, INT32_MAX};
+  for (int64_t i = threadIdx.x; i < n; i += kSamplingThreads) {
+    const uint32_t key = ProbKey(row[i]);
+    if (key >= lo && key <= hi) best = Better(best, Best{__fdividef(row[i], Exponential(rng.word(i))), int(i)});
+  }
+  return BlockBest(best, sh);
+}
+
 // The race over one group of elements: those with keys in [lo_key, hi_key] take part (key 0: never).
 template <bool kLogits>
 __device__ __forceinline__ void Race(const float* x, int count, int64_t first, const RowRandom& rng, uint32_t lo_key,
@@ -911,20 +950,26 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         }
       }
     } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
-      // 2. Top-p alone: one more pass gathers the threshold's bin and runs a race over one bin above
-      // it. The kept set is the bins above (mass A, known now) and the gathered elements at or above
-      // t (mass K, known after the pass). The draw comes from above with probability A / (A + K),
-      // and then from the bin that one uniform picks by the bins' exact masses, by the race among
-      // that bin's elements: the race runs over one bin rather than over every kept element (top-p
-      // keeps most of a flat row).
+      // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
+      // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
+      // The draw comes from above with probability A / (A + K), and then from the bin that one
+      // uniform picks by the bins' exact masses: by a race among that bin's elements in the pass
+      // (one bin rather than every kept element: top-p keeps most of a flat row), or, where the bin
+      // is dense, by rejection after the pass (DrawFromDenseBin), with no random numbers in the pass.
       const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
       const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
       const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
       const double p_target = double(top_p) * sh.cum_mass[0];
       const uint4 draw = rng.group(kDrawGroup);
       const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
+      // A dense bin's element is drawn after the pass, by rejection, where needed: its race here
+      // would draw random numbers for a large part of the row.
+      const uint32_t race_bin_count =
+          race_bin >= 0 ? sh.cum_count[race_bin] - (race_bin + 1 < kSamplingBins ? sh.cum_count[race_bin + 1] : 0u) : 0u;
+      const bool dense = int64_t(race_bin_count) * kDenseBin >= n;
       const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
       const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
+      const uint32_t pass_race_lo = dense ? 0xFFFFFFFFu : race_lo, pass_race_hi = dense ? 0u : race_hi;
       __syncthreads();
       if (threadIdx.x == 0) {
         sh.num_candidates = 0;
@@ -940,7 +985,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
             sh.cand_index[slot] = int(first + e);
           }
         }
-        Race<false>(x, count, first, rng, race_lo, race_hi, best);
+        Race<false>(x, count, first, rng, pass_race_lo, pass_race_hi, best);
       });
       __syncthreads();
       ShareCandidates(sh);
@@ -948,7 +993,9 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
           max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
       const bool from_above =
           Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
-      if (!from_above) {
+      if (from_above && dense && RowPart() == 0) {
+        best = DrawFromDenseBin(row, n, race_lo, race_hi, rng, sh);
+      } else if (!from_above) {
         // Every block holds every candidate: part 0 runs the race.
         best = Best{-INFINITY, INT32_MAX};
         for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
