@@ -1,6 +1,7 @@
 """A small call of every sampling kernel, for compute-sanitizer (memcheck, racecheck): split rows
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
-16-bit logits, softmax held in registers (both block sizes) and read twice (misaligned)."""
+16-bit logits, softmax held in registers (both block sizes) and read twice (misaligned), draws by
+rejection (top-p's dense bins, min-p's large kept sets)."""
 import torch
 
 import aotinfer
@@ -25,5 +26,11 @@ aotinfer.softmax(torch.randn(600, 4099, device="cuda"))  # enough blocks for the
 flat = torch.full((2, 20000), 1 / 20000, device="cuda")
 aotinfer.top_k_top_p_sampling_from_probs(flat, 15000, 0.5)
 aotinfer.top_k_top_p_sampling_from_probs(flat, 50, 0.5)  # the k-th largest's bin too full to gather: more passes
+aotinfer.top_p_sampling_from_probs(flat, 0.9)  # a dense bin: the draw by rejection
+aotinfer.min_p_sampling_from_probs(flat, 0.1)  # a large kept set: the draw by rejection
+aotinfer.min_p_sampling_from_probs(flat[:, 1:], 0.1)
+peaked = torch.softmax(torch.randn(2, 20000, device="cuda") * 3, -1)
+aotinfer.min_p_sampling_from_probs(peaked, 0.1)  # few accepted proposals: the race in a second pass
+aotinfer.min_p_sampling_from_probs(peaked[:, None].expand(2, 2000, 20000).reshape(4000, 20000), 0.1)  # gathered
 torch.cuda.synchronize()
 print("sanitize_sampling: done")

@@ -196,16 +196,22 @@ def test_distribution_from_logits(order):
 
 @gpu
 @pytest.mark.parametrize("scale", [0.3, 2.0])
-def test_top_p_distribution_over_dense_and_sparse_bins(scale):
+def test_top_p_and_min_p_distribution_over_their_paths(scale):
     """Top-p alone draws from above its threshold's bin by picking a bin by mass, then an element
     of it: by rejection from random positions where the bin holds at least 1/64 of the row (every
     bin of the flat row, scale 0.3), by a race in the row's pass where it holds fewer (the peaked
-    row's upper bins, scale 2.0). Both against the exact renormalized distribution at vocab 4096."""
+    row's upper bins, scale 2.0). Min-p draws by rejection where its sample predicts many accepted
+    proposals (the flat row of 20000, all of it kept) and races over the elements it gathered in
+    its first pass where it does not (the peaked row: the draws' batch is too large for the L2, so
+    it gathers). Each against the exact renormalized distribution."""
     g = torch.Generator().manual_seed(21)
     probs = torch.softmax(torch.randn(4096, generator=g, dtype=torch.float64) * scale, 0).float().cuda()[None]
     for top_p in (0.7, 0.95):
         samples = draw_many(aotinfer.top_p_sampling_from_probs, probs, top_p)
         assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_p=top_p))[0])
+    probs = torch.softmax(torch.randn(20000, generator=g, dtype=torch.float64) * scale, 0).float().cuda()[None]
+    samples = draw_many(aotinfer.min_p_sampling_from_probs, probs, 0.1)
+    assert_draws_match(samples, renormalized(probs, kept_mask(probs, min_p=0.1))[0])
 
 
 def llm_like(rows, vocab, seed=0, scale=3.0):
@@ -453,6 +459,7 @@ def test_split_rows_draw_what_whole_rows_draw(vocab):
     for probs in (flat, peaked):
         big = probs.repeat(100, 1)  # rows 0 and 1 as in probs
         for op in (lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=9, offset=3),
+                   lambda p: aotinfer.min_p_sampling_from_probs(p, 0.05, seed=9, offset=3),
                    lambda p: aotinfer.top_p_sampling_from_probs(p, 0.9, seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 1000, 0.5, seed=9, offset=3),

@@ -56,12 +56,14 @@ struct EvenRows {
 inline bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // What launchers ask of a device, read once per device (the answers never change while the process
-// runs): its compute capability, multiprocessor count and the shared memory a block may opt in to.
+// runs): its compute capability, multiprocessor count, the shared memory a block may opt in to and
+// its L2's size.
 struct DeviceFacts {
   int major = 0;  // 0: the device could not be asked
   int minor = 0;
   int sms = 0;
   int max_shared_per_block = 0;  // bytes, with cudaFuncAttributeMaxDynamicSharedMemorySize raised
+  int l2_bytes = 0;
 };
 
 constexpr int kMaxDevices = 64;
@@ -78,7 +80,8 @@ inline const DeviceFacts& GetDeviceFacts(int device) {
         cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.max_shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-            cudaSuccess) {
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&f.l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
       f = DeviceFacts{};
       cudaGetLastError();  // the failed query is not an error of a later launch
     }

@@ -625,14 +625,17 @@ __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t
 }
 
 // Appends one candidate: the lanes that reach it together take their slots with one atomic.
+// Past kCandidates, candidates are counted (num_candidates) but not kept.
 __device__ __forceinline__ void AddCandidate(SamplingShared& sh, uint32_t key, int index) {
   const unsigned takers = __activemask();
   const int lane = int(threadIdx.x % 32), leader = __ffs(takers) - 1;
   int first = 0;
   if (lane == leader) first = atomicAdd(&sh.num_candidates, __popc(takers));
   const int slot = __shfl_sync(takers, first, leader) + __popc(takers & ((1u << lane) - 1u));
-  sh.cand_key[slot] = key;
-  sh.cand_index[slot] = index;
+  if (slot < kCandidates) {
+    sh.cand_key[slot] = key;
+    sh.cand_index[slot] = index;
+  }
 }
 
 // Gathers the elements with keys in [lo, hi] into the candidates (in any order: they are sorted).
@@ -767,6 +770,7 @@ struct SamplingParams {
   const int64_t* offset_values;
   int seed_stride, offset_stride;
   int64_t seed, offset;
+  bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
 };
 
 __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
@@ -778,22 +782,22 @@ __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int6
 // ---- sampling ---------------------------------------------------------------------------------------
 
 // A race bin is dense where it holds at least 1/kDenseBin of the row: top-p alone then draws its
-// element by rejection (DrawFromDenseBin) rather than by a race over the bin in the row's pass.
+// element by rejection (DrawByRejection) rather than by a race over the bin in the row's pass.
 constexpr int kDenseBin = 64;
 constexpr int kDenseRounds = 16;  // rounds of rejection before the race over the bin instead
+constexpr int kMinPRounds = 4;    // min-p's rounds of rejection before its race instead
+constexpr float kMinPAccepts = 2.f;  // accepted proposals a round (estimated) for min-p to try rejection
 
-// One element of the level-0 bin [lo, hi] of the row, with probability proportional to its value,
-// by rejection from uniform positions: in a round, every thread proposes a position of the row and
-// accepts it with probability value / (the bin's largest value) where a bin element lies there; the
-// first accepting thread wins, a draw of the accepted distribution. Where the bin holds at least
-// 1/kDenseBin of the row, a proposal is accepted with probability >= 0.889 / kDenseBin, so a round
-// finds none with probability < 1e-6; after kDenseRounds, the race over the bin's elements. The
-// random words come from groups after kDrawGroup's, so the draw is the same on every run. One
-// block draws (every thread calls it).
-__device__ Best DrawFromDenseBin(const float* row, int64_t n, uint32_t lo, uint32_t hi, const RowRandom& rng,
-                                 SamplingShared& sh) {
-  const float top = __uint_as_float(hi);
-  for (int round = 0; round < kDenseRounds; ++round) {
+// One element of the row with key in [lo, hi], with probability proportional to its value, by
+// rejection from uniform positions: in a round, every thread proposes a position of the row and
+// accepts it with probability value / top (top: at least every such value) where such an element
+// lies there; the first accepting thread wins, a draw of the accepted distribution. False where
+// `rounds` rounds accept nothing (a round accepts with probability 1 - (1 - a)^1024, a = the mass
+// in [lo, hi] / (n * top)). The random words come from groups after kDrawGroup's, so the draw is
+// the same on every run and in every block that makes it. Every thread of the block calls it.
+__device__ bool DrawByRejection(const float* row, int64_t n, uint32_t lo, uint32_t hi, float top, const RowRandom& rng,
+                                SamplingShared& sh, int rounds, Best& drawn) {
+  for (int round = 0; round < rounds; ++round) {
     const uint4 r = rng.group(kDrawGroup + 1 + int64_t(round) * kSamplingThreads + threadIdx.x);
     const int64_t at = min(int64_t(Uniform53(r.x, r.y) * double(n)), n - 1);
     const float x = row[at];
@@ -803,11 +807,17 @@ __device__ Best DrawFromDenseBin(const float* row, int64_t n, uint32_t lo, uint3
     if (first != INT32_MAX) {
       if (int(threadIdx.x) == first) sh.found = int(at);
       __syncthreads();
-      const Best drawn{INFINITY, sh.found};
+      drawn = Best{INFINITY, sh.found};
       __syncthreads();
-      return drawn;
+      return true;
     }
   }
+  return false;
+}
+
+// The race over the row's elements with keys in [lo, hi], by one block over the whole row.
+__device__ Best RaceOverRow(const float* row, int64_t n, uint32_t lo, uint32_t hi, const RowRandom& rng,
+                            SamplingShared& sh) {
   Best best{-INFINITY, INT32_MAX};
   for (int64_t i = threadIdx.x; i < n; i += kSamplingThreads) {
     const uint32_t key = ProbKey(row[i]);
@@ -845,6 +855,82 @@ __device__ __forceinline__ void Race(const float* x, int count, int64_t first, c
   }
 }
 
+// Min-p: kept are the values >= t = min_p * (the row's largest), found by a pass over the row.
+// A sample of 1024 elements spread over the row (the same in every block of a split row) is read
+// beside that pass. Then:
+// - where the sample's own acceptance (its kept values over the largest, summed: the expected
+//   accepted proposals of a round) reaches kMinPAccepts, the draw is by rejection (proposals
+//   accepted with probability value / largest, made alike in every block): no second pass over a
+//   large kept set;
+// - else, or where kMinPRounds rounds accept nothing, the race over the kept set: over elements
+//   gathered in the first pass where `gather` (large batches, where a second pass reads memory
+//   rather than L2) and the sample says few lie above its floor (min_p times its largest, at most
+//   t) and they fit kCandidates, else in a second pass. Both races are one race, so one token.
+// Which draw is made depends only on the row's values and the random stream, never on the split,
+// the batch or timing. Returns this block's part of the draw.
+template <int kVec>
+__device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, const RowRandom& rng,
+                         SamplingShared& sh) {
+  const float sample = row[int64_t(threadIdx.x) * n / kSamplingThreads];
+  uint32_t floor_key = 0xFFFFFFFFu;
+  if (gather) {
+    floor_key = max(1u, ProbKey(min_p * BlockMax(sample, sh)));
+    const int64_t sampled_above = __syncthreads_count(ProbKey(sample) >= floor_key);
+    gather = sampled_above * n <= int64_t(kCandidates / 2) * kSamplingThreads;  // the count it predicts
+  }
+  if (threadIdx.x == 0) {
+    sh.num_candidates = 0;
+    sh.sorted_count = -1;
+  }
+  __syncthreads();
+  float m = 0.f;
+  if (gather) {
+    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+      for (int e = 0; e < count; ++e) {
+        m = fmaxf(m, x[e]);
+        const uint32_t key = ProbKey(x[e]);
+        if (key >= floor_key) AddCandidate(sh, key, int(first + e));
+      }
+    });
+  } else {
+    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+      for (int e = 0; e < count; ++e) m = fmaxf(m, x[e]);
+    });
+  }
+  __syncthreads();
+  const float largest = RowMax(m, sh);
+  const float t = min_p * largest;
+  const uint32_t t_key = max(1u, ProbKey(t));
+  // Keys order like values, so floor <= t gives floor_key <= t_key, but for t infinite (an
+  // infinite probability: every finite one kept, as the pass would keep them).
+  const bool t_finite = t <= FLT_MAX;
+  Best best{-INFINITY, INT32_MAX};
+  if (t_finite && largest > 0.f && largest <= FLT_MAX) {
+    const float accepts = BlockSum(ProbKey(sample) >= t_key ? sample / largest : 0.f, sh);
+    Best drawn;
+    if (accepts >= kMinPAccepts && DrawByRejection(row, n, t_key, 0xFFFFFFFFu, largest, rng, sh, kMinPRounds, drawn)) {
+      return RowPart() == 0 ? drawn : best;
+    }
+  }
+  if (gather) {
+    const float gathered = RowSum(threadIdx.x == 0 ? float(sh.num_candidates) : 0.f, sh);  // exact below 2^24
+    if (t_finite && gathered <= float(kCandidates)) {
+      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+        const uint32_t key = sh.cand_key[i];
+        if (key >= t_key) {
+          const int index = sh.cand_index[i];
+          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+        }
+      }
+      return best;
+    }
+  }
+  ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    Race<false>(x, count, first, rng, t_key, 0xFFFFFFFFu, best);
+  });
+  return best;
+}
+
 template <int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -873,18 +959,12 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
       Race<true>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
-  } else if (filter == Filter::kNone || filter == Filter::kMinP) {
-    uint32_t t_key = 1u;
-    if (filter == Filter::kMinP) {
-      float m = 0.f;
-      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-        for (int e = 0; e < count; ++e) m = fmaxf(m, x[e]);
-      });
-      t_key = max(1u, ProbKey(p.min_p.at(out_row) * RowMax(m, sh)));
-    }
+  } else if (filter == Filter::kNone) {
     ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-      Race<false>(x, count, first, rng, t_key, 0xFFFFFFFFu, best);
+      Race<false>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
+  } else if (filter == Filter::kMinP) {
+    best = MinPDraw<kVec>(row, n, p.min_p.at(out_row), p.gather_min_p, rng, sh);
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
@@ -955,7 +1035,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       // The draw comes from above with probability A / (A + K), and then from the bin that one
       // uniform picks by the bins' exact masses: by a race among that bin's elements in the pass
       // (one bin rather than every kept element: top-p keeps most of a flat row), or, where the bin
-      // is dense, by rejection after the pass (DrawFromDenseBin), with no random numbers in the pass.
+      // is dense, by rejection after the pass (DrawByRejection), with no random numbers in the pass.
       const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
       const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
       const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
@@ -994,7 +1074,12 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       const bool from_above =
           Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
       if (from_above && dense && RowPart() == 0) {
-        best = DrawFromDenseBin(row, n, race_lo, race_hi, rng, sh);
+        // Each proposal lands in the bin with probability >= 1/kDenseBin and is kept with
+        // probability >= 0.889 (a level-0 bin's values are within 1/8 of its largest), so a round
+        // accepts nothing with probability < 1e-6.
+        if (!DrawByRejection(row, n, race_lo, race_hi, __uint_as_float(race_hi), rng, sh, kDenseRounds, best)) {
+          best = RaceOverRow(row, n, race_lo, race_hi, rng, sh);
+        }
       } else if (!from_above) {
         // Every block holds every candidate: part 0 runs the race.
         best = Best{-INFINITY, INT32_MAX};
@@ -1534,7 +1619,10 @@ constexpr int kThresholdRowParts = kSearchRowParts;
 // row's search paid twice, and twice the blocks).
 constexpr int kSearchMinRowParts = 1;
 
-inline cudaError_t Sample(const SamplingParams& p, int device, cudaStream_t stream, bool pdl) {
+inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
+  // Min-p's second pass reads the L2 where the rows fit it: there a gather in the first pass (an
+  // atomic a warp step) costs more than it saves (H200, peaked rows of 128256: batch 1-64).
+  p.gather_min_p = p.batch * p.vocab * int64_t(sizeof(float)) > int64_t(GetDeviceFacts(device).l2_bytes);
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   return LaunchRows<SamplingKernel<4>, SamplingKernel<1>>(p, p.batch, RowsAligned<float>(p.probs, p.row_stride),
                                                           sizeof(SamplingShared), device, stream, pdl,
