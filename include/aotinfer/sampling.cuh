@@ -855,6 +855,20 @@ __device__ __forceinline__ void Race(const float* x, int count, int64_t first, c
   }
 }
 
+// The race among the gathered candidates at or above key t (this thread's share of them): the same
+// keys and random words as Race gives those elements in a pass, so the same winner.
+__device__ __forceinline__ Best RaceOverCandidates(const SamplingShared& sh, uint32_t t, const RowRandom& rng,
+                                                   Best best) {
+  for (int i = threadIdx.x; i < min(sh.num_candidates, kCandidates); i += kSamplingThreads) {
+    const uint32_t key = sh.cand_key[i];
+    if (key >= t) {
+      const int index = sh.cand_index[i];
+      best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
+    }
+  }
+  return best;
+}
+
 // Min-p: kept are the values >= t = min_p * (the row's largest), found by a pass over the row.
 // A sample of 1024 elements spread over the row (the same in every block of a split row) is read
 // beside that pass. Then:
@@ -914,16 +928,7 @@ __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, 
   }
   if (gather) {
     const float gathered = RowSum(threadIdx.x == 0 ? float(sh.num_candidates) : 0.f, sh);  // exact below 2^24
-    if (t_finite && gathered <= float(kCandidates)) {
-      for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
-        const uint32_t key = sh.cand_key[i];
-        if (key >= t_key) {
-          const int index = sh.cand_index[i];
-          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
-        }
-      }
-      return best;
-    }
+    if (t_finite && gathered <= float(kCandidates)) return RaceOverCandidates(sh, t_key, rng, best);
   }
   ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     Race<false>(x, count, first, rng, t_key, 0xFFFFFFFFu, best);
@@ -1022,13 +1027,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi, true));
       }
       // Every block holds every candidate: part 0 runs the race.
-      for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
-        const uint32_t key = sh.cand_key[i];
-        if (key >= t) {
-          const int index = sh.cand_index[i];
-          best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
-        }
-      }
+      if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
     } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
       // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
       // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
@@ -1083,13 +1082,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       } else if (!from_above) {
         // Every block holds every candidate: part 0 runs the race.
         best = Best{-INFINITY, INT32_MAX};
-        for (int i = threadIdx.x; i < sh.num_candidates && RowPart() == 0; i += kSamplingThreads) {
-          const uint32_t key = sh.cand_key[i];
-          if (key >= t) {
-            const int index = sh.cand_index[i];
-            best = Better(best, Best{__fdividef(__uint_as_float(key), Exponential(rng.word(index))), index});
-          }
-        }
+        if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
       }
     } else {
       // The general path (no filter left, or a threshold's bin too full to gather): exact
