@@ -32,5 +32,13 @@ aotinfer.min_p_sampling_from_probs(flat[:, 1:], 0.1)
 peaked = torch.softmax(torch.randn(2, 20000, device="cuda") * 3, -1)
 aotinfer.min_p_sampling_from_probs(peaked, 0.1)  # few accepted proposals: the race in a second pass
 aotinfer.min_p_sampling_from_probs(peaked[:, None].expand(2, 2000, 20000).reshape(4000, 20000), 0.1)  # gathered
+# Rows beyond the L2: top-k's candidates gathered above a sampled floor, and rows where it misses.
+wide = torch.softmax(torch.randn(2, 65536, device="cuda") * 3, -1)
+wide[1] = 1 / 65536  # equal values: the floor gathers the whole row, too many to hold
+wide = wide[:, None].expand(2, 128, 65536).reshape(256, 65536)
+aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9)
+aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9, filter_apply_order="joint")
+aotinfer.top_k_renorm_probs(wide, 50)
+aotinfer.top_k_mask_logits(torch.log(wide), 50)
 torch.cuda.synchronize()
 print("sanitize_sampling: done")

@@ -17,6 +17,10 @@
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
+// Where the batch's rows exceed the L2 (a second pass reads memory), top-k skips step 1: a sample
+// of the row puts a floor under the k-th largest, and one pass gathers every element above it
+// (SampledFloorRank).
+//
 // The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
 // (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
 // lie above that bin), and decides top-k's threshold and top-p's among them: the histogram needs
@@ -685,6 +689,143 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
   __syncthreads();
 }
 
+// Top-k's candidates from a sample. The elements of a row at or above the sample's r-th largest
+// hold the k-th largest where fewer than r sampled elements lie above it, which r = lambda +
+// 4 sqrt(lambda) + 6 (lambda = k times the sampled fraction, the expected number) makes all but
+// certain (a Poisson tail < 1e-6); they number about r / (the sampled fraction), which must fit
+// kCandidates. So one pass gathers them, with no histogram of the row; where the gather misses (too
+// few, or too many to hold), the caller takes its histogram path instead, so the result never
+// depends on the sample, only the time.
+constexpr int kFloorSample = kSamplingThreads;  // elements sampled, one a thread, at i * n / kFloorSample
+constexpr int kMaxFloorRank = 32;               // ranks the merge below takes
+// Shorter rows keep the histogram path: there the sample's round trip and the narrowing cost more
+// than the pass saves (H200, 32000 x 1024: the same to 10% slower).
+constexpr int64_t kSampledFloorMinVocab = 64 * kFloorSample;
+
+// The sample's rank r for top-k of a row of n, or 0 where the sampled floor does not apply.
+__device__ __forceinline__ int SampledFloorRank(int k, int64_t n) {
+  if (n < kSampledFloorMinVocab) return 0;
+  const float lambda = float(k) * kFloorSample / float(n);
+  const float rank = ceilf(lambda + 4.f * sqrtf(lambda) + 6.f);
+  const bool fits = (rank + 4.f * sqrtf(rank)) * float(n) <= float(kCandidates) * kFloorSample;
+  return rank <= kMaxFloorRank && fits ? int(rank) : 0;
+}
+
+// The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread: each warp
+// sorts its 32 keys (a bitonic sort over the lanes), then one warp merges the 32 sorted lists r
+// steps deep.
+template <typename T, typename KeyOf>
+__device__ uint32_t SampledFloor(const T* row, int64_t n, int rank, KeyOf key_of, SamplingShared& sh) {
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  uint32_t key = key_of(to_float(row[int64_t(threadIdx.x) * n / kFloorSample]));
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      const uint32_t other = __shfl_xor_sync(0xffffffffu, key, stride);
+      const bool descending = (lane & size) == 0, lower = (lane & stride) == 0;
+      key = lower == descending ? max(key, other) : min(key, other);
+    }
+  }
+  uint32_t* const lists = sh.count;  // [warp][32], largest first (the histogram is not in use)
+  lists[warp * 32 + lane] = key;
+  __syncthreads();
+  if (warp == 0) {
+    int head = 0;
+    uint32_t top = 0u;
+    for (int step = 0; step < rank; ++step) {
+      const uint32_t mine = head < 32 ? lists[lane * 32 + head] : 0u;
+      top = __reduce_max_sync(0xffffffffu, mine);
+      if (lane == __ffs(__ballot_sync(0xffffffffu, mine == top)) - 1) ++head;
+    }
+    if (lane == 0) sh.found = int(max(top, 1u));
+  }
+  __syncthreads();
+  const uint32_t floor = uint32_t(sh.found);
+  __syncthreads();
+  return floor;
+}
+
+// One pass gathering the row's elements with keys >= floor as candidates, `also(x, count, first)`
+// run on each group as well. Where the row holds from k to kCandidates of them, they are shared
+// among the row's blocks and it returns true; else false (the candidates then mean nothing).
+template <typename T, int kVec, typename KeyOf, typename Also>
+__device__ bool GatherAtOrAbove(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of, uint32_t floor, int k,
+                                Also&& also) {
+  if (threadIdx.x == 0) {
+    sh.num_candidates = 0;
+    sh.sorted_count = -1;
+  }
+  __syncthreads();
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    for (int e = 0; e < count; ++e) {
+      const uint32_t key = key_of(x[e]);
+      if (key >= floor) AddCandidate(sh, key, int(first + e));
+    }
+    also(x, count, first);
+  });
+  __syncthreads();
+  const float gathered = RowSum(threadIdx.x == 0 ? float(sh.num_candidates) : 0.f, sh);  // exact below 2^24
+  if (gathered < float(k) || gathered > float(kCandidates)) return false;
+  ShareCandidates(sh);
+  return true;
+}
+
+// Narrows candidates gathered from a sampled floor (every element of the row at or above floor,
+// at least k of them, held by every block of the row) to those from the k-th largest's level-0 bin
+// up, the set the histogram path gathers: far fewer to sort. `top_end` ends the largest
+// candidate's bin. Returns that bin's first key (at least floor); above kSamplingBins candidates,
+// which the histogram's arrays it compacts through cannot hold, keeps them all and returns floor.
+__device__ uint32_t NarrowToKthBin(SamplingShared& sh, int k, uint32_t floor, uint32_t top_end) {
+  const int n = sh.num_candidates;
+  if (n > kSamplingBins) return floor;
+  const uint32_t base = floor >> 20;
+  const int bins = int((top_end >> 20) - base) + 1;
+  ClearBins(sh, bins);
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], floor, top_end, 20, false);
+  ScanBinsFromTop(sh, bins, base, 20, false, false);
+  const int b = CrossingBin(sh, bins, Need::kCount, double(k));
+  if (b < 0) return floor;
+  const uint32_t lo = max(floor, (base + uint32_t(b)) << 20);
+  if (threadIdx.x == 0) sh.found = 0;
+  __syncthreads();
+  const int lane = int(threadIdx.x % 32);
+  for (int first = 0; first < n; first += kSamplingThreads) {  // warp-uniform trips
+    const int i = first + int(threadIdx.x);
+    const uint32_t key = i < n ? sh.cand_key[i] : 0u;
+    const unsigned keep = __ballot_sync(0xffffffffu, i < n && key >= lo);
+    int slot = 0;
+    if (lane == 0 && keep) slot = atomicAdd(&sh.found, __popc(keep));
+    slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(keep & ((1u << lane) - 1u));
+    if (keep >> lane & 1u) {
+      sh.mass_hi[slot] = key;
+      sh.mass_lo[slot] = uint32_t(sh.cand_index[i]);
+    }
+  }
+  __syncthreads();
+  const int kept = sh.found;
+  for (int i = threadIdx.x; i < kept; i += kSamplingThreads) {
+    sh.cand_key[i] = sh.mass_hi[i];
+    sh.cand_index[i] = int(sh.mass_lo[i]);
+  }
+  if (threadIdx.x == 0) {
+    sh.num_candidates = kept;
+    sh.sorted_count = -1;
+  }
+  __syncthreads();
+  return lo;
+}
+
+// The largest candidate key's level-0 bin, its last key: where CandidateMassFrom's fixed point
+// starts (every block holding every candidate).
+__device__ __forceinline__ uint32_t CandidateTopBinEnd(SamplingShared& sh) {
+  uint32_t top = 0u;
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) top = max(top, sh.cand_key[i]);
+  return BlockReduce(top, reinterpret_cast<uint32_t*>(sh.scratch_i), [](uint32_t a, uint32_t b) { return max(a, b); }) |
+         0xFFFFFu;
+}
+
 // The exact threshold of one row over one or more histogram passes: the smallest key kept by "the
 // upper set of keys >= floor reaches `target`" (target times the total mass above floor where
 // `fraction`), and the mass kept (with_mass). Where the whole set does not reach it, floor.
@@ -770,7 +911,7 @@ struct SamplingParams {
   const int64_t* offset_values;
   int seed_stride, offset_stride;
   int64_t seed, offset;
-  bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
+  bool rows_exceed_l2;  // the batch's rows exceed the L2: min-p gathers its kept set in its first pass
 };
 
 __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
@@ -869,6 +1010,22 @@ __device__ __forceinline__ Best RaceOverCandidates(const SamplingShared& sh, uin
   return best;
 }
 
+// Top-k (and top-p: top_p < 1, over the top-k set, or the row's mass `row_mass` where joint) among
+// gathered candidates that hold every element from the k-th largest up (keys in [range_lo,
+// range_hi]; range_hi ends the top bin where top-p sums masses): the thresholds, then the race.
+// Every block holds every candidate: part 0 races, the others return no winner.
+__device__ __forceinline__ Best TopKRace(SamplingShared& sh, int k, float top_p, bool joint, double row_mass,
+                                         uint32_t range_lo, uint32_t range_hi, const RowRandom& rng) {
+  const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi, true);
+  uint32_t t = max(1u, t_k);
+  if (top_p < 1.f) {
+    const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, range_hi, true));
+    t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi, true));
+  }
+  const Best none{-INFINITY, INT32_MAX};
+  return RowPart() == 0 ? RaceOverCandidates(sh, t, rng, none) : none;
+}
+
 // Min-p: kept are the values >= t = min_p * (the row's largest), found by a pass over the row.
 // A sample of 1024 elements spread over the row (the same in every block of a split row) is read
 // beside that pass. Then:
@@ -936,7 +1093,11 @@ __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, 
   return best;
 }
 
-template <int kVec>
+// kSampledFloor: top-k gathers its candidates above a sampled floor in its first pass (the
+// launcher's choice: rows beyond the L2, long enough; see SampledFloorRank). A template parameter,
+// not a flag, because that code costs the kernel's other paths: beside it top-p alone ran 5-11%
+// slower (H200, NOTES).
+template <int kVec, bool kSampledFloor>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
@@ -969,7 +1130,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       Race<false>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kMinP) {
-    best = MinPDraw<kVec>(row, n, p.min_p.at(out_row), p.gather_min_p, rng, sh);
+    best = MinPDraw<kVec>(row, n, p.min_p.at(out_row), p.rows_exceed_l2, rng, sh);
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
@@ -985,125 +1146,142 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const bool k_decides = use_k && k > 0 && int64_t(k) < n;
     const bool with_mass = use_p && !k_decides;
     const bool row_mass_needed = k_decides && joint && p_active;
-    // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
-    ClearBins(sh, kSamplingBins);
-    __syncthreads();
-    double row_mass = 0;  // this thread's elements, in a fixed order
-    if (row_mass_needed) {  // two loops: the sum's test costs the histogram's loop where not needed
-      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-        for (int e = 0; e < count; ++e) {
-          const uint32_t key = ProbKey(x[e]);
-          AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, false);
-          if (key != 0u) row_mass += x[e];
-        }
-      });
-    } else {
-      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-        for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, with_mass);
-      });
+    // Where the launcher chose it and a sample puts a floor under the k-th largest, one pass
+    // gathers every element from the floor up, and the search and race run among them; where that
+    // misses, the histogram's passes below.
+    const int floor_rank = kSampledFloor && k_decides ? SampledFloorRank(k, n) : 0;
+    bool raced = false;
+    if (floor_rank > 0) {
+      const uint32_t floor = SampledFloor(row, n, floor_rank, prob_key, sh);
+      double row_mass = 0;  // this thread's elements, in a fixed order
+      auto sum_mass = [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) row_mass += ProbKey(x[e]) != 0u ? x[e] : 0.f;
+      };
+      const bool gathered = row_mass_needed
+                                ? GatherAtOrAbove<float, kVec>(row, n, sh, prob_key, floor, k, sum_mass)
+                                : GatherAtOrAbove<float, kVec>(row, n, sh, prob_key, floor, k, [](const float*, int, int64_t) {});
+      if (gathered) {
+        if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
+        const uint32_t top_end = CandidateTopBinEnd(sh);
+        const uint32_t range_lo = NarrowToKthBin(sh, k, floor, top_end);
+        best = TopKRace(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, p_active ? top_end : 0xFFFFFFFFu, rng);
+        raced = true;
+      }
     }
-    __syncthreads();
-    ScanBinsFromTop(sh, kSamplingBins, 0, 20, with_mass);
-    if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
-    const uint32_t total_count = sh.cum_count[0];
-    const bool k_active = use_k && k > 0 && uint32_t(k) < total_count;
-    const bool k_then_p = filter == Filter::kTopKFirst && k_active && p_active;
-    const int bin_k = k_active ? CrossingBin(sh, kSamplingBins, Need::kCount, double(k)) : -1;
-    const int p_bin = with_mass && p_active ? CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * sh.cum_mass[0]) : -1;
-    const uint32_t p_bin_count =
-        p_bin >= 0 ? sh.cum_count[p_bin] - (p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u) : 0u;
-    if (k_decides && bin_k >= 0 && sh.cum_count[bin_k] <= uint32_t(kCandidates)) {
-      // 2. One more pass gathers every element from bin_k up: the thresholds, then the race, among them.
-      // Masses are summed in fixed point below the top bin's exponent: found where top-p asks them.
-      const int top_bin = p_active ? CrossingBin(sh, kSamplingBins, Need::kCount, 1.0) : kSamplingBins - 1;
-      const uint32_t range_lo = uint32_t(bin_k) << 20, range_hi = (uint32_t(top_bin) << 20) | 0xFFFFFu;
+    if (!raced) {
+      // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
+      ClearBins(sh, kSamplingBins);
       __syncthreads();
-      GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
-      ShareCandidates(sh);
-      const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi, true);
-      uint32_t t = max(1u, t_k);
-      if (p_active) {
-        const double target = double(top_p) * (joint ? row_mass : CandidateMassFrom(sh, t_k, range_hi, true));
-        t = max(t, CandidateThreshold(sh, Need::kMass, target, 0u, 0.0, range_lo, range_hi, true));
-      }
-      // Every block holds every candidate: part 0 runs the race.
-      if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
-    } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
-      // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
-      // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
-      // The draw comes from above with probability A / (A + K), and then from the bin that one
-      // uniform picks by the bins' exact masses: by a race among that bin's elements in the pass
-      // (one bin rather than every kept element: top-p keeps most of a flat row), or, where the bin
-      // is dense, by rejection after the pass (DrawByRejection), with no random numbers in the pass.
-      const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
-      const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
-      const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
-      const double p_target = double(top_p) * sh.cum_mass[0];
-      const uint4 draw = rng.group(kDrawGroup);
-      const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
-      // A dense bin's element is drawn after the pass, by rejection, where needed: its race here
-      // would draw random numbers for a large part of the row.
-      const uint32_t race_bin_count =
-          race_bin >= 0 ? sh.cum_count[race_bin] - (race_bin + 1 < kSamplingBins ? sh.cum_count[race_bin + 1] : 0u) : 0u;
-      const bool dense = int64_t(race_bin_count) * kDenseBin >= n;
-      const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
-      const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
-      const uint32_t pass_race_lo = dense ? 0xFFFFFFFFu : race_lo, pass_race_hi = dense ? 0u : race_hi;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        sh.num_candidates = 0;
-        sh.sorted_count = -1;
-      }
-      __syncthreads();
-      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-        for (int e = 0; e < count; ++e) {
-          const uint32_t key = ProbKey(x[e]);
-          if (key >= range_lo && key <= range_hi && key != 0u) {  // AddCandidate was 6% slower here
-            const int slot = atomicAdd(&sh.num_candidates, 1);
-            sh.cand_key[slot] = key;
-            sh.cand_index[slot] = int(first + e);
+      double row_mass = 0;  // this thread's elements, in a fixed order
+      if (row_mass_needed) {  // two loops: the sum's test costs the histogram's loop where not needed
+        ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+          for (int e = 0; e < count; ++e) {
+            const uint32_t key = ProbKey(x[e]);
+            AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, false);
+            if (key != 0u) row_mass += x[e];
           }
-        }
-        Race<false>(x, count, first, rng, pass_race_lo, pass_race_hi, best);
-      });
-      __syncthreads();
-      ShareCandidates(sh);
-      const uint32_t t =
-          max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
-      const bool from_above =
-          Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
-      if (from_above && dense && RowPart() == 0) {
-        // Each proposal lands in the bin with probability >= 1/kDenseBin and is kept with
-        // probability >= 0.889 (a level-0 bin's values are within 1/8 of its largest), so a round
-        // accepts nothing with probability < 1e-6.
-        if (!DrawByRejection(row, n, race_lo, race_hi, __uint_as_float(race_hi), rng, sh, kDenseRounds, best)) {
-          best = RaceOverRow(row, n, race_lo, race_hi, rng, sh);
-        }
-      } else if (!from_above) {
-        // Every block holds every candidate: part 0 runs the race.
-        best = Best{-INFINITY, INT32_MAX};
-        if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
+        });
+      } else {
+        ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+          for (int e = 0; e < count; ++e) AddToBins(sh, ProbKey(x[e]), 1u, 0xFFFFFFFFu, 20, with_mass);
+        });
       }
-    } else {
-      // The general path (no filter left, or a threshold's bin too full to gather): exact
-      // thresholds over more passes, then the race.
       __syncthreads();
-      uint32_t t = 1u;
-      if (k_active) {
-        const Threshold tk = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kCount, double(k), false, 1u, k_then_p);
-        t = tk.key;
-        if (p_active) {
-          const Threshold tp = k_then_p
-              ? FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p) * tk.kept_mass, false, tk.key, true)
-              : FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
-          t = max(t, tp.key);
+      ScanBinsFromTop(sh, kSamplingBins, 0, 20, with_mass);
+      if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
+      const uint32_t total_count = sh.cum_count[0];
+      const bool k_active = use_k && k > 0 && uint32_t(k) < total_count;
+      const bool k_then_p = filter == Filter::kTopKFirst && k_active && p_active;
+      const int bin_k = k_active ? CrossingBin(sh, kSamplingBins, Need::kCount, double(k)) : -1;
+      const int p_bin = with_mass && p_active ? CrossingBin(sh, kSamplingBins, Need::kMass, double(top_p) * sh.cum_mass[0]) : -1;
+      const uint32_t p_bin_count =
+          p_bin >= 0 ? sh.cum_count[p_bin] - (p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u) : 0u;
+      if (k_decides && bin_k >= 0 && sh.cum_count[bin_k] <= uint32_t(kCandidates)) {
+        // 2. One more pass gathers every element from bin_k up: the thresholds, then the race, among them.
+        // Masses are summed in fixed point below the top bin's exponent: found where top-p asks them.
+        const int top_bin = p_active ? CrossingBin(sh, kSamplingBins, Need::kCount, 1.0) : kSamplingBins - 1;
+        const uint32_t range_lo = uint32_t(bin_k) << 20, range_hi = (uint32_t(top_bin) << 20) | 0xFFFFFu;
+        __syncthreads();
+        GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
+        ShareCandidates(sh);
+        best = TopKRace(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, range_hi, rng);
+      } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
+        // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
+        // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
+        // The draw comes from above with probability A / (A + K), and then from the bin that one
+        // uniform picks by the bins' exact masses: by a race among that bin's elements in the pass
+        // (one bin rather than every kept element: top-p keeps most of a flat row), or, where the bin
+        // is dense, by rejection after the pass (DrawByRejection), with no random numbers in the pass.
+        const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
+        const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
+        const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
+        const double p_target = double(top_p) * sh.cum_mass[0];
+        const uint4 draw = rng.group(kDrawGroup);
+        const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
+        // A dense bin's element is drawn after the pass, by rejection, where needed: its race here
+        // would draw random numbers for a large part of the row.
+        const uint32_t race_bin_count =
+            race_bin >= 0 ? sh.cum_count[race_bin] - (race_bin + 1 < kSamplingBins ? sh.cum_count[race_bin + 1] : 0u) : 0u;
+        const bool dense = int64_t(race_bin_count) * kDenseBin >= n;
+        const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
+        const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
+        const uint32_t pass_race_lo = dense ? 0xFFFFFFFFu : race_lo, pass_race_hi = dense ? 0u : race_hi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          sh.num_candidates = 0;
+          sh.sorted_count = -1;
         }
-      } else if (p_active) {
-        t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true).key;
+        __syncthreads();
+        ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+          for (int e = 0; e < count; ++e) {
+            const uint32_t key = ProbKey(x[e]);
+            if (key >= range_lo && key <= range_hi && key != 0u) {  // AddCandidate was 6% slower here
+              const int slot = atomicAdd(&sh.num_candidates, 1);
+              sh.cand_key[slot] = key;
+              sh.cand_index[slot] = int(first + e);
+            }
+          }
+          Race<false>(x, count, first, rng, pass_race_lo, pass_race_hi, best);
+        });
+        __syncthreads();
+        ShareCandidates(sh);
+        const uint32_t t =
+            max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
+        const bool from_above =
+            Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
+        if (from_above && dense && RowPart() == 0) {
+          // Each proposal lands in the bin with probability >= 1/kDenseBin and is kept with
+          // probability >= 0.889 (a level-0 bin's values are within 1/8 of its largest), so a round
+          // accepts nothing with probability < 1e-6.
+          if (!DrawByRejection(row, n, race_lo, race_hi, __uint_as_float(race_hi), rng, sh, kDenseRounds, best)) {
+            best = RaceOverRow(row, n, race_lo, race_hi, rng, sh);
+          }
+        } else if (!from_above) {
+          // Every block holds every candidate: part 0 runs the race.
+          best = Best{-INFINITY, INT32_MAX};
+          if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
+        }
+      } else {
+        // The general path (no filter left, or a threshold's bin too full to gather): exact
+        // thresholds over more passes, then the race.
+        __syncthreads();
+        uint32_t t = 1u;
+        if (k_active) {
+          const Threshold tk = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kCount, double(k), false, 1u, k_then_p);
+          t = tk.key;
+          if (p_active) {
+            const Threshold tp = k_then_p
+                ? FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p) * tk.kept_mass, false, tk.key, true)
+                : FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
+            t = max(t, tp.key);
+          }
+        } else if (p_active) {
+          t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true).key;
+        }
+        ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+          Race<false>(x, count, first, rng, t, 0xFFFFFFFFu, best);
+        });
       }
-      ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-        Race<false>(x, count, first, rng, t, 0xFFFFFFFFu, best);
-      });
     }
   }
   best = RowBest(best, sh);
@@ -1130,6 +1308,7 @@ struct RenormParams {
   Filter filter;      // kTopK or kTopP (renorm), kTopK (mask)
   RowParam<int> top_k;
   RowParam<float> top_p;
+  bool rows_exceed_l2;  // the rows exceed the L2: a second pass would read memory (set by the launchers)
 };
 
 // The first and one past the last element of the row that this block's ForEachGroup visits.
@@ -1145,10 +1324,12 @@ __device__ __forceinline__ int2 RowSlice(int64_t n) {
 // histogram, then one pass that gathers every element from the k-th largest's bin up (fewer than k
 // lie above it, so all fit) and, since the filter drops every other element, writes `dropped` to
 // the whole row of `out` in the same pass; the kept ones are rewritten from shared memory once the
-// threshold is known (WriteKeptCandidates). Needs 0 < k < n. `with_top`: the gathered range ends at
-// the top bin's last key (CandidateMassFrom's fixed point starts there), else at the largest key.
-// Returns false, having written nothing, where it does not apply (fewer than k keyed elements, or
-// the k-th largest's bin too full to gather).
+// threshold is known (WriteKeptCandidates). With `sampled_floor` (rows beyond the L2) the gathering
+// pass comes first, from a sampled floor up, with no histogram: one read and one write where the
+// floor holds. Needs 0 < k < n. `with_top`: the gathered range ends at the top bin's last key
+// (CandidateMassFrom's fixed point starts there), else at the largest key. Returns false where it
+// does not apply (fewer than k keyed elements, or the k-th largest's bin too full to gather); the
+// caller's general path then writes the whole row again.
 struct TopKGathered {
   bool ok;
   uint32_t key;  // the k-th largest key: kept from it up
@@ -1169,7 +1350,27 @@ __device__ __forceinline__ void Level0Histogram(const T* row, int64_t n, Samplin
 
 template <typename T, int kVec, typename KeyOf>
 __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
-                                   float dropped, bool with_top) {
+                                   float dropped, bool with_top, bool sampled_floor) {
+  const T dropped_t = from_float<T>(dropped);
+  auto write_dropped = [&](const float*, int count, int64_t first) {
+    if (count == kVec) {
+      Vec<T, kVec>::from_floats([&](int) { return dropped; }).store(out + first);
+    } else {
+      for (int e = 0; e < count; ++e) out[first + e] = dropped_t;
+    }
+  };
+  // Where a sample puts a floor under the k-th largest: one pass gathers from it up and writes.
+  const int floor_rank = sampled_floor ? SampledFloorRank(k, n) : 0;
+  if (floor_rank > 0) {
+    const uint32_t floor = SampledFloor(row, n, floor_rank, key_of, sh);
+    if (GatherAtOrAbove<T, kVec>(row, n, sh, key_of, floor, k, write_dropped)) {
+      const uint32_t top_end = CandidateTopBinEnd(sh);
+      const uint32_t lo = NarrowToKthBin(sh, k, floor, top_end);
+      const uint32_t hi = with_top ? top_end : 0xFFFFFFFFu;
+      const uint32_t t = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, lo, hi, true);
+      return TopKGathered{true, t == 0u ? lo : t, hi};
+    }
+  }
   Level0Histogram<T, kVec>(row, n, sh, key_of, false);
   const int bin_k = CrossingBin(sh, kSamplingBins, Need::kCount, double(k));
   if (bin_k < 0 || sh.cum_count[bin_k] > uint32_t(kCandidates)) {
@@ -1183,17 +1384,12 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
     sh.sorted_count = -1;
   }
   __syncthreads();
-  const T dropped_t = from_float<T>(dropped);
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     for (int e = 0; e < count; ++e) {
       const uint32_t key = key_of(x[e]);
       if (key >= lo && key <= hi && key != 0u) AddCandidate(sh, key, int(first + e));
     }
-    if (count == kVec) {
-      Vec<T, kVec>::from_floats([&](int) { return dropped; }).store(out + first);
-    } else {
-      for (int e = 0; e < count; ++e) out[first + e] = dropped_t;
-    }
+    write_dropped(x, count, first);
   });
   __syncthreads();
   ShareCandidates(sh);
@@ -1229,7 +1425,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
     if (k > 0 && k < n) {
-      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true);
+      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true, p.rows_exceed_l2);
       if (g.ok) {  // every kept element is a candidate: the mass is theirs
         const double kept = CandidateMassFrom(sh, g.key, g.hi, true);
         const float scale = kept > 0 ? float(1.0 / kept) : 0.f;
@@ -1299,7 +1495,7 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   auto logit_key = [](float v) { return LogitKey(v); };
   uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
   if (k > 0 && k < n) {
-    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false);
+    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false, p.rows_exceed_l2);
     if (g.ok) {
       WriteKeptCandidates<kVec>(sh, out, n, g.key, [](uint32_t key) { return from_float<T>(LogitFromKey(key)); });
       AllowDependentGrids();
@@ -1612,25 +1808,39 @@ constexpr int kThresholdRowParts = kSearchRowParts;
 // row's search paid twice, and twice the blocks).
 constexpr int kSearchMinRowParts = 1;
 
-inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
-  // Min-p's second pass reads the L2 where the rows fit it: there a gather in the first pass (an
-  // atomic a warp step) costs more than it saves (H200, peaked rows of 128256: batch 1-64).
-  p.gather_min_p = p.batch * p.vocab * int64_t(sizeof(float)) > int64_t(GetDeviceFacts(device).l2_bytes);
-  const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
-  return LaunchRows<SamplingKernel<4>, SamplingKernel<1>>(p, p.batch, RowsAligned<float>(p.probs, p.row_stride),
-                                                          sizeof(SamplingShared), device, stream, pdl,
-                                                          race_only ? kMaxRowParts : kSearchRowParts,
-                                                          race_only ? 1 : kSearchMinRowParts);
+// Whether `rows` rows of `vocab` elements of `bytes` each exceed the device's L2.
+inline bool RowsExceedL2(int64_t rows, int64_t vocab, size_t bytes, int device) {
+  return rows * vocab * int64_t(bytes) > int64_t(GetDeviceFacts(device).l2_bytes);
 }
 
-inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
+inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
+  const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
+  const bool aligned = RowsAligned<float>(p.probs, p.row_stride);
+  const int max_parts = race_only ? kMaxRowParts : kSearchRowParts, min_parts = race_only ? 1 : kSearchMinRowParts;
+  // A second pass reads the L2 where the rows fit it: there min-p's and top-k's gathers in the first
+  // pass cost more than they save (H200, peaked rows of 128256: batch 1-64; NOTES). Only the top-k
+  // filters take the kernel with top-k's gather (the others ran 2-5% slower in it); rows not
+  // 16-byte aligned take the scalar kernel, which never gathers.
+  p.rows_exceed_l2 = RowsExceedL2(p.batch, p.vocab, sizeof(float), device);
+  const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
+  if (p.rows_exceed_l2 && top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
+    return LaunchRows<SamplingKernel<4, true>, SamplingKernel<1, false>>(p, p.batch, aligned, sizeof(SamplingShared), device,
+                                                                         stream, pdl, max_parts, min_parts);
+  }
+  return LaunchRows<SamplingKernel<4, false>, SamplingKernel<1, false>>(p, p.batch, aligned, sizeof(SamplingShared), device,
+                                                                        stream, pdl, max_parts, min_parts);
+}
+
+inline cudaError_t Renorm(RenormParams p, int device, cudaStream_t stream, bool pdl) {
+  p.rows_exceed_l2 = RowsExceedL2(p.rows, p.vocab, sizeof(float), device);
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
   return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
                                                       kThresholdRowParts, kSearchMinRowParts);
 }
 
 template <typename T>
-cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
+cudaError_t MaskLogits(RenormParams p, int device, cudaStream_t stream, bool pdl) {
+  p.rows_exceed_l2 = RowsExceedL2(p.rows, p.vocab, sizeof(T), device);
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
                                                                              device, stream, pdl, kThresholdRowParts,
