@@ -748,7 +748,9 @@ __device__ uint32_t SampledFloor(const T* row, int64_t n, int rank, KeyOf key_of
 
 // One pass gathering the row's elements with keys >= floor as candidates, `also(x, count, first)`
 // run on each group as well. Where the row holds from k to kCandidates of them, they are shared
-// among the row's blocks and it returns true; else false (the candidates then mean nothing).
+// among the row's blocks and it returns true; else false (the candidates then mean nothing). The
+// pass is GatherCandidates' with one test a key instead of three: sharing its code cost the floor's
+// kernels 1.5-3% and moved the others' SASS (H200, NOTES).
 template <typename T, int kVec, typename KeyOf, typename Also>
 __device__ bool GatherAtOrAbove(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of, uint32_t floor, int k,
                                 Also&& also) {
