@@ -505,21 +505,25 @@ def test_renorm_and_mask_split_and_whole_rows(vocab):
 
 @gpu
 def test_top_k_sampled_floor_and_its_misses():
-    """Where the batch's rows exceed the L2, top-k gathers its candidates above a floor taken from a
-    sample of the row (one pass, no histogram). Rows where that floor misses must fall back to the
-    histogram path and give what small batches (no sampled floor) give: equal values (the floor
+    """On rows of 65536 or more, top-k gathers its candidates above a floor taken from a sample of
+    the row (one pass, no histogram); shorter rows take the histogram path. The last column is 0, so
+    dropping it changes no kept set and no random number: the 65535 columns (histogram path) must
+    give the 65536 columns' (floor path) tokens and outputs exactly, at batch 256 and 8, on rows
+    where the floor holds and on rows where it misses and falls back: equal values (the floor
     gathers the whole row), ten nonzero values (fewer than k above any floor), and rows whose
     sampled positions hold the largest values (the floor lies above the k-th largest)."""
-    vocab, rows = 65536, 256  # 64 MiB of float32: beyond the H200's L2
+    vocab, rows = 65536, 256
     g = torch.Generator(device="cuda").manual_seed(21)
     probs = torch.softmax(torch.randn(rows, vocab, device="cuda", generator=g) * 2, -1)
     probs[0:2] = 1.0 / vocab
     probs[2:4] = 0
-    probs[2:4, torch.randperm(vocab, device="cuda", generator=g)[:10]] = 0.1
+    probs[2:4, torch.randperm(vocab - 1, device="cuda", generator=g)[:10]] = 0.1
     sampled = torch.arange(1024, device="cuda") * vocab // 1024  # the kernel's sample positions
     probs[4:6, sampled] = probs[4:6].max(-1, keepdim=True).values * (2 + torch.rand(2, 1024, device="cuda", generator=g))
+    probs[:, -1] = 0
     probs /= probs.sum(-1, keepdim=True)
-    logits = torch.log(probs.clamp(min=1e-30))
+    logits = torch.log(probs.clamp(min=1e-30))  # the last column far below every top-k
+    short, short_logits = probs[:, :-1].contiguous(), logits[:, :-1].contiguous()
     ops = {
         "top_k": lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=3, offset=1),
         "top_k_top_p": lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=3, offset=1),
@@ -527,16 +531,17 @@ def test_top_k_sampled_floor_and_its_misses():
                                                                     seed=3, offset=1),
     }
     for name, op in ops.items():
-        big, small = op(probs)[:8], op(probs[:8])
-        assert torch.equal(big, small), name
-    keep = kept_mask(probs[:8], top_k=50)
-    assert keep.gather(-1, ops["top_k"](probs)[:8, None].long()).all()
+        floor_path = op(probs)
+        assert torch.equal(floor_path, op(short)), name
+        assert torch.equal(floor_path[:8], op(probs[:8])), name
+    keep = kept_mask(probs, top_k=50)
+    assert keep.gather(-1, ops["top_k"](probs)[:, None].long()).all()
     for k in (1, 50, 700):
+        floor_path = aotinfer.top_k_renorm_probs(probs, k)
+        torch.testing.assert_close(floor_path[:, :-1], aotinfer.top_k_renorm_probs(short, k), rtol=0, atol=0)
         want = renormalized(probs[:8], kept_mask(probs[:8], top_k=k)).float()
-        big = aotinfer.top_k_renorm_probs(probs, k)[:8]
-        torch.testing.assert_close(big, want, rtol=1e-5, atol=1e-9)
-        torch.testing.assert_close(big, aotinfer.top_k_renorm_probs(probs[:8], k), rtol=0, atol=0)
-        masked = aotinfer.top_k_mask_logits(logits, k)[:8]
-        torch.testing.assert_close(masked, aotinfer.top_k_mask_logits(logits[:8], k), rtol=0, atol=0)
+        torch.testing.assert_close(floor_path[:8], want, rtol=1e-5, atol=1e-9)
+        masked = aotinfer.top_k_mask_logits(logits, k)
+        torch.testing.assert_close(masked[:, :-1], aotinfer.top_k_mask_logits(short_logits, k), rtol=0, atol=0)
         keep = kept_mask(logits[:8].double() - logits[:8].double().min() + 1, top_k=k)
-        torch.testing.assert_close(masked, torch.where(keep, logits[:8], float("-inf")), rtol=0, atol=0)
+        torch.testing.assert_close(masked[:8], torch.where(keep, logits[:8], float("-inf")), rtol=0, atol=0)

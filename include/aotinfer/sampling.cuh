@@ -17,9 +17,8 @@
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
-// Where the batch's rows exceed the L2 (a second pass reads memory), top-k skips step 1: a sample
-// of the row puts a floor under the k-th largest, and one pass gathers every element above it
-// (SampledFloorRank).
+// On rows of 64 K elements or more, top-k skips step 1: a sample of the row puts a floor under the
+// k-th largest, and one pass gathers every element above it (SampledFloorRank).
 //
 // The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
 // (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
@@ -913,7 +912,7 @@ struct SamplingParams {
   const int64_t* offset_values;
   int seed_stride, offset_stride;
   int64_t seed, offset;
-  bool rows_exceed_l2;  // the batch's rows exceed the L2: min-p gathers its kept set in its first pass
+  bool rows_exceed_l2;  // the batch's rows exceed the L2: min-p gathers its kept set in its first pass (set by Sample)
 };
 
 __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
@@ -1096,9 +1095,9 @@ __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, 
 }
 
 // kSampledFloor: top-k gathers its candidates above a sampled floor in its first pass (the
-// launcher's choice: rows beyond the L2, long enough; see SampledFloorRank). A template parameter,
-// not a flag, because that code costs the kernel's other paths: beside it top-p alone ran 5-11%
-// slower (H200, NOTES).
+// launcher's choice: the top-k filters on rows of kSampledFloorMinVocab or more; see
+// SampledFloorRank). A template parameter, not a flag, because that code costs the kernel's other
+// paths: beside it top-p alone ran 5-11% slower (H200, NOTES).
 template <int kVec, bool kSampledFloor>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -1310,7 +1309,6 @@ struct RenormParams {
   Filter filter;      // kTopK or kTopP (renorm), kTopK (mask)
   RowParam<int> top_k;
   RowParam<float> top_p;
-  bool rows_exceed_l2;  // the rows exceed the L2: a second pass would read memory (set by the launchers)
 };
 
 // The first and one past the last element of the row that this block's ForEachGroup visits.
@@ -1326,9 +1324,8 @@ __device__ __forceinline__ int2 RowSlice(int64_t n) {
 // histogram, then one pass that gathers every element from the k-th largest's bin up (fewer than k
 // lie above it, so all fit) and, since the filter drops every other element, writes `dropped` to
 // the whole row of `out` in the same pass; the kept ones are rewritten from shared memory once the
-// threshold is known (WriteKeptCandidates). With `sampled_floor` (rows beyond the L2) the gathering
-// pass comes first, from a sampled floor up, with no histogram: one read and one write where the
-// floor holds. Needs 0 < k < n. `with_top`: the gathered range ends at the top bin's last key
+// threshold is known (WriteKeptCandidates). On long rows the gathering pass comes first, from a
+// sampled floor up, with no histogram: one read and one write where the floor holds. Needs 0 < k < n. `with_top`: the gathered range ends at the top bin's last key
 // (CandidateMassFrom's fixed point starts there), else at the largest key. Returns false where it
 // does not apply (fewer than k keyed elements, or the k-th largest's bin too full to gather); the
 // caller's general path then writes the whole row again.
@@ -1352,7 +1349,7 @@ __device__ __forceinline__ void Level0Histogram(const T* row, int64_t n, Samplin
 
 template <typename T, int kVec, typename KeyOf>
 __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
-                                   float dropped, bool with_top, bool sampled_floor) {
+                                   float dropped, bool with_top) {
   const T dropped_t = from_float<T>(dropped);
   auto write_dropped = [&](const float*, int count, int64_t first) {
     if (count == kVec) {
@@ -1362,7 +1359,7 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
     }
   };
   // Where a sample puts a floor under the k-th largest: one pass gathers from it up and writes.
-  const int floor_rank = sampled_floor ? SampledFloorRank(k, n) : 0;
+  const int floor_rank = SampledFloorRank(k, n);
   if (floor_rank > 0) {
     const uint32_t floor = SampledFloor(row, n, floor_rank, key_of, sh);
     if (GatherAtOrAbove<T, kVec>(row, n, sh, key_of, floor, k, write_dropped)) {
@@ -1427,7 +1424,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
     if (k > 0 && k < n) {
-      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true, p.rows_exceed_l2);
+      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true);
       if (g.ok) {  // every kept element is a candidate: the mass is theirs
         const double kept = CandidateMassFrom(sh, g.key, g.hi, true);
         const float scale = kept > 0 ? float(1.0 / kept) : 0.f;
@@ -1497,7 +1494,7 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   auto logit_key = [](float v) { return LogitKey(v); };
   uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
   if (k > 0 && k < n) {
-    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false, p.rows_exceed_l2);
+    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false);
     if (g.ok) {
       WriteKeptCandidates<kVec>(sh, out, n, g.key, [](uint32_t key) { return from_float<T>(LogitFromKey(key)); });
       AllowDependentGrids();
@@ -1819,13 +1816,13 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   const bool aligned = RowsAligned<float>(p.probs, p.row_stride);
   const int max_parts = race_only ? kMaxRowParts : kSearchRowParts, min_parts = race_only ? 1 : kSearchMinRowParts;
-  // A second pass reads the L2 where the rows fit it: there min-p's and top-k's gathers in the first
-  // pass cost more than they save (H200, peaked rows of 128256: batch 1-64; NOTES). Only the top-k
-  // filters take the kernel with top-k's gather (the others ran 2-5% slower in it); rows not
-  // 16-byte aligned take the scalar kernel, which never gathers.
+  // Min-p's second pass reads the L2 where the rows fit it: there a gather in the first pass costs
+  // more than it saves (H200, peaked rows of 128256: batch 1-64; NOTES). Top-k's gather above a
+  // sampled floor gains at every batch; only the top-k filters take the kernel with it (the others
+  // ran 2-5% slower in it), and rows not 16-byte aligned take the scalar kernel, which has none.
   p.rows_exceed_l2 = RowsExceedL2(p.batch, p.vocab, sizeof(float), device);
   const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
-  if (p.rows_exceed_l2 && top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
+  if (top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
     return LaunchRows<SamplingKernel<4, true>, SamplingKernel<1, false>>(p, p.batch, aligned, sizeof(SamplingShared), device,
                                                                          stream, pdl, max_parts, min_parts);
   }
@@ -1833,16 +1830,14 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
                                                                         stream, pdl, max_parts, min_parts);
 }
 
-inline cudaError_t Renorm(RenormParams p, int device, cudaStream_t stream, bool pdl) {
-  p.rows_exceed_l2 = RowsExceedL2(p.rows, p.vocab, sizeof(float), device);
+inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
   return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
                                                       kThresholdRowParts, kSearchMinRowParts);
 }
 
 template <typename T>
-cudaError_t MaskLogits(RenormParams p, int device, cudaStream_t stream, bool pdl) {
-  p.rows_exceed_l2 = RowsExceedL2(p.rows, p.vocab, sizeof(T), device);
+cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
                                                                              device, stream, pdl, kThresholdRowParts,
