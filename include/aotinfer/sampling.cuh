@@ -912,7 +912,7 @@ struct SamplingParams {
   const int64_t* offset_values;
   int seed_stride, offset_stride;
   int64_t seed, offset;
-  bool rows_exceed_l2;  // the batch's rows exceed the L2: min-p gathers its kept set in its first pass (set by Sample)
+  bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
 };
 
 __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
@@ -1131,7 +1131,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       Race<false>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kMinP) {
-    best = MinPDraw<kVec>(row, n, p.min_p.at(out_row), p.rows_exceed_l2, rng, sh);
+    best = MinPDraw<kVec>(row, n, p.min_p.at(out_row), p.gather_min_p, rng, sh);
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
@@ -1807,11 +1807,6 @@ constexpr int kThresholdRowParts = kSearchRowParts;
 // row's search paid twice, and twice the blocks).
 constexpr int kSearchMinRowParts = 1;
 
-// Whether `rows` rows of `vocab` elements of `bytes` each exceed the device's L2.
-inline bool RowsExceedL2(int64_t rows, int64_t vocab, size_t bytes, int device) {
-  return rows * vocab * int64_t(bytes) > int64_t(GetDeviceFacts(device).l2_bytes);
-}
-
 inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   const bool aligned = RowsAligned<float>(p.probs, p.row_stride);
@@ -1820,7 +1815,7 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
   // more than it saves (H200, peaked rows of 128256: batch 1-64; NOTES). Top-k's gather above a
   // sampled floor gains at every batch; only the top-k filters take the kernel with it (the others
   // ran 2-5% slower in it), and rows not 16-byte aligned take the scalar kernel, which has none.
-  p.rows_exceed_l2 = RowsExceedL2(p.batch, p.vocab, sizeof(float), device);
+  p.gather_min_p = p.batch * p.vocab * int64_t(sizeof(float)) > int64_t(GetDeviceFacts(device).l2_bytes);
   const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
   if (top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
     return LaunchRows<SamplingKernel<4, true>, SamplingKernel<1, false>>(p, p.batch, aligned, sizeof(SamplingShared), device,
