@@ -1325,10 +1325,11 @@ __device__ __forceinline__ int2 RowSlice(int64_t n) {
 // lie above it, so all fit) and, since the filter drops every other element, writes `dropped` to
 // the whole row of `out` in the same pass; the kept ones are rewritten from shared memory once the
 // threshold is known (WriteKeptCandidates). On long rows the gathering pass comes first, from a
-// sampled floor up, with no histogram: one read and one write where the floor holds. Needs 0 < k < n. `with_top`: the gathered range ends at the top bin's last key
-// (CandidateMassFrom's fixed point starts there), else at the largest key. Returns false where it
-// does not apply (fewer than k keyed elements, or the k-th largest's bin too full to gather); the
-// caller's general path then writes the whole row again.
+// sampled floor up, with no histogram: one read and one write where the floor holds. Needs
+// 0 < k < n. `with_top`: the gathered range ends at the top bin's last key (CandidateMassFrom's
+// fixed point starts there), else at the largest key. Returns false where it does not apply (fewer
+// than k keyed elements, or the k-th largest's bin too full to gather); the caller's general path
+// then writes the whole row again.
 struct TopKGathered {
   bool ok;
   uint32_t key;  // the k-th largest key: kept from it up
