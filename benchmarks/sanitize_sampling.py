@@ -1,7 +1,7 @@
 """A small call of every sampling kernel, for compute-sanitizer (memcheck, racecheck): split rows
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
 16-bit logits, softmax held in registers (both block sizes) and read twice (misaligned), draws by
-rejection (top-p's dense bins, min-p's large kept sets)."""
+rejection (top-p's dense bins, min-p's large kept sets), top-p's verified draws and their misses."""
 import torch
 
 import aotinfer
@@ -13,6 +13,8 @@ for rows, vocab in ((2, 1001), (200, 4099)):
     aotinfer.top_k_top_p_sampling_from_probs(probs, 20, 0.8)
     aotinfer.top_k_top_p_sampling_from_probs(probs, 20, 0.8, filter_apply_order="joint")
     aotinfer.top_p_sampling_from_probs(probs[:, 1:], 0.5)
+    aotinfer.top_p_sampling_from_probs(probs, 0.5)  # verified draws
+    aotinfer.top_p_sampling_from_probs(probs, 0.1)
     aotinfer.min_p_sampling_from_probs(probs, 0.1)
     aotinfer.sampling_from_logits(logits)
     aotinfer.top_k_renorm_probs(probs, 7)
@@ -26,7 +28,12 @@ aotinfer.softmax(torch.randn(600, 4099, device="cuda"))  # enough blocks for the
 flat = torch.full((2, 20000), 1 / 20000, device="cuda")
 aotinfer.top_k_top_p_sampling_from_probs(flat, 15000, 0.5)
 aotinfer.top_k_top_p_sampling_from_probs(flat, 50, 0.5)  # the k-th largest's bin too full to gather: more passes
-aotinfer.top_p_sampling_from_probs(flat, 0.9)  # a dense bin: the draw by rejection
+aotinfer.top_p_sampling_from_probs(flat, 0.2)  # a dense bin: the draw by rejection
+aotinfer.top_p_sampling_from_probs(flat, torch.full((2,), 0.2, device="cuda"))  # the same in the draws' kernel
+aotinfer.top_p_sampling_from_probs(flat, 0.9)  # verified draws over a split row
+missed = torch.full((64, 70000), 0.7 / 69997, device="cuda")
+missed[:, :3] = torch.tensor([0.15, 0.1, 0.05], device="cuda")
+aotinfer.top_p_sampling_from_probs(missed, 0.27)  # draws that miss, then the histogram path
 aotinfer.min_p_sampling_from_probs(flat, 0.1)  # a large kept set: the draw by rejection
 aotinfer.min_p_sampling_from_probs(flat[:, 1:], 0.1)
 peaked = torch.softmax(torch.randn(2, 20000, device="cuda") * 3, -1)

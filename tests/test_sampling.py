@@ -197,21 +197,41 @@ def test_distribution_from_logits(order):
 @gpu
 @pytest.mark.parametrize("scale", [0.3, 2.0])
 def test_top_p_and_min_p_distribution_over_their_paths(scale):
-    """Top-p alone draws from above its threshold's bin by picking a bin by mass, then an element
-    of it: by rejection from random positions where the bin holds at least 1/64 of the row (every
-    bin of the flat row, scale 0.3), by a race in the row's pass where it holds fewer (the peaked
-    row's upper bins, scale 2.0). Min-p draws by rejection where its sample predicts many accepted
+    """Top-p alone draws from the whole row and verifies the draw where top_p >= 0.25 (0.7, 0.95).
+    Below, as where every draw misses, its histogram path draws from above its threshold's bin by
+    picking a bin by mass, then an element of it: by rejection from random positions where the bin
+    holds at least 1/64 of the row (every bin of the flat row, scale 0.3), by a race in the row's
+    pass where it holds fewer (the peaked row's upper bins, scale 2.0); 0.1 and 0.2 take it, as a
+    scalar and as a tensor (the draws' kernel). Min-p draws by rejection where its sample predicts many accepted
     proposals (the flat row of 20000, all of it kept) and races over the elements it gathered in
     its first pass where it does not (the peaked row: the draws' batch is too large for the L2, so
     it gathers). Each against the exact renormalized distribution."""
     g = torch.Generator().manual_seed(21)
     probs = torch.softmax(torch.randn(4096, generator=g, dtype=torch.float64) * scale, 0).float().cuda()[None]
-    for top_p in (0.7, 0.95):
+    per_call = DRAWS // SEEDS
+    for top_p in (0.7, 0.95, 0.1, 0.2, torch.full((per_call,), 0.2, device="cuda")):
         samples = draw_many(aotinfer.top_p_sampling_from_probs, probs, top_p)
-        assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_p=top_p))[0])
+        value = top_p if isinstance(top_p, float) else top_p[0].item()
+        assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_p=value))[0])
     probs = torch.softmax(torch.randn(20000, generator=g, dtype=torch.float64) * scale, 0).float().cuda()[None]
     samples = draw_many(aotinfer.min_p_sampling_from_probs, probs, 0.1)
     assert_draws_match(samples, renormalized(probs, kept_mask(probs, min_p=0.1))[0])
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [1000, 70000])
+def test_top_p_draws_that_miss(vocab):
+    """Top-p's draws from the whole row land in its kept set with probability its mass: here 0.3
+    (three tokens of 0.15, 0.1 and 0.05 above a flat rest, top_p 0.27), so all four miss in about a
+    quarter of the calls, which the histogram path then draws. The mixture must be the kept set's
+    distribution, and no token of the rest drawn."""
+    probs = torch.full((vocab,), 0.7 / (vocab - 3), dtype=torch.float64)
+    probs[[vocab // 3, 7, vocab - 1]] = torch.tensor([0.15, 0.1, 0.05], dtype=torch.float64)
+    probs = probs.float().cuda()[None]
+    samples = draw_many(aotinfer.top_p_sampling_from_probs, probs, 0.27)
+    expected = renormalized(probs, kept_mask(probs, top_p=0.27))[0]
+    assert (expected > 0).sum() == 3
+    assert_draws_match(samples, expected)
 
 
 def llm_like(rows, vocab, seed=0, scale=3.0):
@@ -461,6 +481,9 @@ def test_split_rows_draw_what_whole_rows_draw(vocab):
         for op in (lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=9, offset=3),
                    lambda p: aotinfer.min_p_sampling_from_probs(p, 0.05, seed=9, offset=3),
                    lambda p: aotinfer.top_p_sampling_from_probs(p, 0.9, seed=9, offset=3),
+                   lambda p: aotinfer.top_p_sampling_from_probs(p, 0.3, seed=9, offset=3),
+                   lambda p: aotinfer.top_p_sampling_from_probs(p, torch.full((p.shape[0],), 0.2, device="cuda"),
+                                                               seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 1000, 0.5, seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint",

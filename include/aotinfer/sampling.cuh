@@ -67,6 +67,7 @@ constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted
 constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
 constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
 constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
+constexpr int kTopPDraws = 4;          // top-p's draws from the whole row, verified (DrawTopP)
 
 // ---- the blocks of a row ----------------------------------------------------------------------------
 
@@ -214,6 +215,15 @@ struct SamplingShared {
   unsigned long long part_sum;
   double part_double;
   Best part_best;
+  // Top-p's verified draws (DrawTopP): each draw's chunk, its mass left to walk in that chunk, its
+  // element and key; the row's mass; the sums of the verifying pass, by warp, then by block.
+  int draw_chunk[kTopPDraws];
+  double draw_left[kTopPDraws];
+  int draw_index[kTopPDraws];
+  uint32_t draw_key[kTopPDraws];
+  double draw_row_mass;
+  double verify_warp[kTopPDraws + 1][kSamplingWarps];
+  double verify_part[kTopPDraws + 1];
 };
 
 // `v` combined by `op` over the block, in every thread: each warp's result goes through
@@ -1094,11 +1104,234 @@ __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, 
   return best;
 }
 
-// kSampledFloor: top-k gathers its candidates above a sampled floor in its first pass (the
-// launcher's choice: the top-k filters on rows of kSampledFloorMinVocab or more; see
-// SampledFloorRank). A template parameter, not a flag, because that code costs the kernel's other
-// paths: beside it top-p alone ran 5-11% slower (H200, NOTES).
-template <int kVec, bool kSampledFloor>
+// ---- top-p alone: draws from the whole row, verified ----------------------------------------------
+
+// Top-p keeps an element exactly where the row's mass above its value is below top_p of the row's
+// (the threshold's definition, read from the element's side). So a token drawn from the whole row
+// and found kept is a draw of the kept set: the rejection method, each draw kept with probability at
+// least top_p. One pass draws kTopPDraws tokens by the inverse of the row's cumulative mass over
+// fixed chunks (sums only: no histogram and no random numbers an element), a second sums the mass
+// above each drawn value, and the first draw found kept is the token. Where none is (probability at
+// most (1 - top_p)^4), the histogram path draws with random numbers of its own, so the
+// distribution stays exact. The chunks, their masses and the order they are summed in do not depend
+// on how a row is split, so every block of a row draws the same tokens, as an unsplit row does.
+constexpr float kTopPDrawMin = 0.25f;  // below it all four draws miss too often (> 0.32): histograms
+constexpr int kDrawChunk = 32 * 4;     // elements a chunk: a warp's 16-byte loads
+constexpr int64_t kMaxDrawChunks = kCandidates;  // chunk masses held in the candidates' keys
+constexpr int64_t kTopPDrawGroup = kDrawGroup - 2;  // the Philox groups of the draws' uniforms (two a group)
+static_assert(kTopPDraws == 4, "two groups of four words give the four draws");
+
+// A probability's share of the row's mass: positive finite values only (ProbKey's).
+__device__ __forceinline__ float MassPart(float x) { return ProbKey(x) != 0u ? x : 0.f; }
+
+// Group g of four elements, zeros past the row's end (rows 16-byte aligned).
+__device__ __forceinline__ Vec<float, 4> LoadGroupOf4(const float* row, int64_t n, int64_t g) {
+  Vec<float, 4> v;
+  if (g * 4 + 4 <= n) {
+    v.load(row + g * 4);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = g * 4 + e < n ? row[g * 4 + e] : 0.f;
+  }
+  return v;
+}
+__device__ __forceinline__ float GroupMass(const Vec<float, 4>& v) {
+  return (MassPart(v[0]) + MassPart(v[1])) + (MassPart(v[2]) + MassPart(v[3]));
+}
+// The mass of a chunk (lane l holds its group l), summed in a fixed order: in lane 0.
+__device__ __forceinline__ float ChunkMass(const Vec<float, 4>& v) {
+  float m = GroupMass(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m += __shfl_down_sync(0xffffffffu, m, o);
+  return m;
+}
+
+// Sums of each of N doubles over the row, in a fixed order (the same on every run), in every thread.
+template <int N>
+__device__ __forceinline__ void RowSumDoubles(double (&v)[N], SamplingShared& sh) {
+  static_assert(N <= kTopPDraws + 1, "one row of verify_warp a value");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_down_sync(0xffffffffu, v[i], o);
+    if (lane == 0) sh.verify_warp[i][warp] = v[i];
+  }
+  __syncthreads();
+  if (threadIdx.x < N) {
+    double block = 0;
+    for (int w = 0; w < kSamplingWarps; ++w) block += sh.verify_warp[threadIdx.x][w];
+    sh.verify_part[threadIdx.x] = block;
+  }
+  SyncRow();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = 0;
+    for (int r = 0; r < RowParts(); ++r) v[i] += *PartShared(&sh.verify_part[i], r);
+  }
+  SyncRow();  // every block has read the others' sums
+}
+
+// Top-p alone (top_p in [kTopPDrawMin, 1)), as above: true with this block's part of the draw
+// (part 0 holds the token) where a draw is kept, false where the histogram path must draw. Rows
+// 16-byte aligned, of at most kMaxDrawChunks chunks. Every thread of the row's blocks calls it.
+__device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRandom& rng, SamplingShared& sh,
+                         Best& drawn) {
+  const int64_t chunks = (n + kDrawChunk - 1) / kDrawChunk;
+  if (chunks > kMaxDrawChunks) return false;
+  const int parts = RowParts(), part = RowPart();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* chunk_mass = reinterpret_cast<float*>(sh.cand_key);
+
+  // 1. The chunks' masses, each chunk a warp's load; this block's share of the chunks.
+  const int64_t own_begin = chunks * part / parts, own_end = chunks * (part + 1) / parts;
+  const int64_t own_full_end = min(own_end, n / kDrawChunk);  // chunks wholly inside the row
+  constexpr int kStep = kSamplingWarps * kSamplingUnroll;
+  int64_t c = own_begin + warp;
+  for (; c + (kSamplingUnroll - 1) * kSamplingWarps < own_full_end; c += kStep) {
+    Vec<float, 4> v[kSamplingUnroll];
+#pragma unroll
+    for (int u = 0; u < kSamplingUnroll; ++u) v[u].load(row + ((c + u * kSamplingWarps) * 32 + lane) * 4);
+#pragma unroll
+    for (int u = 0; u < kSamplingUnroll; ++u) {
+      const float m = ChunkMass(v[u]);
+      if (lane == 0) chunk_mass[c + u * kSamplingWarps] = m;
+    }
+  }
+  for (; c < own_end; c += kSamplingWarps) {
+    const float m = ChunkMass(LoadGroupOf4(row, n, c * 32 + lane));
+    if (lane == 0) chunk_mass[c] = m;
+  }
+  // Every block takes the others' chunks: the same array in each.
+  if (parts > 1) {
+    SyncRow();
+    for (int r = 0; r < parts; ++r) {
+      if (r == part) continue;
+      const float* theirs = PartShared(chunk_mass, r);
+      for (int64_t i = chunks * r / parts + threadIdx.x; i < chunks * (r + 1) / parts; i += kSamplingThreads) {
+        chunk_mass[i] = theirs[i];
+      }
+    }
+    SyncRow();  // every block has read the others' chunks
+  } else {
+    __syncthreads();
+  }
+
+  // 2. The draws' chunks: thread t scans `per` consecutive chunks; a draw lands in the last chunk
+  // with mass that starts at or below its target (a uniform times the row's mass).
+  const int per = int((chunks + kSamplingThreads - 1) / kSamplingThreads);
+  const int64_t first = int64_t(threadIdx.x) * per;
+  double own = 0;
+  for (int i = 0; i < per; ++i) own += first + i < chunks ? chunk_mass[first + i] : 0.f;
+  const double below = BlockExclusiveSum(own, sh);
+  if (threadIdx.x == kSamplingThreads - 1) sh.draw_row_mass = below + own;
+  if (threadIdx.x < kTopPDraws) sh.draw_chunk[threadIdx.x] = -1;
+  __syncthreads();
+  const double mass = sh.draw_row_mass;
+  if (!(mass > 0.0 && mass <= DBL_MAX)) return false;  // nothing to draw, or a chunk's float sum overflowed
+  const uint4 r01 = rng.group(kTopPDrawGroup), r23 = rng.group(kTopPDrawGroup + 1);
+  const double target[kTopPDraws] = {Uniform53(r01.x, r01.y) * mass, Uniform53(r01.z, r01.w) * mass,
+                                     Uniform53(r23.x, r23.y) * mass, Uniform53(r23.z, r23.w) * mass};
+  int hit[kTopPDraws];
+  double start[kTopPDraws];
+#pragma unroll
+  for (int j = 0; j < kTopPDraws; ++j) hit[j] = -1;
+  double running = below;
+  for (int i = 0; i < per; ++i) {
+    const float m = first + i < chunks ? chunk_mass[first + i] : 0.f;
+#pragma unroll
+    for (int j = 0; j < kTopPDraws; ++j) {
+      if (m > 0.f && running <= target[j]) {
+        hit[j] = int(first + i);
+        start[j] = running;
+      }
+    }
+    running += m;
+  }
+#pragma unroll
+  for (int j = 0; j < kTopPDraws; ++j) {
+    int last = hit[j];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+    if (lane == 0 && last >= 0) atomicMax(&sh.draw_chunk[j], last);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kTopPDraws; ++j) {
+    if (hit[j] >= 0 && hit[j] == sh.draw_chunk[j]) sh.draw_left[j] = target[j] - start[j];
+  }
+  __syncthreads();
+
+  // 3. Each draw's element: warp j walks draw j's chunk (its first group with mass starts at 0, so
+  // some group starts at or below what is left; likewise its first element with mass).
+  if (warp < kTopPDraws) {
+    const int64_t chunk = sh.draw_chunk[warp];
+    const Vec<float, 4> v = LoadGroupOf4(row, n, chunk * 32 + lane);
+    const float m = GroupMass(v);
+    float inclusive = m;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float other = __shfl_up_sync(0xffffffffu, inclusive, o);
+      if (lane >= o) inclusive += other;
+    }
+    const float preceding = __shfl_up_sync(0xffffffffu, inclusive, 1);
+    const float exclusive = lane == 0 ? 0.f : preceding;
+    const double left = sh.draw_left[warp];
+    const unsigned starts = __ballot_sync(0xffffffffu, m > 0.f && double(exclusive) <= left);
+    if (lane == 31 - __clz(starts)) {
+      const double left_in_group = left - double(exclusive);
+      float walked = 0.f;
+      int at = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = MassPart(v[e]);
+        if (x > 0.f && double(walked) <= left_in_group) at = e;
+        walked += x;
+      }
+      sh.draw_index[warp] = int((chunk * 32 + lane) * 4 + at);
+      sh.draw_key[warp] = ProbKey(v[at]);
+    }
+  }
+  __syncthreads();
+
+  // 4. The mass above each drawn value, and the row's, in a second pass.
+  uint32_t drawn_key[kTopPDraws];
+#pragma unroll
+  for (int j = 0; j < kTopPDraws; ++j) drawn_key[j] = sh.draw_key[j];
+  double sums[kTopPDraws + 1] = {};  // the row's mass, then the mass above each draw
+  ForEachGroup<float, 4>(row, n, [&](const float* x, int count, int64_t) {
+    for (int e = 0; e < count; ++e) {
+      const uint32_t key = ProbKey(x[e]);
+      if (key != 0u) {
+        const double value = x[e];
+        sums[0] += value;
+#pragma unroll
+        for (int j = 0; j < kTopPDraws; ++j) {
+          if (key > drawn_key[j]) sums[1 + j] += value;
+        }
+      }
+    }
+  });
+  RowSumDoubles(sums, sh);
+  const double kept_below = double(top_p) * sums[0];
+  for (int j = 0; j < kTopPDraws; ++j) {
+    if (sums[1 + j] < kept_below) {
+      drawn = RowPart() == 0 ? Best{INFINITY, sh.draw_index[j]} : Best{-INFINITY, INT32_MAX};
+      return true;
+    }
+  }
+  return false;
+}
+
+// The shortcuts a sampling kernel is built with: template parameters rather than flags, because
+// their code costs the kernel's other paths (beside the sampled floor, top-p alone ran 5-11% slower
+// on the H200; NOTES). The launcher chooses:
+// - kSampledFloor: top-k gathers its candidates above a sampled floor in its first pass (the top-k
+//   filters on rows of kSampledFloorMinVocab or more; see SampledFloorRank);
+// - kTopPDraws: top-p alone draws from the whole row and verifies (DrawTopP).
+enum class Shortcut { kNone, kSampledFloor, kTopPDraws };
+
+template <int kVec, Shortcut kShortcut>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
@@ -1150,7 +1383,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     // Where the launcher chose it and a sample puts a floor under the k-th largest, one pass
     // gathers every element from the floor up, and the search and race run among them; where that
     // misses, the histogram's passes below.
-    const int floor_rank = kSampledFloor && k_decides ? SampledFloorRank(k, n) : 0;
+    const int floor_rank = kShortcut == Shortcut::kSampledFloor && k_decides ? SampledFloorRank(k, n) : 0;
     bool raced = false;
     if (floor_rank > 0) {
       const uint32_t floor = SampledFloor(row, n, floor_rank, prob_key, sh);
@@ -1168,6 +1401,9 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         best = TopKRace(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, p_active ? top_end : 0xFFFFFFFFu, rng);
         raced = true;
       }
+    }
+    if constexpr (kShortcut == Shortcut::kTopPDraws) {
+      if (filter == Filter::kTopP && p_active && top_p >= kTopPDrawMin) raced = DrawTopP(row, n, top_p, rng, sh, best);
     }
     if (!raced) {
       // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
@@ -1702,15 +1938,18 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResi
 
 // ---- launchers ------------------------------------------------------------------------------------
 
-// Whether clusters of `parts` blocks of kKernel (`threads` threads, shared_bytes each; both fixed per
-// kernel) can run on `device` (asked once per kernel, device and size).
+// How many clusters of `parts` blocks of kKernel (`threads` threads, shared_bytes each; both fixed
+// per kernel) run at once on `device`: 0 where none can (asked once per kernel, device and size).
+// The GPCs need not divide into clusters: on the H200, 15 clusters of 8 blocks of one block an SM
+// run at once, 30 of 4, 66 of 2.
 template <auto kKernel>
-bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
-  if (parts == 1) return true;
-  if (GetDeviceFacts(device).major < 9 || parts > kMaxRowParts || device < 0 || device >= kMaxDevices) return false;
-  static int fits[kMaxDevices][kMaxRowParts + 1] = {};  // 0 not asked, 1 runs, 2 does not
-  int& known = fits[device][parts];
-  if (known == 0) {
+int ActiveClusters(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
+  if (parts == 1) return GetDeviceFacts(device).sms;
+  if (GetDeviceFacts(device).major < 9 || parts > kMaxRowParts || device < 0 || device >= kMaxDevices) return 0;
+  static int active[kMaxDevices][kMaxRowParts + 1] = {};
+  static bool asked[kMaxDevices][kMaxRowParts + 1] = {};
+  int& known = active[device][parts];
+  if (!asked[device][parts]) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(parts));
     config.blockDim = dim3(unsigned(threads));
@@ -1722,22 +1961,29 @@ bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamp
     config.attrs = &attribute;
     config.numAttrs = 1;
     int clusters = 0;
-    const bool ok = cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) == cudaSuccess && clusters > 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) clusters = 0;
     cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
-    known = ok ? 1 : 2;
+    known = clusters;
+    asked[device][parts] = true;
   }
-  return known == 1;
+  return known;
+}
+template <auto kKernel>
+bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
+  return ActiveClusters<kKernel>(parts, shared_bytes, device, threads) > 0;
 }
 
 // The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
-// grid within one wave of one block per SM (sm90+; 1 below, or where such a cluster cannot run).
+// grid within one wave of one block per SM (sm90+; 1 below): the clusters of that many blocks that
+// run at once must take every row (else the last rows wait for a second wave: top-p alone at
+// 128256 x 16 took 48 us in 16 clusters of 8, 15 at once, and 32 us at batch 8).
 template <auto kKernel>
 int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device, int min_parts = 1) {
   const DeviceFacts& facts = GetDeviceFacts(device);
   if (facts.major < 9) return 1;
   int parts = std::min(min_parts, max_parts);
   while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
-  while (parts > 1 && !ClusterFits<kKernel>(parts, shared_bytes, device)) parts /= 2;
+  while (parts > 1 && ActiveClusters<kKernel>(parts, shared_bytes, device) < rows) parts /= 2;
   return parts;
 }
 
@@ -1818,12 +2064,19 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
   // ran 2-5% slower in it), and rows not 16-byte aligned take the scalar kernel, which has none.
   p.gather_min_p = p.batch * p.vocab * int64_t(sizeof(float)) > int64_t(GetDeviceFacts(device).l2_bytes);
   const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
+  constexpr auto kScalarKernel = SamplingKernel<1, Shortcut::kNone>;
   if (top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
-    return LaunchRows<SamplingKernel<4, true>, SamplingKernel<1, false>>(p, p.batch, aligned, sizeof(SamplingShared), device,
-                                                                         stream, pdl, max_parts, min_parts);
+    return LaunchRows<SamplingKernel<4, Shortcut::kSampledFloor>, kScalarKernel>(p, p.batch, aligned, sizeof(SamplingShared),
+                                                                                 device, stream, pdl, max_parts, min_parts);
   }
-  return LaunchRows<SamplingKernel<4, false>, SamplingKernel<1, false>>(p, p.batch, aligned, sizeof(SamplingShared), device,
-                                                                        stream, pdl, max_parts, min_parts);
+  // Top-p alone draws and verifies where its top_p may be large enough (a tensor's may be): two
+  // passes of sums, which a row split over more blocks reads faster, as a race does.
+  if (p.filter == Filter::kTopP && !p.from_logits && (p.top_p.values || p.top_p.scalar >= kTopPDrawMin)) {
+    return LaunchRows<SamplingKernel<4, Shortcut::kTopPDraws>, kScalarKernel>(p, p.batch, aligned, sizeof(SamplingShared),
+                                                                              device, stream, pdl, kMaxRowParts, min_parts);
+  }
+  return LaunchRows<SamplingKernel<4, Shortcut::kNone>, kScalarKernel>(p, p.batch, aligned, sizeof(SamplingShared), device,
+                                                                       stream, pdl, max_parts, min_parts);
 }
 
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
