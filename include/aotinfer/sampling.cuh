@@ -1202,33 +1202,30 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
     const float m = ChunkMass(LoadGroupOf4(row, n, c * 32 + lane));
     if (lane == 0) chunk_mass[c] = m;
   }
-  // Every block takes the others' chunks: the same array in each.
-  if (parts > 1) {
-    SyncRow();
-    for (int r = 0; r < parts; ++r) {
-      if (r == part) continue;
-      const float* theirs = PartShared(chunk_mass, r);
-      for (int64_t i = chunks * r / parts + threadIdx.x; i < chunks * (r + 1) / parts; i += kSamplingThreads) {
-        chunk_mass[i] = theirs[i];
-      }
-    }
-    SyncRow();  // every block has read the others' chunks
-  } else {
-    __syncthreads();
-  }
+  SyncRow();  // every block's chunks are in its shared memory, read by every block below
 
-  // 2. The draws' chunks: thread t scans `per` consecutive chunks; a draw lands in the last chunk
-  // with mass that starts at or below its target (a uniform times the row's mass).
+  // 2. The draws' chunks: thread t scans `per` consecutive chunks (in the shared memory of the
+  // block that summed them); a draw lands in the last chunk with mass that starts at or below its
+  // target (a uniform times the row's mass).
+  auto mass_of_chunk = [&](int64_t c) {
+    if (c >= chunks) return 0.f;
+    int owner = 0;
+    while (c >= chunks * (owner + 1) / parts) ++owner;
+    return *PartShared(chunk_mass + c, owner);
+  };
   const int per = int((chunks + kSamplingThreads - 1) / kSamplingThreads);
   const int64_t first = int64_t(threadIdx.x) * per;
   double own = 0;
-  for (int i = 0; i < per; ++i) own += first + i < chunks ? chunk_mass[first + i] : 0.f;
+  for (int i = 0; i < per; ++i) own += mass_of_chunk(first + i);
   const double below = BlockExclusiveSum(own, sh);
   if (threadIdx.x == kSamplingThreads - 1) sh.draw_row_mass = below + own;
   if (threadIdx.x < kTopPDraws) sh.draw_chunk[threadIdx.x] = -1;
   __syncthreads();
   const double mass = sh.draw_row_mass;
-  if (!(mass > 0.0 && mass <= DBL_MAX)) return false;  // nothing to draw, or a chunk's float sum overflowed
+  if (!(mass > 0.0 && mass <= DBL_MAX)) {  // nothing to draw, or a chunk's float sum overflowed
+    SyncRow();  // every block has read the others' chunks before the histogram path reuses the memory
+    return false;
+  }
   const uint4 r01 = rng.group(kTopPDrawGroup), r23 = rng.group(kTopPDrawGroup + 1);
   const double target[kTopPDraws] = {Uniform53(r01.x, r01.y) * mass, Uniform53(r01.z, r01.w) * mass,
                                      Uniform53(r23.x, r23.y) * mass, Uniform53(r23.z, r23.w) * mass};
@@ -1238,7 +1235,7 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
   for (int j = 0; j < kTopPDraws; ++j) hit[j] = -1;
   double running = below;
   for (int i = 0; i < per; ++i) {
-    const float m = first + i < chunks ? chunk_mass[first + i] : 0.f;
+    const float m = mass_of_chunk(first + i);
 #pragma unroll
     for (int j = 0; j < kTopPDraws; ++j) {
       if (m > 0.f && running <= target[j]) {
@@ -1302,7 +1299,7 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
   ForEachGroup<float, 4>(row, n, [&](const float* x, int count, int64_t) {
     for (int e = 0; e < count; ++e) {
       const uint32_t key = ProbKey(x[e]);
-      if (key != 0u) {
+      if (key != 0u) {  // a branch: written as selects, ptxas no longer keeps a thread's four loads together
         const double value = x[e];
         sums[0] += value;
 #pragma unroll
@@ -1353,6 +1350,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
                       uint32_t(uint64_t(offset) >> 32)};
   auto prob_key = [](float v) { return ProbKey(v); };
   Best best{-INFINITY, INT32_MAX};
+  bool decided = false;  // every block of the row knows the token (part 0 holds it): no race to merge
   const Filter filter = p.filter;
 
   if (p.from_logits) {
@@ -1403,7 +1401,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       }
     }
     if constexpr (kShortcut == Shortcut::kTopPDraws) {
-      if (filter == Filter::kTopP && p_active && top_p >= kTopPDrawMin) raced = DrawTopP(row, n, top_p, rng, sh, best);
+      if (filter == Filter::kTopP && p_active && top_p >= kTopPDrawMin) raced = decided = DrawTopP(row, n, top_p, rng, sh, best);
     }
     if (!raced) {
       // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
@@ -1521,7 +1519,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       }
     }
   }
-  best = RowBest(best, sh);
+  if (!decided) best = RowBest(best, sh);
   if (threadIdx.x == 0 && RowPart() == 0) {
     const int64_t token = best.index == INT32_MAX ? 0 : best.index;  // nothing to sample: token 0
     if (p.out_int64) {
