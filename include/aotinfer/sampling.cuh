@@ -1277,16 +1277,19 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
     const unsigned starts = __ballot_sync(0xffffffffu, m > 0.f && double(exclusive) <= left);
     if (lane == 31 - __clz(starts)) {
       const double left_in_group = left - double(exclusive);
-      float walked = 0.f;
+      float walked = 0.f, value = 0.f;
       int at = 0;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float x = MassPart(v[e]);
-        if (x > 0.f && double(walked) <= left_in_group) at = e;
+        if (x > 0.f && double(walked) <= left_in_group) {
+          at = e;
+          value = x;
+        }
         walked += x;
       }
       sh.draw_index[warp] = int((chunk * 32 + lane) * 4 + at);
-      sh.draw_key[warp] = ProbKey(v[at]);
+      sh.draw_key[warp] = ProbKey(value);
     }
   }
   __syncthreads();
