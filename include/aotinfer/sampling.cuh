@@ -18,7 +18,10 @@
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
 // On rows of 64 K elements or more, top-k skips step 1: a sample of the row puts a floor under the
-// k-th largest, and one pass gathers every element above it (SampledFloorRank).
+// k-th largest, and one pass gathers every element above it (SampledFloorRank). Top-p alone (top_p
+// >= 0.25) needs no threshold: it draws four tokens from the whole row, a pass of chunk sums, and
+// keeps the first whose upper mass is below top_p of the row's, a pass of sums; the histogram path
+// only where all four miss (DrawTopP).
 //
 // The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
 // (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
@@ -42,8 +45,8 @@
 // normalization and no prefix sum; for logits, x_i - log(E_i) (Gumbel-max). E_i comes from
 // Philox4x32-10 keyed by the seed, with counter (element / 4, output row, offset): the same seed
 // and offset give the same tokens, whatever the launch, and the winner is the same on every run
-// (ties go to the lower index). Top-p alone draws two more uniforms per row from a counter no
-// element uses (kDrawGroup).
+// (ties go to the lower index). Top-p alone draws its uniforms per row from counters no element
+// uses (kDrawGroup and the two groups below it).
 #pragma once
 
 #include <cooperative_groups.h>
