@@ -1117,7 +1117,9 @@ __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, 
 // above each drawn value, and the first draw found kept is the token. Where none is (probability at
 // most (1 - top_p)^4), the histogram path draws with random numbers of its own, so the
 // distribution stays exact. The chunks, their masses and the order they are summed in do not depend
-// on how a row is split, so every block of a row draws the same tokens, as an unsplit row does.
+// on how a row is split, so every block of a row draws the same tokens, as an unsplit row does. The
+// verifying sums are doubles added in the split's order: a split could change a decision only where
+// a drawn value's upper mass lies within rounding (~1e-16 of the row's mass) of the bound.
 constexpr float kTopPDrawMin = 0.25f;  // below it all four draws miss too often (> 0.32): histograms
 constexpr int kDrawChunk = 32 * 4;     // elements a chunk: a warp's 16-byte loads
 constexpr int64_t kMaxDrawChunks = kCandidates;  // chunk masses held in the candidates' keys
@@ -1407,7 +1409,9 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       }
     }
     if constexpr (kShortcut == Shortcut::kTopPDraws) {
-      if (filter == Filter::kTopP && p_active && top_p >= kTopPDrawMin) raced = decided = DrawTopP(row, n, top_p, rng, sh, best);
+      if (filter == Filter::kTopP && p_active && top_p >= kTopPDrawMin) {
+        raced = decided = DrawTopP(row, n, top_p, rng, sh, best);
+      }
     }
     if (!raced) {
       // 1. The level-0 histogram: count (and mass) per bin of the top 12 bits.
@@ -1944,8 +1948,8 @@ __global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResi
 
 // How many clusters of `parts` blocks of kKernel (`threads` threads, shared_bytes each; both fixed
 // per kernel) run at once on `device`: 0 where none can (asked once per kernel, device and size).
-// The GPCs need not divide into clusters: on the H200, 15 clusters of 8 blocks of one block an SM
-// run at once, 30 of 4, 66 of 2.
+// The GPCs need not divide into clusters: on the H200, of blocks that take a whole SM, 15 clusters of
+// 8 run at once, 30 of 4 and 66 of 2.
 template <auto kKernel>
 int ActiveClusters(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
   if (parts == 1) return GetDeviceFacts(device).sms;
@@ -2069,18 +2073,19 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
   p.gather_min_p = p.batch * p.vocab * int64_t(sizeof(float)) > int64_t(GetDeviceFacts(device).l2_bytes);
   const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
   constexpr auto kScalarKernel = SamplingKernel<1, Shortcut::kNone>;
+  constexpr size_t kShared = sizeof(SamplingShared);
   if (top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
-    return LaunchRows<SamplingKernel<4, Shortcut::kSampledFloor>, kScalarKernel>(p, p.batch, aligned, sizeof(SamplingShared),
-                                                                                 device, stream, pdl, max_parts, min_parts);
+    return LaunchRows<SamplingKernel<4, Shortcut::kSampledFloor>, kScalarKernel>(p, p.batch, aligned, kShared, device,
+                                                                                 stream, pdl, max_parts, min_parts);
   }
   // Top-p alone draws and verifies where its top_p may be large enough (a tensor's may be): two
   // passes of sums, which a row split over more blocks reads faster, as a race does.
   if (p.filter == Filter::kTopP && !p.from_logits && (p.top_p.values || p.top_p.scalar >= kTopPDrawMin)) {
-    return LaunchRows<SamplingKernel<4, Shortcut::kTopPDraws>, kScalarKernel>(p, p.batch, aligned, sizeof(SamplingShared),
-                                                                              device, stream, pdl, kMaxRowParts, min_parts);
+    return LaunchRows<SamplingKernel<4, Shortcut::kTopPDraws>, kScalarKernel>(p, p.batch, aligned, kShared, device,
+                                                                              stream, pdl, kMaxRowParts, min_parts);
   }
-  return LaunchRows<SamplingKernel<4, Shortcut::kNone>, kScalarKernel>(p, p.batch, aligned, sizeof(SamplingShared), device,
-                                                                       stream, pdl, max_parts, min_parts);
+  return LaunchRows<SamplingKernel<4, Shortcut::kNone>, kScalarKernel>(p, p.batch, aligned, kShared, device, stream, pdl,
+                                                                       max_parts, min_parts);
 }
 
 inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
