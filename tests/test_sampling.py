@@ -202,10 +202,10 @@ def test_top_p_and_min_p_distribution_over_their_paths(scale):
     picking a bin by mass, then an element of it: by rejection from random positions where the bin
     holds at least 1/64 of the row (every bin of the flat row, scale 0.3), by a race in the row's
     pass where it holds fewer (the peaked row's upper bins, scale 2.0); 0.1 and 0.2 take it, as a
-    scalar and as a tensor (the draws' kernel). Min-p draws by rejection where its sample predicts many accepted
-    proposals (the flat row of 20000, all of it kept) and races over the elements it gathered in
-    its first pass where it does not (the peaked row: the draws' batch is too large for the L2, so
-    it gathers). Each against the exact renormalized distribution."""
+    scalar and as a tensor (the draws' kernel). Min-p draws by rejection where its sample predicts
+    many accepted proposals (the flat row of 20000, all of it kept) and races over the elements it
+    gathered in its first pass where it does not (the peaked row: the draws' batch is too large for
+    the L2, so it gathers). Each against the exact renormalized distribution."""
     g = torch.Generator().manual_seed(21)
     probs = torch.softmax(torch.randn(4096, generator=g, dtype=torch.float64) * scale, 0).float().cuda()[None]
     per_call = DRAWS // SEEDS
