@@ -35,7 +35,7 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
     const auto launch = checked.head_dim == 64    ? aotinfer::BatchPrefillSm90<T, 64>
                         : checked.head_dim == 128 ? aotinfer::BatchPrefillSm90<T, 128>
                                                   : aotinfer::BatchPrefillSm90<T, 256>;
-    CHECK_LAUNCH(launch(checked.params, int(ctas), merge, merge_rows, stream, pdl, device), "batch_prefill_sm90");
+    CHECK_LAUNCH(launch(checked.params, k.size(0), int(ctas), merge, merge_rows, stream, pdl, device), "batch_prefill_sm90");
     return true;
   });
 }

@@ -3,12 +3,13 @@
 //
 // A block is one producer warpgroup and two consumer warpgroups, one block an SM, taking the
 // plan's work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
-// - the producer copies K and V tiles of kTileKV tokens (128; 80 at head_dim 256: ragged rows, or
-//   pages through the page table) with cp.async into kStages stages of the 128-byte-swizzled
-//   layout wgmma reads; each stage's K and V have a "full" mbarrier, counted as the copies land,
-//   and an "empty" one that every consumer warp arrives on once its MMAs have read the tile; it
-//   runs up to kStages tiles ahead, across items too. `setmaxnreg` gives its registers to the
-//   consumers;
+// - the producer copies K and V tiles of kTileKV tokens (128; 80 at head_dim 256) into kStages
+//   stages of the 128-byte-swizzled layout wgmma reads: a ragged batch's full tiles by the TMA
+//   unit (tensor maps made by the launcher), pages through the page table and an item's last,
+//   partial tile by the warpgroup's cp.async (zeros past the keys). Each stage's K and V have a
+//   "full" mbarrier, counted as the copies land, and an "empty" one that every consumer warp
+//   arrives on once its MMAs have read the tile; it runs up to kStages tiles ahead, across items
+//   too. `setmaxnreg` gives its registers to the consumers;
 // - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (its own copies),
 //   then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
 //   on S in registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers,
@@ -20,6 +21,8 @@
 // them. benchmarks/NOTES.md has what each step measured.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap: the driver's types only (its encoder is looked up at run time)
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -56,6 +59,52 @@ struct Sm90PrefillShape {
   static constexpr size_t kSharedBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kSharedBytes <= 227 * 1024, "an sm90 block's shared memory");
 };
+
+// A ragged batch's K and V as TMA tensor maps: 3-D (head_dim, tokens, heads), boxes of 64 dims x
+// kTileKV tokens x 1 head in the 128-byte swizzle. `ready` is 0 where the producer copies every
+// tile itself: a paged cache, or strides the TMA unit cannot take.
+struct Sm90KVMaps {
+  CUtensorMap k, v;
+  int ready;
+};
+
+// cuTensorMapEncodeTiled, from the driver the runtime has loaded (no link to libcuda); null where
+// the driver has none.
+inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// The map of a ragged K or V: `tokens` rows of `heads` heads, strides in elements. False where the
+// TMA unit cannot take it (strides not positive multiples of 16 bytes below 2^40, more than 2^31
+// tokens, no encoder); the producer then copies with cp.async.
+template <typename T, int kTileKV, int D>
+inline bool EncodeKVMap(CUtensorMap* map, const void* base, int64_t tokens, int64_t heads, int64_t token_stride,
+                        int64_t head_stride) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
+  auto takes = [](int64_t stride) { return stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39); };
+  if (heads == 1 && !takes(head_stride)) head_stride = 8;  // one head: its stride is never used
+  if (encode == nullptr || tokens < 1 || tokens > INT_MAX || heads < 1 || !takes(token_stride) || !takes(head_stride) ||
+      reinterpret_cast<uintptr_t>(base) % 16 != 0) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(tokens), cuuint64_t(heads)};
+  const cuuint64_t strides[2] = {cuuint64_t(token_stride) * 2, cuuint64_t(head_stride) * 2};  // bytes, of dims 1 and 2
+  const cuuint32_t box[3] = {64, kTileKV, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type = std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 // The keys an item attends (begin, end) and its tiles: the item's range cut by the request's
 // length, the causal diagonal of its last query and the window of its first.
@@ -102,12 +151,14 @@ struct Sm90PrefillSmem {
 };
 
 // The producer warpgroup: every item's K and V tiles into the stages, in the consumers' order.
-// Thread t copies chunk t % kRowChunks of rows t / kRowChunks + i * kRowsAtOnce (in kPhases
-// swizzle phases). Ragged rows are a stride apart; a paged row's offset is computed by the lane
-// that looked up its page (one row a lane) and handed over by shuffle. The copies are the
-// producer's whole cost, so their addresses are one add each.
+// A ragged full tile is one TMA copy a 64-dim region, issued by thread 0 (the others count their
+// arrival). Otherwise thread t copies chunk t % kRowChunks of rows t / kRowChunks + i *
+// kRowsAtOnce (in kPhases swizzle phases). Ragged rows are a stride apart; a paged row's offset is
+// computed by the lane that looked up its page (one row a lane) and handed over by shuffle. The
+// copies are the producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
-__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int2 start) {
+__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90KVMaps& maps, const Sm90PrefillSmem<T, D>& smem,
+                                            int2 start) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
   constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
@@ -169,6 +220,24 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
           else CopyAsync16OrZero(dst, c * kRowsAtOnce < left ? row : src, c * kRowsAtOnce < left);
         }
       };
+      if (!kPaged && full && maps.ready) {
+        auto load_tile = [&](uint8_t* stage_base, const CUtensorMap& map, uint64_t* full_barrier) {
+          if (tid == 0) {
+            BarrierArriveExpectingBytes(full_barrier, S::kKVBytes);
+#pragma unroll
+            for (int region = 0; region < D / 64; ++region) {
+              CopyBox3d(stage_base + region * S::kTileKV * 128, &map, region * 64, kv_offset + tile_pos, kv_head, full_barrier);
+            }
+          } else {
+            BarrierArrive(full_barrier);
+          }
+        };
+        BarrierWait(&smem.k_empty[stage], parity ^ 1);
+        load_tile(smem.k + stage * S::kKVBytes, maps.k, &smem.k_full[stage]);
+        BarrierWait(&smem.v_empty[stage], parity ^ 1);
+        load_tile(smem.v + stage * S::kKVBytes, maps.v, &smem.v_full[stage]);
+        continue;
+      }
       BarrierWait(&smem.k_empty[stage], parity ^ 1);
       copy_tile(smem.k + stage * S::kKVBytes, k, k_row, kRowsAtOnce * p.k_stride_page);
       ArriveWhenCopiesLand(&smem.k_full[stage]);
@@ -180,10 +249,12 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Pr
   WaitAsyncGroups<0>();
 }
 
-// One consumer warpgroup's part of an item: its 64 query rows against the item's keys.
+// One consumer warpgroup's part of an item: its 64 query rows against the item's keys. `tma`: the
+// producer copies every full tile by TMA, so only the item's last tile (cp.async's) needs the
+// proxy fence before wgmma reads it.
 template <typename T, int D>
 __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int kv_head,
-                                                int4 item, int chunk_index, uint32_t& counter) {
+                                                int4 item, int chunk_index, bool tma, uint32_t& counter) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -351,8 +422,9 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   if (keys.num_tiles > 0) {
     float s[S::kTileKV / 2], alpha[2];
     uint32_t pa[S::kTileKV / 16][4];
+    const int last_tile = keys.num_tiles - 1;
     BarrierWait(&smem.k_full[stage_of(counter)], parity_of(counter));
-    FenceAsyncProxy();
+    if (!tma || last_tile == 0) FenceAsyncProxy();
     take_turn();
     issue_s(s, stage_of(counter));
     pass_turn();
@@ -374,7 +446,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     for (int tile = 1; tile < keys.num_tiles; ++tile) {
       if (!kWaitBeforePv) wait_next_tile(counter);
       const uint32_t previous = counter++;
-      FenceAsyncProxy();
+      if (!tma || tile == last_tile) FenceAsyncProxy();  // K of `tile` and V of the one before
       take_turn();
       issue_s(s, stage_of(counter));
       rescale_o(alpha);  // while S runs: O is out of the tensor cores until P V is issued
@@ -460,7 +532,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
 }
 
 template <typename T, int D, bool kPaged>
-__global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90PrefillKernel(const PrefillParams p) {
+__global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1)
+    Sm90PrefillKernel(const PrefillParams p, const __grid_constant__ Sm90KVMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Sm90PrefillShape<T, D>;
   extern __shared__ uint8_t shared[];
@@ -479,16 +552,17 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1) Sm90Prefi
   const int2 start = BlockHeadAndItem(p);
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::kProducerRegisters));
-    Sm90Produce<T, D, kPaged>(p, smem, start);
+    Sm90Produce<T, D, kPaged>(p, maps, smem, start);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
     if (threadIdx.x >= 256) NamedBarrierArrive(3, 256);  // the first turn on the tensor cores is warpgroup 0's
     uint32_t counter = 0;  // tiles consumed, over every item
     const int num_items = p.work[0].x;
+    const bool tma = !kPaged && maps.ready;
     for (int i = start.y; i < num_items; i += gridDim.y) {
       const int4 item = p.work[2 + 2 * i];
       if (item.x < 0) continue;
-      Sm90ConsumeItem<T, D>(p, smem, start.x, item, p.work[3 + 2 * i].x, counter);
+      Sm90ConsumeItem<T, D>(p, smem, start.x, item, p.work[3 + 2 * i].x, tma, counter);
     }
   }
   AllowDependentGrids();
@@ -515,25 +589,33 @@ inline bool HasSm90aFeatures() {
 }
 
 template <typename T, int D, bool kPaged>
-cudaError_t LaunchPrefillSm90(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
+cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90KVMaps& maps, int ctas, cudaStream_t stream, bool pdl,
+                              int device) {
   using S = Sm90PrefillShape<T, D>;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
   if (BlocksPerSm<Sm90PrefillKernel<T, D, kPaged>>(S::kThreads, S::kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
-  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p);
+  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p,
+                                maps);
 }
 
-// The kernel (paged where p.indices is set, else ragged) on num_kv_heads x `ctas` blocks, then, if
-// `merge`, the merge of split requests' partials over the first `merge_rows` query tokens. The
-// caller has checked HasSm90aFeatures.
+// The kernel (paged where p.indices is set, else ragged, K and V then `kv_tokens` rows) on
+// num_kv_heads x `ctas` blocks, then, if `merge`, the merge of split requests' partials over the
+// first `merge_rows` query tokens. The caller has checked HasSm90aFeatures.
 template <typename T, int D>
-cudaError_t BatchPrefillSm90(const PrefillParams& p, int ctas, bool merge, int merge_rows, cudaStream_t stream, bool pdl,
-                             int device) {
+cudaError_t BatchPrefillSm90(const PrefillParams& p, int64_t kv_tokens, int ctas, bool merge, int merge_rows,
+                             cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  const cudaError_t status = p.indices != nullptr ? LaunchPrefillSm90<T, D, true>(p, ctas, stream, pdl, device)
-                                                  : LaunchPrefillSm90<T, D, false>(p, ctas, stream, pdl, device);
+  using S = Sm90PrefillShape<T, D>;
+  Sm90KVMaps maps{};
+  if (p.indices == nullptr) {
+    maps.ready = EncodeKVMap<T, S::kTileKV, D>(&maps.k, p.k, kv_tokens, p.num_kv_heads, p.k_stride_page, p.k_stride_head) &&
+                 EncodeKVMap<T, S::kTileKV, D>(&maps.v, p.v, kv_tokens, p.num_kv_heads, p.v_stride_page, p.v_stride_head);
+  }
+  const cudaError_t status = p.indices != nullptr ? LaunchPrefillSm90<T, D, true>(p, maps, ctas, stream, pdl, device)
+                                                  : LaunchPrefillSm90<T, D, false>(p, maps, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }

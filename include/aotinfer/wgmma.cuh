@@ -1,12 +1,14 @@
 // Hopper (sm90a) building blocks: shared-memory barriers (mbarrier), named barriers, the fence
-// between the generic and the async proxy, and warpgroup MMA (wgmma.mma_async) with its operands
-// in 128-byte-swizzled shared memory described by matrix descriptors.
+// between the generic and the async proxy, tensor copies by the TMA unit, and warpgroup MMA
+// (wgmma.mma_async) with its operands in 128-byte-swizzled shared memory described by matrix
+// descriptors.
 //
 // Tiles in shared memory (what the descriptors below describe): 16-bit elements, cut into regions
 // of 64 columns (128 bytes a row); region c / 64 of a tile of R rows starts at (c / 64) * R * 128
 // bytes, row r of it at r * 128, and its 16-byte chunk j (columns 8j..8j+7 of the region) at
 // (j ^ (r % 8)) * 16: the 128-byte swizzle, the same XOR the hardware applies to the address bits
-// 4-6 with bits 7-9, so a tile must start at a multiple of 1024 bytes.
+// 4-6 with bits 7-9, so a tile must start at a multiple of 1024 bytes. A TMA box of 64 columns
+// (128 bytes) x R rows with the 128-byte swizzle lands as one such region.
 //
 // wgmma: a warpgroup (4 consecutive warps, the first a multiple of 4) multiplies a 64 x 16 A by a
 // 16 x N B into a 64 x N float32 accumulator spread over its threads like N / 8 m16n8 tiles of
@@ -70,6 +72,26 @@ __device__ __forceinline__ void BarrierWait(uint64_t* barrier_a, uint32_t parity
 // The barrier counts one arrival when every cp.async this thread issued before has landed.
 __device__ __forceinline__ void ArriveWhenCopiesLand(uint64_t* barrier) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddress(barrier)) : "memory");
+}
+
+// Counts this thread's arrival and tells the barrier's current phase to wait, as well, for `bytes`
+// more bytes of bulk copies (CopyBox3d) to land.
+__device__ __forceinline__ void BarrierArriveExpectingBytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(barrier)),
+               "r"(bytes)
+               : "memory");
+}
+
+// The TMA unit copies the box of the 3-D tensor map `map` (a __grid_constant__ kernel parameter,
+// made on the host) at element coordinates (x, y, z), innermost first, to shared memory at `dst`,
+// laid out as the map's swizzle says; `barrier` counts its bytes as they land. Its writes are the
+// async proxy's, which wgmma reads with no proxy fence.
+__device__ __forceinline__ void CopyBox3d(void* dst, const void* map, int x, int y, int z, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::
+          "r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(SharedAddress(barrier))
+      : "memory");
 }
 
 // Orders this thread's view of shared memory (writes by cp.async or plain stores, seen through a
