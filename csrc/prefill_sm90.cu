@@ -30,12 +30,12 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
     AOTINFER_THROW(RuntimeError) << "batch_prefill_sm90: this build has no sm_90a code (its arch list named 9.0, not 9.0a): "
                                  << "rebuild with AOTINFER_CUDA_ARCH_LIST=9.0a, or plan with backend='fa2'";
   }
-  const int merge_rows = int(checked.total_q);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     const auto launch = checked.head_dim == 64    ? aotinfer::BatchPrefillSm90<T, 64>
                         : checked.head_dim == 128 ? aotinfer::BatchPrefillSm90<T, 128>
                                                   : aotinfer::BatchPrefillSm90<T, 256>;
-    CHECK_LAUNCH(launch(checked.params, k.size(0), int(ctas), merge, merge_rows, stream, pdl, device), "batch_prefill_sm90");
+    CHECK_LAUNCH(launch(checked.params, int(checked.total_q), k.size(0), int(ctas), merge, stream, pdl, device),
+                 "batch_prefill_sm90");
     return true;
   });
 }

@@ -10,14 +10,14 @@
 //   "full" mbarrier, counted as the copies land, and an "empty" one that every consumer warp
 //   arrives on once its MMAs have read the tile; it runs up to kStages tiles ahead, across items
 //   too. `setmaxnreg` gives its registers to the consumers;
-// - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (its own copies),
-//   then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
+// - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (one TMA copy
+//   where the group of query heads divides 64, else its threads' copies), then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
 //   on S in registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers,
 //   V N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
 //   while P V does; and the two warpgroups take turns issuing their MMAs (named barriers), so one's
 //   softmax runs while the other's MMAs do.
-// Outputs: the final output through shared memory (the warpgroup's Q rows) in 16-byte stores and
-// its LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes
+// Outputs: the final output through shared memory (the warpgroup's Q rows), written by one TMA
+// store where all 64 rows are the item's (else 16-byte stores), and its LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes
 // them. benchmarks/NOTES.md has what each step measured.
 #pragma once
 
@@ -54,18 +54,21 @@ struct Sm90PrefillShape {
   static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;
-  static constexpr int kBarrierBytes = 4 * kStages * 8;   // K and V full, K and V empty, a stage
+  static constexpr int kBarrierBytes = 4 * kStages * 8 + kConsumers * 8;  // K and V full and empty a stage; Q a group
   // 1024 bytes of slack: the tiles start at a multiple of 1024 (the swizzle's period).
   static constexpr size_t kSharedBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
   static_assert(kSharedBytes <= 227 * 1024, "an sm90 block's shared memory");
 };
 
-// A ragged batch's K and V as TMA tensor maps: 3-D (head_dim, tokens, heads), boxes of 64 dims x
-// kTileKV tokens x 1 head in the 128-byte swizzle. `ready` is 0 where the producer copies every
-// tile itself: a paged cache, or strides the TMA unit cannot take.
-struct Sm90KVMaps {
-  CUtensorMap k, v;
-  int ready;
+// The TMA unit's maps of a launch, made by the launcher, in the 128-byte swizzle. `kv`: a ragged
+// batch's K and V, 3-D (head_dim, tokens, heads), boxes of 64 dims x kTileKV tokens; 0 for a paged
+// cache, whose producer copies pages itself. `q_out`: Q and the output, 4-D (head_dim, the group's
+// query heads, KV heads, tokens), boxes of 64 dims x a warpgroup's 64 packed rows (64 / group
+// tokens of every head of the group); 0 where the group does not divide 64, and the consumers copy
+// Q and write the output themselves. Each 0 too where the strides are not what the TMA unit takes.
+struct Sm90TensorMaps {
+  CUtensorMap k, v, q, out;
+  int kv, q_out;
 };
 
 // cuTensorMapEncodeTiled, from the driver the runtime has loaded (no link to libcuda); null where
@@ -84,26 +87,30 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   return encode;
 }
 
-// The map of a ragged K or V: `tokens` rows of `heads` heads, strides in elements. False where the
-// TMA unit cannot take it (strides not positive multiples of 16 bytes below 2^40, more than 2^31
-// tokens, no encoder); the producer then copies with cp.async.
-template <typename T, int kTileKV, int D>
-inline bool EncodeKVMap(CUtensorMap* map, const void* base, int64_t tokens, int64_t heads, int64_t token_stride,
-                        int64_t head_stride) {
+// The map of a 16-bit tensor at `base` of kRank dimensions, dims[0] contiguous (head_dim), the
+// others `strides[i]` elements apart, in boxes of `box` elements. False where the TMA unit cannot
+// take it: a stride that is not a positive multiple of 16 bytes below 2^40 (a dimension of one
+// element takes any), a dimension past 2^31, no encoder.
+template <typename T, int kRank>
+inline bool EncodeTileMap(CUtensorMap* map, const void* base, const int64_t (&dims)[kRank], int64_t (&strides)[kRank],
+                          const uint32_t (&box)[kRank]) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
-  auto takes = [](int64_t stride) { return stride > 0 && stride % 8 == 0 && stride < (int64_t(1) << 39); };
-  if (heads == 1 && !takes(head_stride)) head_stride = 8;  // one head: its stride is never used
-  if (encode == nullptr || tokens < 1 || tokens > INT_MAX || heads < 1 || !takes(token_stride) || !takes(head_stride) ||
-      reinterpret_cast<uintptr_t>(base) % 16 != 0) {
-    return false;
+  if (encode == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  cuuint64_t global_dims[kRank], global_strides[kRank - 1];
+  cuuint32_t box_dims[kRank], element_strides[kRank];
+  for (int i = 0; i < kRank; ++i) {
+    if (dims[i] < 1 || dims[i] > INT_MAX) return false;
+    if (i > 0 && dims[i] == 1 && !(strides[i] > 0 && strides[i] % 8 == 0)) strides[i] = 8;  // never stepped
+    if (i > 0 && !(strides[i] > 0 && strides[i] % 8 == 0 && strides[i] < (int64_t(1) << 39))) return false;
+    global_dims[i] = cuuint64_t(dims[i]);
+    if (i > 0) global_strides[i - 1] = cuuint64_t(strides[i]) * 2;  // bytes
+    box_dims[i] = box[i];
+    element_strides[i] = 1;
   }
-  const cuuint64_t dims[3] = {cuuint64_t(D), cuuint64_t(tokens), cuuint64_t(heads)};
-  const cuuint64_t strides[2] = {cuuint64_t(token_stride) * 2, cuuint64_t(head_stride) * 2};  // bytes, of dims 1 and 2
-  const cuuint32_t box[3] = {64, kTileKV, 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type = std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(map, type, 3, const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode(map, type, kRank, const_cast<void*>(base), global_dims, global_strides, box_dims, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The keys an item attends (begin, end) and its tiles: the item's range cut by the request's
@@ -138,6 +145,7 @@ struct Sm90PrefillSmem {
   uint64_t* v_full;
   uint64_t* k_empty;
   uint64_t* v_empty;
+  uint64_t* q_full;  // [kConsumers]: a warpgroup's Q rows have landed (TMA's, where maps.q_out)
   __device__ __forceinline__ explicit Sm90PrefillSmem(uint8_t* raw) {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     q = base;
@@ -147,6 +155,7 @@ struct Sm90PrefillSmem {
     v_full = k_full + S::kStages;
     k_empty = v_full + S::kStages;
     v_empty = k_empty + S::kStages;
+    q_full = v_empty + S::kStages;
   }
 };
 
@@ -157,7 +166,7 @@ struct Sm90PrefillSmem {
 // computed by the lane that looked up its page (one row a lane) and handed over by shuffle. The
 // copies are the producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
-__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90KVMaps& maps, const Sm90PrefillSmem<T, D>& smem,
+__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90TensorMaps& maps, const Sm90PrefillSmem<T, D>& smem,
                                             int2 start) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
@@ -220,7 +229,7 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90KV
           else CopyAsync16OrZero(dst, c * kRowsAtOnce < left ? row : src, c * kRowsAtOnce < left);
         }
       };
-      if (!kPaged && full && maps.ready) {
+      if (!kPaged && full && maps.kv) {
         auto load_tile = [&](uint8_t* stage_base, const CUtensorMap& map, uint64_t* full_barrier) {
           if (tid == 0) {
             BarrierArriveExpectingBytes(full_barrier, S::kKVBytes);
@@ -249,12 +258,13 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90KV
   WaitAsyncGroups<0>();
 }
 
-// One consumer warpgroup's part of an item: its 64 query rows against the item's keys. `tma`: the
-// producer copies every full tile by TMA, so only the item's last tile (cp.async's) needs the
-// proxy fence before wgmma reads it.
+// One consumer warpgroup's part of an item, the group's `items_done`-th: its 64 query rows against
+// the item's keys. `tma`: the producer copies every full tile by TMA, so only the item's last tile
+// (cp.async's) needs the proxy fence before wgmma reads it.
 template <typename T, int D>
-__device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90PrefillSmem<T, D>& smem, int kv_head,
-                                                int4 item, int chunk_index, bool tma, uint32_t& counter) {
+__device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90TensorMaps& maps,
+                                                const Sm90PrefillSmem<T, D>& smem, int kv_head, int4 item, int chunk_index,
+                                                bool tma, uint32_t items_done, uint32_t& counter) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -270,8 +280,20 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   const int wg_row0 = wg * 64;  // of the item's rows
   const int barrier_id = 1 + wg;
 
-  // Q rows of this warpgroup (zero past the item's rows).
-  {
+  // Q rows of this warpgroup: one TMA copy (rows past the item's are another request's, or zeros
+  // past the tensor: their outputs are never written), or copied here (zeros past them).
+  if (maps.q_out) {
+    uint64_t* q_full = &smem.q_full[wg];
+    if (tid == 0) {
+      BarrierArriveExpectingBytes(q_full, S::kQBytes / S::kConsumers);
+      const int token = q_begin + int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0)));
+#pragma unroll
+      for (int region = 0; region < D / 64; ++region) {
+        CopyBox4d(smem.q + region * S::kTileQ * 128 + wg_row0 * 128, &maps.q, region * 64, 0, kv_head, token, q_full);
+      }
+    }
+    BarrierWait(q_full, items_done & 1);
+  } else {
     const T* q = static_cast<const T*>(p.q);
     for (int c = tid; c < 64 * S::kRowChunks; c += 128) {
       const int r = wg_row0 + c / S::kRowChunks, column = c % S::kRowChunks;
@@ -482,6 +504,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   // Finish each row (prefill.cuh's epilogue): the sum over the quad, the sink where the request is
   // not split, the LSE; the output through this warpgroup's Q rows, or float32 partials.
   const bool final = split.y <= 1;
+  const bool store_by_tma = final && maps.q_out && wg_row0 + 64 <= keys.rows;
   NamedBarrierSync(barrier_id, 128);  // every warp of the group is done reading Q
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -515,7 +538,20 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       if (t == 0) p.partial_lse[slot * p.num_qo_heads + head] = lse;
     }
   }
-  if (final) {
+  // The next writers of Q's rows are the TMA unit's (the output's store, the next item's Q): this
+  // thread's writes first.
+  if (final) FenceAsyncProxy();
+  if (store_by_tma) {
+    NamedBarrierSync(barrier_id, 128);
+    if (tid == 0) {
+      const int token = q_begin + int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0)));
+#pragma unroll
+      for (int region = 0; region < D / 64; ++region) {
+        StoreBox4d(&maps.out, region * 64, 0, kv_head, token, smem.q + region * S::kTileQ * 128 + wg_row0 * 128);
+      }
+      BulkStoresRead();
+    }
+  } else if (final) {
     NamedBarrierSync(barrier_id, 128);
     T* out = static_cast<T*>(p.out);
     for (int c = tid; c < 64 * S::kRowChunks; c += 128) {
@@ -533,7 +569,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
 
 template <typename T, int D, bool kPaged>
 __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1)
-    Sm90PrefillKernel(const PrefillParams p, const __grid_constant__ Sm90KVMaps maps) {
+    Sm90PrefillKernel(const PrefillParams p, const __grid_constant__ Sm90TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Sm90PrefillShape<T, D>;
   extern __shared__ uint8_t shared[];
@@ -545,6 +581,7 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1)
       BarrierInit(&smem.k_empty[s], 4 * S::kConsumers);  // a consumer warp's lane 0
       BarrierInit(&smem.v_empty[s], 4 * S::kConsumers);
     }
+    for (int g = 0; g < S::kConsumers; ++g) BarrierInit(&smem.q_full[g], 1);  // the group's thread 0, with Q's bytes
     BarrierInitFence();
   }
   __syncthreads();
@@ -556,14 +593,15 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
     if (threadIdx.x >= 256) NamedBarrierArrive(3, 256);  // the first turn on the tensor cores is warpgroup 0's
-    uint32_t counter = 0;  // tiles consumed, over every item
+    uint32_t counter = 0, items_done = 0;  // tiles and items consumed
     const int num_items = p.work[0].x;
-    const bool tma = !kPaged && maps.ready;
+    const bool tma = !kPaged && maps.kv;
     for (int i = start.y; i < num_items; i += gridDim.y) {
       const int4 item = p.work[2 + 2 * i];
       if (item.x < 0) continue;
-      Sm90ConsumeItem<T, D>(p, smem, start.x, item, p.work[3 + 2 * i].x, tma, counter);
+      Sm90ConsumeItem<T, D>(p, maps, smem, start.x, item, p.work[3 + 2 * i].x, tma, items_done++, counter);
     }
+    if (threadIdx.x % 128 == 0) BulkStoresDone();
   }
   AllowDependentGrids();
 #else
@@ -589,7 +627,7 @@ inline bool HasSm90aFeatures() {
 }
 
 template <typename T, int D, bool kPaged>
-cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90KVMaps& maps, int ctas, cudaStream_t stream, bool pdl,
+cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps, int ctas, cudaStream_t stream, bool pdl,
                               int device) {
   using S = Sm90PrefillShape<T, D>;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
@@ -601,23 +639,35 @@ cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90KVMaps& maps, in
                                 maps);
 }
 
-// The kernel (paged where p.indices is set, else ragged, K and V then `kv_tokens` rows) on
-// num_kv_heads x `ctas` blocks, then, if `merge`, the merge of split requests' partials over the
-// first `merge_rows` query tokens. The caller has checked HasSm90aFeatures.
+// The kernel (`q_tokens` query tokens; paged where p.indices is set, else ragged, K and V then
+// `kv_tokens` rows) on num_kv_heads x `ctas` blocks, then, if `merge`, the merge of split
+// requests' partials. The caller has checked HasSm90aFeatures.
 template <typename T, int D>
-cudaError_t BatchPrefillSm90(const PrefillParams& p, int64_t kv_tokens, int ctas, bool merge, int merge_rows,
+cudaError_t BatchPrefillSm90(const PrefillParams& p, int q_tokens, int64_t kv_tokens, int ctas, bool merge,
                              cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
   using S = Sm90PrefillShape<T, D>;
-  Sm90KVMaps maps{};
+  Sm90TensorMaps maps{};
+  const int64_t heads = p.num_kv_heads, group = p.group;
   if (p.indices == nullptr) {
-    maps.ready = EncodeKVMap<T, S::kTileKV, D>(&maps.k, p.k, kv_tokens, p.num_kv_heads, p.k_stride_page, p.k_stride_head) &&
-                 EncodeKVMap<T, S::kTileKV, D>(&maps.v, p.v, kv_tokens, p.num_kv_heads, p.v_stride_page, p.v_stride_head);
+    const int64_t kv_dims[3] = {D, kv_tokens, heads};
+    const uint32_t kv_box[3] = {64, S::kTileKV, 1};
+    int64_t k_strides[3] = {1, p.k_stride_page, p.k_stride_head}, v_strides[3] = {1, p.v_stride_page, p.v_stride_head};
+    maps.kv = EncodeTileMap<T, 3>(&maps.k, p.k, kv_dims, k_strides, kv_box) &&
+              EncodeTileMap<T, 3>(&maps.v, p.v, kv_dims, v_strides, kv_box);
+  }
+  if (64 % group == 0) {  // a warpgroup's 64 packed rows: 64 / group tokens of the group's heads
+    const int64_t q_dims[4] = {D, group, heads, int64_t(q_tokens)};
+    const uint32_t q_box[4] = {64, uint32_t(group), 1, uint32_t(64 / group)};
+    int64_t q_strides[4] = {1, p.q_stride_h, group * p.q_stride_h, p.q_stride_n};
+    int64_t out_strides[4] = {1, p.out_stride_h, group * p.out_stride_h, p.out_stride_n};
+    maps.q_out = EncodeTileMap<T, 4>(&maps.q, p.q, q_dims, q_strides, q_box) &&
+                 EncodeTileMap<T, 4>(&maps.out, p.out, q_dims, out_strides, q_box);
   }
   const cudaError_t status = p.indices != nullptr ? LaunchPrefillSm90<T, D, true>(p, maps, ctas, stream, pdl, device)
                                                   : LaunchPrefillSm90<T, D, false>(p, maps, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
-  return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
+  return MergePartials<T, D>(p, q_tokens, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }
 
 }  // namespace aotinfer

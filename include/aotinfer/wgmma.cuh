@@ -94,6 +94,33 @@ __device__ __forceinline__ void CopyBox3d(void* dst, const void* map, int x, int
       : "memory");
 }
 
+// The same for a box of a 4-D tensor map at (x, y, z, w).
+__device__ __forceinline__ void CopyBox4d(void* dst, const void* map, int x, int y, int z, int w, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::
+          "r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(w), "r"(SharedAddress(barrier))
+      : "memory");
+}
+
+// The TMA unit writes shared memory at `src` (laid out as the map's swizzle says) to the box of
+// the 4-D tensor map `map` at (x, y, z, w); elements past the tensor's bounds are not written. The
+// shared memory must have been written before through the async proxy's view (FenceAsyncProxy by
+// the writing threads, then a barrier). Committed as a bulk group (BulkStoresRead).
+__device__ __forceinline__ void StoreBox4d(const void* map, int x, int y, int z, int w, const void* src) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(x), "r"(y), "r"(z), "r"(w), "r"(SharedAddress(src))
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until this thread's bulk stores have read their shared memory (it may be written again).
+__device__ __forceinline__ void BulkStoresRead() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// Waits until this thread's bulk stores are complete (their writes visible).
+__device__ __forceinline__ void BulkStoresDone() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 // Orders this thread's view of shared memory (writes by cp.async or plain stores, seen through a
 // barrier) before the async proxy's reads (wgmma's operands).
 __device__ __forceinline__ void FenceAsyncProxy() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
