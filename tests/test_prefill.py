@@ -467,6 +467,36 @@ def test_bad_tensors_are_named():
 
 
 @gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 2, 8, 16, 3], ids=lambda g: f"group{g}")
+def test_hopper_tma_copies_take_views_and_every_group(group, head_dim):
+    # fa3's TMA copies (K and V tiles, each warpgroup's Q rows, the output's store) address tensors
+    # through maps of their strides: q, out, k and v here are views into larger buffers (rows
+    # padded, the tokens offset), sequences end inside Q tiles (the output rows past them are the
+    # threads' stores), and group 3 does not divide a warpgroup's 64 rows (Q copied by threads).
+    backend_or_skip("fa3", head_dim)
+    kv_heads, dtype = 2, torch.bfloat16
+    heads = kv_heads * group
+    q_lens, kv_lens = [300, 77, 1], [700, 77, 260]
+    qo_indptr, kv_indptr = indptr_of(q_lens), indptr_of(kv_lens)
+    total_q, total_kv = int(qo_indptr[-1]), int(kv_indptr[-1])
+    q = torch.randn(total_q + 5, heads + 1, head_dim, device="cuda").to(dtype)[5:, 1:]
+    k = torch.randn(total_kv + 3, kv_heads, 2 * head_dim, device="cuda").to(dtype)[3:, :, :head_dim]
+    v = torch.randn(total_kv + 3, kv_heads, 2 * head_dim, device="cuda").to(dtype)[3:, :, head_dim:]
+    out_buffer = poisoned((total_q, heads + 2, head_dim), dtype)
+    out = out_buffer[:, 2:]
+    keys = [k[int(kv_indptr[b]) : int(kv_indptr[b + 1])] for b in range(3)]
+    values = [v[int(kv_indptr[b]) : int(kv_indptr[b + 1])] for b in range(3)]
+    want, want_lse = reference(q, qo_indptr, keys, values, 1 / math.sqrt(head_dim), causal=True)
+    wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace("cuda", 128 << 20), backend="fa3")
+    wrapper.plan(qo_indptr.cuda(), kv_indptr.cuda(), heads, kv_heads, head_dim, causal=True, q_data_type=dtype)
+    lse = poisoned((total_q, heads), torch.float32)
+    wrapper.run(q, k, v, out=out, lse=lse, return_lse=True)
+    check(out, want, dtype, lse, want_lse)
+    assert out_buffer[:, :2].isnan().all(), "the output's view was written past its heads"
+
+
+@gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("heads", [(8, 8, 64), (32, 8, 128), (12, 2, 256)], ids=["g1d64", "g4d128", "g6d256"])
