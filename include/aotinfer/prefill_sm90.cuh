@@ -11,14 +11,16 @@
 //   arrives on once its MMAs have read the tile; it runs up to kStages tiles ahead, across items
 //   too. `setmaxnreg` gives its registers to the consumers;
 // - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (one TMA copy
-//   where the group of query heads divides 64, else its threads' copies), then a tile is S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2
-//   on S in registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers,
-//   V N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
+//   where the group of query heads divides 64, else its threads' copies), then a tile is
+//   S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2 on S in
+//   registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers, V
+//   N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
 //   while P V does; and the two warpgroups take turns issuing their MMAs (named barriers), so one's
 //   softmax runs while the other's MMAs do.
 // Outputs: the final output through shared memory (the warpgroup's Q rows), written by one TMA
-// store where all 64 rows are the item's (else 16-byte stores), and its LSE, or float32 partials of a split request for MergePartialsKernel, as prefill.cuh writes
-// them. benchmarks/NOTES.md has what each step measured.
+// store where all 64 rows are the item's (else 16-byte stores), and its LSE; or float32 partials
+// of a split request for MergePartialsKernel, as prefill.cuh writes them. benchmarks/NOTES.md has
+// what each step measured.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap: the driver's types only (its encoder is looked up at run time)
@@ -77,8 +79,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
       cudaGetLastError();
       fn = nullptr;
     }
@@ -107,7 +110,8 @@ inline bool EncodeTileMap(CUtensorMap* map, const void* base, const int64_t (&di
     box_dims[i] = box[i];
     element_strides[i] = 1;
   }
-  const CUtensorMapDataType type = std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUtensorMapDataType type =
+      std::is_same_v<T, half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return encode(map, type, kRank, const_cast<void*>(base), global_dims, global_strides, box_dims, element_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -166,8 +170,8 @@ struct Sm90PrefillSmem {
 // computed by the lane that looked up its page (one row a lane) and handed over by shuffle. The
 // copies are the producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
-__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90TensorMaps& maps, const Sm90PrefillSmem<T, D>& smem,
-                                            int2 start) {
+__device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90TensorMaps& maps,
+                                            const Sm90PrefillSmem<T, D>& smem, int2 start) {
   using S = Sm90PrefillShape<T, D>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
   constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
@@ -235,7 +239,8 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Te
             BarrierArriveExpectingBytes(full_barrier, S::kKVBytes);
 #pragma unroll
             for (int region = 0; region < D / 64; ++region) {
-              CopyBox3d(stage_base + region * S::kTileKV * 128, &map, region * 64, kv_offset + tile_pos, kv_head, full_barrier);
+              CopyBox3d(stage_base + region * S::kTileKV * 128, &map, region * 64, kv_offset + tile_pos, kv_head,
+                        full_barrier);
             }
           } else {
             BarrierArrive(full_barrier);
@@ -627,16 +632,16 @@ inline bool HasSm90aFeatures() {
 }
 
 template <typename T, int D, bool kPaged>
-cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps, int ctas, cudaStream_t stream, bool pdl,
-                              int device) {
+cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps, int ctas, cudaStream_t stream,
+                              bool pdl, int device) {
   using S = Sm90PrefillShape<T, D>;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
   if (BlocksPerSm<Sm90PrefillKernel<T, D, kPaged>>(S::kThreads, S::kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
-  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p,
-                                maps);
+  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl,
+                                p, maps);
 }
 
 // The kernel (`q_tokens` query tokens; paged where p.indices is set, else ragged, K and V then
