@@ -95,18 +95,20 @@ inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
 // take it: a stride that is not a positive multiple of 16 bytes below 2^40 (a dimension of one
 // element takes any), a dimension past 2^31, no encoder.
 template <typename T, int kRank>
-inline bool EncodeTileMap(CUtensorMap* map, const void* base, const int64_t (&dims)[kRank], int64_t (&strides)[kRank],
-                          const uint32_t (&box)[kRank]) {
+inline bool EncodeTileMap(CUtensorMap* map, const void* base, const int64_t (&dims)[kRank],
+                          const int64_t (&strides)[kRank], const uint32_t (&box)[kRank]) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = TensorMapEncoder();
   if (encode == nullptr || reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
   cuuint64_t global_dims[kRank], global_strides[kRank - 1];
   cuuint32_t box_dims[kRank], element_strides[kRank];
   for (int i = 0; i < kRank; ++i) {
     if (dims[i] < 1 || dims[i] > INT_MAX) return false;
-    if (i > 0 && dims[i] == 1 && !(strides[i] > 0 && strides[i] % 8 == 0)) strides[i] = 8;  // never stepped
-    if (i > 0 && !(strides[i] > 0 && strides[i] % 8 == 0 && strides[i] < (int64_t(1) << 39))) return false;
+    if (i > 0) {
+      const bool takes = strides[i] > 0 && strides[i] % 8 == 0 && strides[i] < (int64_t(1) << 39);
+      if (!takes && dims[i] > 1) return false;
+      global_strides[i - 1] = cuuint64_t(takes ? strides[i] : 8) * 2;  // bytes; one element's is never stepped
+    }
     global_dims[i] = cuuint64_t(dims[i]);
-    if (i > 0) global_strides[i - 1] = cuuint64_t(strides[i]) * 2;  // bytes
     box_dims[i] = box[i];
     element_strides[i] = 1;
   }
@@ -657,15 +659,16 @@ cudaError_t BatchPrefillSm90(const PrefillParams& p, int q_tokens, int64_t kv_to
   if (p.indices == nullptr) {
     const int64_t kv_dims[3] = {D, kv_tokens, heads};
     const uint32_t kv_box[3] = {64, S::kTileKV, 1};
-    int64_t k_strides[3] = {1, p.k_stride_page, p.k_stride_head}, v_strides[3] = {1, p.v_stride_page, p.v_stride_head};
+    const int64_t k_strides[3] = {1, p.k_stride_page, p.k_stride_head};
+    const int64_t v_strides[3] = {1, p.v_stride_page, p.v_stride_head};
     maps.kv = EncodeTileMap<T, 3>(&maps.k, p.k, kv_dims, k_strides, kv_box) &&
               EncodeTileMap<T, 3>(&maps.v, p.v, kv_dims, v_strides, kv_box);
   }
   if (64 % group == 0) {  // a warpgroup's 64 packed rows: 64 / group tokens of the group's heads
     const int64_t q_dims[4] = {D, group, heads, int64_t(q_tokens)};
     const uint32_t q_box[4] = {64, uint32_t(group), 1, uint32_t(64 / group)};
-    int64_t q_strides[4] = {1, p.q_stride_h, group * p.q_stride_h, p.q_stride_n};
-    int64_t out_strides[4] = {1, p.out_stride_h, group * p.out_stride_h, p.out_stride_n};
+    const int64_t q_strides[4] = {1, p.q_stride_h, group * p.q_stride_h, p.q_stride_n};
+    const int64_t out_strides[4] = {1, p.out_stride_h, group * p.out_stride_h, p.out_stride_n};
     maps.q_out = EncodeTileMap<T, 4>(&maps.q, p.q, q_dims, q_strides, q_box) &&
                  EncodeTileMap<T, 4>(&maps.out, p.out, q_dims, out_strides, q_box);
   }
