@@ -1954,10 +1954,10 @@ template <auto kKernel>
 int ActiveClusters(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
   if (parts == 1) return GetDeviceFacts(device).sms;
   if (GetDeviceFacts(device).major < 9 || parts > kMaxRowParts || device < 0 || device >= kMaxDevices) return 0;
-  static int active[kMaxDevices][kMaxRowParts + 1] = {};
-  static bool asked[kMaxDevices][kMaxRowParts + 1] = {};
-  int& known = active[device][parts];
-  if (!asked[device][parts]) {
+  static std::atomic<int> known[kMaxDevices][kMaxRowParts + 1] = {};  // clusters + 1; 0: not asked yet
+  std::atomic<int>& slot = known[device][parts];
+  int value = slot.load(std::memory_order_acquire);
+  if (value == 0) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(parts));
     config.blockDim = dim3(unsigned(threads));
@@ -1971,14 +1971,10 @@ int ActiveClusters(int parts, size_t shared_bytes, int device, int threads = kSa
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) clusters = 0;
     cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
-    known = clusters;
-    asked[device][parts] = true;
+    value = clusters + 1;
+    slot.store(value, std::memory_order_release);  // a second thread asking meanwhile gets the same answer
   }
-  return known;
-}
-template <auto kKernel>
-bool ClusterFits(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
-  return ActiveClusters<kKernel>(parts, shared_bytes, device, threads) > 0;
+  return value - 1;
 }
 
 // The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
@@ -2114,7 +2110,7 @@ bool LaunchResidentSoftmax(const SoftmaxParams& p, int device, cudaStream_t stre
   const int sms = GetDeviceFacts(device).sms;
   if (p.rows * parts * 2 <= sms) parts = int(std::min<int64_t>(kMaxRowParts, std::max<int64_t>(parts, sms / p.rows)));
   if (BlocksPerSm<kKernel>(kThreads, kShared, device) == 0) return false;
-  while (parts > 1 && !ClusterFits<kKernel>(parts, kShared, device, kThreads)) {
+  while (parts > 1 && ActiveClusters<kKernel>(parts, kShared, device, kThreads) == 0) {
     if (int64_t(parts - 1) * kPerBlock < p.vocab) return false;  // fewer blocks cannot hold the row
     --parts;
   }
