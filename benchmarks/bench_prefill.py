@@ -2,6 +2,7 @@
 (flash and cuDNN backends), and paged beside ragged KV.
 
     python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3] [--seqs 8192,16384]
+                                       [--flashinfer-fa3 DIR]
 
 Backends: "fa2", the kernel of every arch (mma.sync), and "fa3", Hopper's (wgmma; compute
 capability 9.0), each where it runs.
@@ -15,6 +16,9 @@ sequences of 512-4096 tokens (causal prefill), once against a paged cache (page 
 scattered over a pool of twice the pages used) and once against the same keys contiguous; then
 against the same pages in fp8 (e4m3 and e5m2, checked against the ragged run over the keys and
 values dequantized).
+
+With --flashinfer-fa3, FlashInfer's Hopper kernel joins the single sequences as a column ("FI fa3"),
+from modules built beforehand (benchmarks/flashinfer_fa3.py), checked and timed as ours are.
 """
 
 import argparse
@@ -25,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotinfer
 from aotinfer.testing import bench_gpu_time
+from flashinfer_fa3 import SinglePrefill
 
 WORKSPACE = 256 << 20
 
@@ -66,7 +71,7 @@ def sdpa_time(q, k, v, causal, backend):
         return float("nan")
 
 
-def single(seq, heads, kv_heads, head_dim, causal, backends, dtype=torch.bfloat16):
+def single(seq, heads, kv_heads, head_dim, causal, backends, flashinfer_dir=None, dtype=torch.bfloat16):
     q = torch.randn(seq, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
@@ -84,6 +89,13 @@ def single(seq, heads, kv_heads, head_dim, causal, backends, dtype=torch.bfloat1
         run()
         check_against_sdpa(out, q, k, v, causal)
         columns.append(f"{backend} {n / bench_gpu_time(run, cold_l2_cache=False)[0] / 1e12:6.1f}")
+    baseline = SinglePrefill(flashinfer_dir, head_dim) if flashinfer_dir else None
+    if baseline is not None and baseline.available() and dtype == torch.bfloat16:
+        out = torch.full_like(q, float("nan"))
+        run = lambda: baseline(q, k, v, out, causal)  # noqa: E731
+        run()
+        check_against_sdpa(out, q, k, v, causal)
+        columns.append(f"FI fa3 {n / bench_gpu_time(run, cold_l2_cache=False)[0] / 1e12:6.1f}")
     for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
         columns.append(f"{name} {n / sdpa_time(q, k, v, causal, backend) / 1e12:6.1f}")
     label = f"{seq}x{seq} {heads}/{kv_heads} heads d{head_dim} {'causal' if causal else 'full'}"
@@ -156,6 +168,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="the d128 8192 cases and the batch only")
     parser.add_argument("--backends", default="fa2,fa3", help="comma-separated: fa2, fa3 (each where it runs)")
     parser.add_argument("--seqs", default="8192", help="comma-separated single-sequence lengths")
+    parser.add_argument("--flashinfer-fa3", metavar="DIR", help="FlashInfer's Hopper modules (flashinfer_fa3.py build)")
     args = parser.parse_args()
     backends = args.backends.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
@@ -163,7 +176,7 @@ def main():
     for seq in (int(n) for n in args.seqs.split(",")):
         for heads, kv_heads, head_dim in cases:
             for causal in (True, False):
-                single(seq, heads, kv_heads, head_dim, causal, backends)
+                single(seq, heads, kv_heads, head_dim, causal, backends, args.flashinfer_fa3)
     for backend in backends:
         if runs(backend):
             batch_paged_vs_ragged(backend)
