@@ -586,6 +586,7 @@ def test_sanitizer_clean(tmp_path, tool):
         "    ('paged', [(40, 300), (3, 3)], (8, 2, 64), torch.float16, None, 'auto'), ('ragged', [(130, 130)], (4, 4, 128), torch.float16, None, 'auto'),\n"
         "    ('paged', [(20, 2000)], (4, 4, 256), torch.float16, None, 'fa2'), ('ragged', [(150, 700)], (4, 2, 256), torch.bfloat16, None, 'auto'),\n"
         "    ('paged', [(150, 400), (3, 35)], (8, 2, 128), torch.bfloat16, fp8[0], 'auto'), ('paged', [(70, 300)], (4, 2, 256), torch.float16, fp8[1], 'auto'),\n"
+        "    ('ragged', [(200, 330), (70, 70)], (8, 2, 64), torch.bfloat16, None, 'auto'),\n"
         "):\n"
         "    case = Case(pairs, heads, dtype, kind, kv_dtype=kv_dtype)\n"
         "    wrapper = case.wrapper(backend=backend)\n"
@@ -667,12 +668,14 @@ def test_heads_sharing_l2_fit_a_third_of_it():
 
 def test_plan_orders_heads_and_tiles_for_its_kernel():
     # The first kernel (the plan of a CPU workspace) keeps every KV head together; Hopper's takes
-    # 128 query rows a block at every head_dim, two warpgroups of 64.
+    # 64 query rows a consumer warpgroup: three groups for a ragged batch at head_dim 64, else two.
     case = Case(PAIRS, (12, 4, 256), torch.float16, "ragged", device="cpu")
     wrapper = case.wrapper(device="cpu")
     case.plan(wrapper, causal=True)
     assert int(wrapper._plan.work[0, 1]) == 4
     assert prefill.tile_rows(256) == 64 and prefill.tile_rows(256, sm90=True) == 128
+    assert prefill.tile_rows(64) == 128 and prefill.tile_rows(64, sm90=True) == 192
+    assert prefill.tile_rows(64, sm90=True, paged=True) == 128
 
 
 def test_partition_orders_causal_tiles_by_their_keys():

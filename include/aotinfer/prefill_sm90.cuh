@@ -40,19 +40,28 @@
 
 namespace aotinfer {
 
-template <typename T, int D>
+template <typename T, int D, bool kPaged>
 struct Sm90PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
-  static constexpr int kConsumers = 2;                    // warpgroups, 64 query rows each
+  // Consumer warpgroups, 64 query rows each: three for a ragged batch at head_dim 64, where a
+  // tile's softmax takes as long as its MMAs and a third group keeps the tensor cores busy through
+  // two groups' softmax. A paged cache keeps two: its producer's 56 registers would leave a third
+  // group 152, and P then spills in the loop.
+  static constexpr int kConsumers = D == 64 && !kPaged ? 3 : 2;
   static constexpr int kTileQ = 64 * kConsumers;
+  // Named barriers: 0 the block's, 1 + w consumer group w's own, kTurnBarriers + w its turn on the
+  // tensor cores.
+  static constexpr int kTurnBarriers = 1 + kConsumers;
   // Keys a tile: at head_dim 256 the output takes 128 registers a thread, S and P of 80 keys fit
   // beside it, and two stages of K and V beside Q.
   static constexpr int kTileKV = D == 256 ? 80 : 128;
   static constexpr int kStages = 2;  // measured: 3 (224 KB) no faster
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
-  // Registers a thread (setmaxnreg): the producer needs few, the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
-  static_assert(128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536, "the register file");
+  // Registers a thread (setmaxnreg), moved between warpgroups from the 65536 / kThreads each a
+  // block is launched with: the producer needs few (the paged copies' addresses 56; with three
+  // consumer groups the TMA unit copies the full tiles, and 32 do), the consumers hold S, P and O.
+  static constexpr int kProducerRegisters = kConsumers == 3 ? 32 : 56;
+  static constexpr int kConsumerRegisters = (65536 / 128 - kProducerRegisters) / kConsumers / 8 * 8;  // setmaxnreg's steps
   static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;
@@ -141,9 +150,9 @@ __device__ __forceinline__ Sm90ItemKeys ItemKeys(const PrefillParams& p, int4 it
 }
 
 // The shared memory of a block: Q, the K and V stages (each tile 1024-byte aligned), barriers.
-template <typename T, int D>
+template <typename T, int D, bool kPaged>
 struct Sm90PrefillSmem {
-  using S = Sm90PrefillShape<T, D>;
+  using S = Sm90PrefillShape<T, D, kPaged>;
   uint8_t* q;
   uint8_t* k;  // [kStages][kKVBytes]
   uint8_t* v;
@@ -173,8 +182,8 @@ struct Sm90PrefillSmem {
 // copies are the producer's whole cost, so their addresses are one add each.
 template <typename T, int D, bool kPaged>
 __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90TensorMaps& maps,
-                                            const Sm90PrefillSmem<T, D>& smem, int2 start) {
-  using S = Sm90PrefillShape<T, D>;
+                                            const Sm90PrefillSmem<T, D, kPaged>& smem, int2 start) {
+  using S = Sm90PrefillShape<T, D, kPaged>;
   constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
   constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
   static_assert(kCopies * kWarpRows <= 32, "a lane looks up at most one row");
@@ -268,11 +277,11 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Te
 // One consumer warpgroup's part of an item, the group's `items_done`-th: its 64 query rows against
 // the item's keys. `tma`: the producer copies every full tile by TMA, so only the item's last tile
 // (cp.async's) needs the proxy fence before wgmma reads it.
-template <typename T, int D>
+template <typename T, int D, bool kPaged>
 __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90TensorMaps& maps,
-                                                const Sm90PrefillSmem<T, D>& smem, int kv_head, int4 item, int chunk_index,
+                                                const Sm90PrefillSmem<T, D, kPaged>& smem, int kv_head, int4 item, int chunk_index,
                                                 bool tma, uint32_t items_done, uint32_t& counter) {
-  using S = Sm90PrefillShape<T, D>;
+  using S = Sm90PrefillShape<T, D, kPaged>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   // Broadcast from lane 0, so the compiler knows it is the same across the warp: what derives from
@@ -439,7 +448,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   };
   // The two warpgroups take turns on the tensor cores (ping-pong): each issues its MMAs after the
   // other has issued its own, so one's softmax runs while the other's MMAs do.
-  const int my_turn = 3 + wg, their_turn = 3 + (1 - wg);
+  // Round robin: warpgroup w's turn is passed on by the one before it.
+  const int my_turn = S::kTurnBarriers + wg, their_turn = S::kTurnBarriers + (wg + 1) % S::kConsumers;
   auto take_turn = [&] { NamedBarrierSync(my_turn, 256); };
   auto pass_turn = [&] { NamedBarrierArrive(their_turn, 256); };
   auto stage_of = [&](uint32_t n) { return int(n % S::kStages); };
@@ -575,12 +585,12 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
 }
 
 template <typename T, int D, bool kPaged>
-__global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1)
+__global__ void __launch_bounds__(Sm90PrefillShape<T, D, kPaged>::kThreads, 1)
     Sm90PrefillKernel(const PrefillParams p, const __grid_constant__ Sm90TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Sm90PrefillShape<T, D>;
+  using S = Sm90PrefillShape<T, D, kPaged>;
   extern __shared__ uint8_t shared[];
-  const Sm90PrefillSmem<T, D> smem(shared);
+  const Sm90PrefillSmem<T, D, kPaged> smem(shared);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       BarrierInit(&smem.k_full[s], 128);  // the producer's threads, as their copies land
@@ -599,14 +609,16 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D>::kThreads, 1)
     Sm90Produce<T, D, kPaged>(p, maps, smem, start);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
-    if (threadIdx.x >= 256) NamedBarrierArrive(3, 256);  // the first turn on the tensor cores is warpgroup 0's
+    if (threadIdx.x >= 128 * S::kConsumers) {
+      NamedBarrierArrive(S::kTurnBarriers, 256);  // the first turn on the tensor cores is warpgroup 0's
+    }
     uint32_t counter = 0, items_done = 0;  // tiles and items consumed
     const int num_items = p.work[0].x;
     const bool tma = !kPaged && maps.kv;
     for (int i = start.y; i < num_items; i += gridDim.y) {
       const int4 item = p.work[2 + 2 * i];
       if (item.x < 0) continue;
-      Sm90ConsumeItem<T, D>(p, maps, smem, start.x, item, p.work[3 + 2 * i].x, tma, items_done++, counter);
+      Sm90ConsumeItem<T, D, kPaged>(p, maps, smem, start.x, item, p.work[3 + 2 * i].x, tma, items_done++, counter);
     }
     if (threadIdx.x % 128 == 0) BulkStoresDone();
   }
@@ -636,7 +648,7 @@ inline bool HasSm90aFeatures() {
 template <typename T, int D, bool kPaged>
 cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps, int ctas, cudaStream_t stream,
                               bool pdl, int device) {
-  using S = Sm90PrefillShape<T, D>;
+  using S = Sm90PrefillShape<T, D, kPaged>;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
   if (BlocksPerSm<Sm90PrefillKernel<T, D, kPaged>>(S::kThreads, S::kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
@@ -646,17 +658,17 @@ cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps
                                 p, maps);
 }
 
-// The kernel (`q_tokens` query tokens; paged where p.indices is set, else ragged, K and V then
-// `kv_tokens` rows) on num_kv_heads x `ctas` blocks, then, if `merge`, the merge of split
-// requests' partials. The caller has checked HasSm90aFeatures.
+// The kernel (`q_tokens` query tokens; `paged`, else ragged, K and V then `kv_tokens` rows) on
+// num_kv_heads x `ctas` blocks, then, if `merge`, the merge of split requests' partials. The
+// caller has checked HasSm90aFeatures, and planned the query tiles of that kind's kTileQ.
 template <typename T, int D>
-cudaError_t BatchPrefillSm90(const PrefillParams& p, int q_tokens, int64_t kv_tokens, int ctas, bool merge,
+cudaError_t BatchPrefillSm90(const PrefillParams& p, bool paged, int q_tokens, int64_t kv_tokens, int ctas, bool merge,
                              cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  using S = Sm90PrefillShape<T, D>;
+  using S = Sm90PrefillShape<T, D, false>;  // the maps of K and V are a ragged batch's
   Sm90TensorMaps maps{};
   const int64_t heads = p.num_kv_heads, group = p.group;
-  if (p.indices == nullptr) {
+  if (!paged) {
     const int64_t kv_dims[3] = {D, kv_tokens, heads};
     const uint32_t kv_box[3] = {64, S::kTileKV, 1};
     const int64_t k_strides[3] = {1, p.k_stride_page, p.k_stride_head};
@@ -672,8 +684,8 @@ cudaError_t BatchPrefillSm90(const PrefillParams& p, int q_tokens, int64_t kv_to
     maps.q_out = EncodeTileMap<T, 4>(&maps.q, p.q, q_dims, q_strides, q_box) &&
                  EncodeTileMap<T, 4>(&maps.out, p.out, q_dims, out_strides, q_box);
   }
-  const cudaError_t status = p.indices != nullptr ? LaunchPrefillSm90<T, D, true>(p, maps, ctas, stream, pdl, device)
-                                                  : LaunchPrefillSm90<T, D, false>(p, maps, ctas, stream, pdl, device);
+  const cudaError_t status = paged ? LaunchPrefillSm90<T, D, true>(p, maps, ctas, stream, pdl, device)
+                                  : LaunchPrefillSm90<T, D, false>(p, maps, ctas, stream, pdl, device);
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, q_tokens, PrefillPartials{p.requests, p.batch}, stream, pdl);
 }
