@@ -102,6 +102,9 @@ def flashinfer_baseline():
             lib.fi_rmsnorm.argtypes = [p, p, p, i64, i32, f32, i32, i32, p]
             lib.fi_fused_add_rmsnorm.argtypes = [p, p, p, i64, i32, f32, i32, i32, p]
             lib.fi_layernorm.argtypes = [p, p, p, p, i64, i32, f32, p]
+            lib.fi_rmsnorm_quant.argtypes = [p, p, p, p, i64, i32, f32, p]
+            lib.fi_fused_add_rmsnorm_quant.argtypes = [p, p, p, p, p, i64, i32, f32, p]
+            lib.fi_layernorm_quant.argtypes = [p, p, p, p, p, i64, i32, f32, p]
     return _libraries["flashinfer_baseline.cu"]
 
 

@@ -10,6 +10,7 @@
 // activation functions are the ones its JIT passes to the kernel template: SiLU as x / (1 + e^-x)
 // with the fast exponential, GELU-tanh through the hardware tanh.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,6 +93,32 @@ int fi_layernorm(void* out, void* input, void* gamma, void* beta, int64_t rows, 
   return flashinfer::norm::LayerNorm(static_cast<bf16*>(input), static_cast<float*>(gamma), static_cast<float*>(beta),
                                      static_cast<bf16*>(out), uint32_t(rows), uint32_t(d), eps,
                                      static_cast<cudaStream_t>(stream));
+}
+
+// The FP8-output norms (bench_norm_quant.py): bf16 rows, e4m3 out, the scale a float32 on the device.
+int fi_rmsnorm_quant(void* out, void* input, void* weight, void* scale, int64_t rows, int d, float eps,
+                     void* stream) {
+  return flashinfer::norm::RMSNormQuant(static_cast<bf16*>(input), static_cast<bf16*>(weight),
+                                        static_cast<__nv_fp8_e4m3*>(out), uint32_t(rows), uint32_t(d), uint32_t(d),
+                                        uint32_t(d), static_cast<float*>(scale), eps, false,
+                                        static_cast<cudaStream_t>(stream));
+}
+
+int fi_fused_add_rmsnorm_quant(void* out, void* input, void* residual, void* weight, void* scale, int64_t rows, int d,
+                               float eps, void* stream) {
+  return flashinfer::norm::FusedAddRMSNormQuant(static_cast<bf16*>(input), static_cast<bf16*>(residual),
+                                                static_cast<bf16*>(weight), static_cast<__nv_fp8_e4m3*>(out),
+                                                uint32_t(rows), uint32_t(d), uint32_t(d), uint32_t(d), uint32_t(d),
+                                                static_cast<float*>(scale), eps, false,
+                                                static_cast<cudaStream_t>(stream));
+}
+
+int fi_layernorm_quant(void* out, void* input, void* gamma, void* beta, void* scale, int64_t rows, int d, float eps,
+                       void* stream) {
+  return flashinfer::norm::LayerNormQuant(static_cast<bf16*>(input), static_cast<float*>(gamma),
+                                          static_cast<float*>(beta), static_cast<__nv_fp8_e4m3*>(out),
+                                          static_cast<float*>(scale), uint32_t(rows), uint32_t(d), eps,
+                                          static_cast<cudaStream_t>(stream));
 }
 
 }  // extern "C"
