@@ -1,6 +1,6 @@
 """Paged decode attention: bandwidth beside a copy of the same bytes, and step latency.
 
-    python benchmarks/bench_decode.py [--quick]
+    python benchmarks/bench_decode.py [--quick] [--flashinfer DIR]
 
 Shape: Llama-3-8B-like, 32 query / 8 KV heads, head_dim 128, page_size 16, bf16, each request's
 pages scattered at random in a pool of twice the pages used. Bytes = the K and V rows attended +
@@ -8,6 +8,10 @@ q read + output written; each case is timed (cold L2) beside torch's device-to-d
 same bytes in the same run. Each case is checked against a float32 reference on the gathered
 pages before it is timed. Latency: one decode step (plan done) under CUDA-graph replay at batch
 1 x 1024, beside torch's scaled_dot_product_attention on pages gathered beforehand.
+
+With --flashinfer, FlashInfer's decode kernels join the bf16 cases as two more ratios to the same
+copy ("FI plain": its CUDA-core kernel; "FI tc": use_tensor_cores=True), from modules built
+beforehand (benchmarks/flashinfer_jit.py), checked and timed as ours are.
 """
 
 import argparse
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 import aotinfer
 from _bandwidth import gbps, same_size_copy
 from aotinfer.testing import bench_gpu_time
+from flashinfer_jit import BatchDecode
 
 WORKSPACE = 256 << 20
 
@@ -53,7 +58,8 @@ def reference(q, cache, indptr, indices, last, k_scale=1.0, v_scale=1.0):
     return out
 
 
-def run_case(label, batch, kv_len, qo_heads, kv_heads, kv_dtype=torch.bfloat16, k_scale=None, v_scale=None):
+def run_case(label, batch, kv_len, qo_heads, kv_heads, kv_dtype=torch.bfloat16, k_scale=None, v_scale=None,
+             flashinfer_dir=None):
     q, cache, indptr, indices, last = paged_case(batch, kv_len, qo_heads, kv_heads, kv_dtype=kv_dtype)
     workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
@@ -70,7 +76,18 @@ def run_case(label, batch, kv_len, qo_heads, kv_heads, kv_dtype=torch.bfloat16, 
     t, _ = bench_gpu_time(run)
     copy = same_size_copy(nbytes)
     ratio = gbps(nbytes, t) / copy
-    print(f"  {label:<34} {t * 1e6:9.1f} us {gbps(nbytes, t):7.0f} GB/s  copy {copy:5.0f}  {ratio:6.3f}")
+    baselines = ""
+    for name, tensor_cores in (("FI plain", False), ("FI tc", True)):
+        baseline = BatchDecode(flashinfer_dir, tensor_cores) if flashinfer_dir and kv_dtype == q.dtype else None
+        if baseline is None or not baseline.available():
+            continue
+        baseline.plan(indptr, indices, last, qo_heads, kv_heads, 16, q.dtype)
+        theirs = torch.full_like(q, float("nan"))
+        run_theirs = lambda: baseline.run(q, cache, theirs)  # noqa: E731
+        run_theirs()
+        torch.testing.assert_close(theirs[:n].float(), want, rtol=2e-2, atol=2e-2)
+        baselines += f"   {name} {gbps(nbytes, bench_gpu_time(run_theirs)[0]) / copy:6.3f}"
+    print(f"  {label:<34} {t * 1e6:9.1f} us {gbps(nbytes, t):7.0f} GB/s  copy {copy:5.0f}  {ratio:6.3f}{baselines}")
     return ratio
 
 
@@ -94,6 +111,7 @@ def latency():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="three shapes only")
+    parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
     print("bandwidth: ours, then a copy of the same bytes, and ours / copy")
@@ -102,9 +120,9 @@ def main():
     if args.quick:
         shapes = [(16, 2048), (64, 8192), (1, 32768)]
     for batch, kv_len in shapes:
-        run_case(f"bf16 32/8 heads {batch}x{kv_len}", batch, kv_len, 32, 8)
-    run_case("bf16 group 1 (32/32) 64x4096", 64, 4096, 32, 32)
-    run_case("bf16 group 8 (64/8) 64x4096", 64, 4096, 64, 8)
+        run_case(f"bf16 32/8 heads {batch}x{kv_len}", batch, kv_len, 32, 8, flashinfer_dir=args.flashinfer)
+    run_case("bf16 group 1 (32/32) 64x4096", 64, 4096, 32, 32, flashinfer_dir=args.flashinfer)
+    run_case("bf16 group 8 (64/8) 64x4096", 64, 4096, 64, 8, flashinfer_dir=args.flashinfer)
     for batch, kv_len in [(16, 2048), (64, 4096), (256, 8192)]:
         run_case(f"fp8 e4m3 KV 32/8 {batch}x{kv_len}", batch, kv_len, 32, 8, torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0)
     run_case("fp8 e5m2 KV 32/8 64x4096", 64, 4096, 32, 8, torch.float8_e5m2, k_scale=0.5, v_scale=2.0)

@@ -2,7 +2,7 @@
 (flash and cuDNN backends), and paged beside ragged KV.
 
     python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3] [--seqs 8192,16384]
-                                       [--flashinfer-fa3 DIR]
+                                       [--flashinfer DIR]
 
 Backends: "fa2", the kernel of every arch (mma.sync), and "fa3", Hopper's (wgmma; compute
 capability 9.0), each where it runs.
@@ -17,8 +17,8 @@ scattered over a pool of twice the pages used) and once against the same keys co
 against the same pages in fp8 (e4m3 and e5m2, checked against the ragged run over the keys and
 values dequantized).
 
-With --flashinfer-fa3, FlashInfer's Hopper kernel joins the single sequences as a column ("FI fa3"),
-from modules built beforehand (benchmarks/flashinfer_fa3.py), checked and timed as ours are.
+With --flashinfer, FlashInfer's Hopper kernel joins the single sequences as a column ("FI fa3"),
+from modules built beforehand (benchmarks/flashinfer_jit.py), checked and timed as ours are.
 """
 
 import argparse
@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotinfer
 from aotinfer.testing import bench_gpu_time
-from flashinfer_fa3 import SinglePrefill
+from flashinfer_jit import SinglePrefill
 
 WORKSPACE = 256 << 20
 
@@ -168,7 +168,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="the d128 8192 cases and the batch only")
     parser.add_argument("--backends", default="fa2,fa3", help="comma-separated: fa2, fa3 (each where it runs)")
     parser.add_argument("--seqs", default="8192", help="comma-separated single-sequence lengths")
-    parser.add_argument("--flashinfer-fa3", metavar="DIR", help="FlashInfer's Hopper modules (flashinfer_fa3.py build)")
+    parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build)")
     args = parser.parse_args()
     backends = args.backends.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
@@ -176,7 +176,7 @@ def main():
     for seq in (int(n) for n in args.seqs.split(",")):
         for heads, kv_heads, head_dim in cases:
             for causal in (True, False):
-                single(seq, heads, kv_heads, head_dim, causal, backends, args.flashinfer_fa3)
+                single(seq, heads, kv_heads, head_dim, causal, backends, args.flashinfer)
     for backend in backends:
         if runs(backend):
             batch_paged_vs_ragged(backend)
