@@ -137,7 +137,9 @@ def batch_paged_vs_ragged(backend, heads=32, kv_heads=8, head_dim=128, page_size
     run_r(), run_p()
     b0 = slice(0, lengths[0])
     check_against_sdpa(out_r[b0], q[b0], k[b0], v[b0], True)
-    torch.testing.assert_close(out_p, out_r, rtol=0, atol=0)
+    # The paged kernel may cut the keys into other tiles than the ragged one (fa3 at head_dim 64),
+    # and its sums then round apart: the two are compared at the reference check's tolerance.
+    torch.testing.assert_close(out_p, out_r, rtol=2e-2, atol=2e-2)
     t_r, _ = bench_gpu_time(run_r, cold_l2_cache=False)
     t_p, _ = bench_gpu_time(run_p, cold_l2_cache=False)
     n = sum(flops(heads, head_dim, pairs_of(x, x, True)) for x in lengths)

@@ -1,10 +1,12 @@
 // Batch prefill attention for Hopper (sm90a): the work items, masks, softmax and outputs of
 // prefill.cuh, on warpgroup MMA (wgmma) with a producer warpgroup that keeps K and V in flight.
 //
-// A block is one producer warpgroup and two consumer warpgroups, one block an SM, taking the
-// plan's work items (a request, kTileQ = 128 packed query rows, a range of keys) for one KV head:
-// - the producer copies K and V tiles of kTileKV tokens (128; 80 at head_dim 256) into kStages
-//   stages of the 128-byte-swizzled layout wgmma reads: a ragged batch's full tiles by the TMA
+// A block is one producer warpgroup and two consumer warpgroups (three at head_dim 64), one block
+// an SM, taking the plan's work items (a request, kTileQ = 64 packed query rows a consumer group, a
+// range of keys) for one KV head:
+// - the producer copies K and V tiles of kTileKV tokens (128; 80 at head_dim 256, 96 for a paged
+//   cache at head_dim 64) into kStages stages of the 128-byte-swizzled layout wgmma reads: a
+//   ragged batch's full tiles by the TMA
 //   unit (tensor maps made by the launcher), pages through the page table and an item's last,
 //   partial tile by the warpgroup's cp.async (zeros past the keys). Each stage's K and V have a
 //   "full" mbarrier, counted as the copies land, and an "empty" one that every consumer warp
@@ -15,8 +17,8 @@
 //   S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2 on S in
 //   registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers, V
 //   N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
-//   while P V does; and the two warpgroups take turns issuing their MMAs (named barriers), so one's
-//   softmax runs while the other's MMAs do.
+//   while P V does; and the warpgroups take turns issuing their MMAs (named barriers, round
+//   robin), so one's softmax runs while another's MMAs do.
 // Outputs: the final output through shared memory (the warpgroup's Q rows), written by one TMA
 // store where all 64 rows are the item's (else 16-byte stores), and its LSE; or float32 partials
 // of a split request for MergePartialsKernel, as prefill.cuh writes them. benchmarks/NOTES.md has
@@ -43,19 +45,18 @@ namespace aotinfer {
 template <typename T, int D, bool kPaged>
 struct Sm90PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
-  // Consumer warpgroups, 64 query rows each: three for a ragged batch at head_dim 64, where a
-  // tile's softmax takes as long as its MMAs and a third group keeps the tensor cores busy through
-  // two groups' softmax. A paged cache keeps two: its producer's 56 registers would leave a third
-  // group 152, and P then spills in the loop.
-  static constexpr int kConsumers = D == 64 && !kPaged ? 3 : 2;
+  // Consumer warpgroups, 64 query rows each: three at head_dim 64, where a tile's softmax takes as
+  // long as its MMAs and a third group keeps the tensor cores busy through two groups' softmax.
+  static constexpr int kConsumers = D == 64 ? 3 : 2;
   static constexpr int kTileQ = 64 * kConsumers;
   // Named barriers: 0 the block's, 1 + w consumer group w's own, kTurnBarriers + w its turn on the
   // tensor cores.
   static constexpr int kTurnBarriers = 1 + kConsumers;
   // Keys a tile: at head_dim 256 the output takes 128 registers a thread, S and P of 80 keys fit
-  // beside it, and two stages of K and V beside Q.
-  static constexpr int kTileKV = D == 256 ? 80 : 128;
-  static constexpr int kStages = 2;  // measured: 3 (224 KB) no faster
+  // beside it, and two stages of K and V beside Q; a paged cache at head_dim 64 takes 96, so that
+  // S and P fit the 152 registers its three consumer groups get beside the paged producer's 56.
+  static constexpr int kTileKV = D == 256 ? 80 : D == 64 && kPaged ? 96 : 128;
+  static constexpr int kStages = 2;  // measured: 3 (224 KB) no faster at d128, nor 4 at d64
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   // Registers a thread (setmaxnreg), moved between warpgroups from the 65536 / kThreads each a
   // block is launched with: the producer needs few (the paged copies' addresses 56; with three
@@ -446,9 +447,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       pa[j][3] = PackPair<T>(s[8 * j + 6], s[8 * j + 7]);
     }
   };
-  // The two warpgroups take turns on the tensor cores (ping-pong): each issues its MMAs after the
-  // other has issued its own, so one's softmax runs while the other's MMAs do.
-  // Round robin: warpgroup w's turn is passed on by the one before it.
+  // The warpgroups take turns on the tensor cores, round robin: each issues its MMAs once the one
+  // before it has issued its own, so one's softmax runs while another's MMAs do.
   const int my_turn = S::kTurnBarriers + wg, their_turn = S::kTurnBarriers + (wg + 1) % S::kConsumers;
   auto take_turn = [&] { NamedBarrierSync(my_turn, 256); };
   auto pass_turn = [&] { NamedBarrierArrive(their_turn, 256); };

@@ -181,6 +181,7 @@ __device__ __forceinline__ void FenceOperands(uint32_t (&a)[N][4]) {
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define AOTINFER_WGMMA_D32 AOTINFER_WGMMA_D8(0), AOTINFER_WGMMA_D8(8), AOTINFER_WGMMA_D8(16), AOTINFER_WGMMA_D8(24)
 #define AOTINFER_WGMMA_D40 AOTINFER_WGMMA_D32, AOTINFER_WGMMA_D8(32)
+#define AOTINFER_WGMMA_D48 AOTINFER_WGMMA_D40, AOTINFER_WGMMA_D8(40)
 #define AOTINFER_WGMMA_D64 AOTINFER_WGMMA_D32, AOTINFER_WGMMA_D8(32), AOTINFER_WGMMA_D8(40), AOTINFER_WGMMA_D8(48), AOTINFER_WGMMA_D8(56)
 #define AOTINFER_WGMMA_D128 \
   AOTINFER_WGMMA_D64, AOTINFER_WGMMA_D8(64), AOTINFER_WGMMA_D8(72), AOTINFER_WGMMA_D8(80), AOTINFER_WGMMA_D8(88), \
@@ -226,6 +227,21 @@ __device__ __forceinline__ void WgmmaSS(float (&d)[40], uint64_t a, uint64_t b, 
       "wgmma.mma_async.sync.aligned.m64n80k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, " \
       "%40, %41, p, 1, 1, 0, 0;\n}\n" \
       : AOTINFER_WGMMA_D40 \
+      : "l"(a), "l"(b), "r"(accumulate))
+  if constexpr (std::is_same_v<T, half>) AOTINFER_WGMMA("f16");
+  else AOTINFER_WGMMA("bf16");
+#undef AOTINFER_WGMMA
+}
+
+// d = A B (accumulate: d += A B), A 64x16 and B 16x96 both K-major in shared memory.
+template <typename T>
+__device__ __forceinline__ void WgmmaSS(float (&d)[48], uint64_t a, uint64_t b, int accumulate) {
+#define AOTINFER_WGMMA(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32." TYPE "." TYPE " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, " \
+      "%48, %49, p, 1, 1, 0, 0;\n}\n" \
+      : AOTINFER_WGMMA_D48 \
       : "l"(a), "l"(b), "r"(accumulate))
   if constexpr (std::is_same_v<T, half>) AOTINFER_WGMMA("f16");
   else AOTINFER_WGMMA("bf16");

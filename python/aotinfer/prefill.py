@@ -114,12 +114,12 @@ _WORK_WIDTH = 8
 _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 
 
-def tile_rows(head_dim: int, sm90: bool = False, paged: bool = False) -> int:
+def tile_rows(head_dim: int, sm90: bool = False) -> int:
     """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, or
-    prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups for a ragged
-    batch at head_dim 64, else two)."""
+    prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups at head_dim 64
+    and two at 128 and 256)."""
     if sm90:
-        return 192 if head_dim == 64 and not paged else 128
+        return 192 if head_dim == 64 else 128
     return 128 if head_dim <= 128 else 64
 
 
@@ -372,8 +372,6 @@ class _BatchPrefillWrapper(AttentionWorkspace):
     """What the ragged and paged wrappers share: workspaces, CUDA-graph buffers, the attention
     options (set by plan, overridden by forward), the partition and the tables."""
 
-    _paged = False  # the cache's kind: on Hopper the query tiles (tile_rows) depend on it
-
     def _init_common(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf):
         import torch
 
@@ -432,7 +430,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
             num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
-            rows_per_tile=tile_rows(head_dim, sm90, self._paged),
+            rows_per_tile=tile_rows(head_dim, sm90),
         )  # fmt: skip
         partition.work[0, 1] = _heads_together(sm90, num_kv_heads, sum(kv_len_list), head_dim, kv_dtype.itemsize, self.device)
 
@@ -798,8 +796,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
     ...              q_data_type=torch.bfloat16)
     >>> out = wrapper.run(q, kv_cache)  # q: [tokens, 32, 128]
     """
-
-    _paged = True
 
     @aotinfer_api
     def __init__(
