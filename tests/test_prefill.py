@@ -668,13 +668,14 @@ def test_heads_sharing_l2_fit_a_third_of_it():
 
 def test_plan_orders_heads_and_tiles_for_its_kernel():
     # The first kernel (the plan of a CPU workspace) keeps every KV head together; Hopper's takes
-    # 64 query rows a consumer warpgroup: three groups at head_dim 64, two above.
+    # 64 query rows a consumer warpgroup: three groups at head_dim 64 and 128, two at 256.
     case = Case(PAIRS, (12, 4, 256), torch.float16, "ragged", device="cpu")
     wrapper = case.wrapper(device="cpu")
     case.plan(wrapper, causal=True)
     assert int(wrapper._plan.work[0, 1]) == 4
     assert prefill.tile_rows(256) == 64 and prefill.tile_rows(256, sm90=True) == 128
     assert prefill.tile_rows(64) == 128 and prefill.tile_rows(64, sm90=True) == 192
+    assert prefill.tile_rows(128) == 128 and prefill.tile_rows(128, sm90=True) == 192
 
 
 def test_partition_orders_causal_tiles_by_their_keys():

@@ -1,17 +1,16 @@
 // Batch prefill attention for Hopper (sm90a): the work items, masks, softmax and outputs of
 // prefill.cuh, on warpgroup MMA (wgmma) with a producer warpgroup that keeps K and V in flight.
 //
-// A block is one producer warpgroup and two consumer warpgroups (three at head_dim 64), one block
-// an SM, taking the plan's work items (a request, kTileQ = 64 packed query rows a consumer group, a
-// range of keys) for one KV head:
-// - the producer copies K and V tiles of kTileKV tokens (128; 80 at head_dim 256, 96 for a paged
-//   cache at head_dim 64) into kStages stages of the 128-byte-swizzled layout wgmma reads: a
-//   ragged batch's full tiles by the TMA
-//   unit (tensor maps made by the launcher), pages through the page table and an item's last,
-//   partial tile by the warpgroup's cp.async (zeros past the keys). Each stage's K and V have a
-//   "full" mbarrier, counted as the copies land, and an "empty" one that every consumer warp
-//   arrives on once its MMAs have read the tile; it runs up to kStages tiles ahead, across items
-//   too. `setmaxnreg` gives its registers to the consumers;
+// A block is one producer warpgroup and three consumer warpgroups (two at head_dim 256), one
+// block an SM, taking the plan's work items (a request, kTileQ = 64 packed query rows a consumer
+// group, a range of keys) for one KV head:
+// - the producer copies K and V tiles of kTileKV tokens (80; 128 at head_dim 64, 96 there for a
+//   paged cache) into kStages stages of the 128-byte-swizzled layout wgmma reads: a ragged batch's
+//   full tiles by the TMA unit (tensor maps made by the launcher), pages through the page table
+//   and an item's last, partial tile by the warpgroup's cp.async (zeros past the keys). Each
+//   stage's K and V have a "full" mbarrier, counted as the copies land, and an "empty" one that
+//   every consumer warp arrives on once its MMAs have read the tile; it runs up to kStages tiles
+//   ahead, across items too. `setmaxnreg` gives its registers to the consumers;
 // - consumer warpgroup w takes query rows 64w..64w+63 of the item: Q lands once (one TMA copy
 //   where the group of query heads divides 64, else its threads' copies), then a tile is
 //   S = Q K^T (wgmma, both operands in shared memory), the online softmax in base 2 on S in
@@ -45,24 +44,24 @@ namespace aotinfer {
 template <typename T, int D, bool kPaged>
 struct Sm90PrefillShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
-  // Consumer warpgroups, 64 query rows each: three at head_dim 64, where a tile's softmax takes as
-  // long as its MMAs and a third group keeps the tensor cores busy through two groups' softmax.
-  static constexpr int kConsumers = D == 64 ? 3 : 2;
+  // Consumer warpgroups, 64 query rows each: three, so that while two are in their softmax the
+  // third keeps the tensor cores busy; two at head_dim 256, whose output alone takes 128 registers.
+  static constexpr int kConsumers = D == 256 ? 2 : 3;
   static constexpr int kTileQ = 64 * kConsumers;
   // Named barriers: 0 the block's, 1 + w consumer group w's own, kTurnBarriers + w its turn on the
   // tensor cores.
   static constexpr int kTurnBarriers = 1 + kConsumers;
-  // Keys a tile: at head_dim 256 the output takes 128 registers a thread, S and P of 80 keys fit
-  // beside it, and two stages of K and V beside Q; a paged cache at head_dim 64 takes 96, so that
-  // S and P fit the 152 registers its three consumer groups get beside the paged producer's 56.
-  static constexpr int kTileKV = D == 256 ? 80 : D == 64 && kPaged ? 96 : 128;
-  static constexpr int kStages = 2;  // measured: 3 (224 KB) no faster at d128, nor 4 at d64
-  static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   // Registers a thread (setmaxnreg), moved between warpgroups from the 65536 / kThreads each a
-  // block is launched with: the producer needs few (the paged copies' addresses 56; with three
-  // consumer groups the TMA unit copies the full tiles, and 32 do), the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = kConsumers == 3 ? 32 : 56;
+  // block is launched with: the producer needs few (a ragged batch's full tiles go by TMA, and 32
+  // do; the paged copies' addresses take 56), the consumers hold S, P and O.
+  static constexpr int kProducerRegisters = kConsumers == 3 && !kPaged ? 32 : 56;
   static constexpr int kConsumerRegisters = (65536 / 128 - kProducerRegisters) / kConsumers / 8 * 8;  // setmaxnreg's steps
+  // Keys a tile, as many as S and P fit beside the output in kConsumerRegisters: at head_dim 64
+  // 128 (96 in the 152 registers beside the paged producer), at 128 and 256 80 (the output takes
+  // 64 and 128 registers).
+  static constexpr int kTileKV = D == 64 ? (kPaged ? 96 : 128) : 80;
+  static constexpr int kStages = 2;  // measured: 3 no faster at head_dim 128 (two groups), nor 4 at 64
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
   static constexpr int kKVBytes = kTileKV * D * 2;
@@ -475,8 +474,9 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     // Tile n + 1's K and tile n's V, waited for before tile n + 1's S and n's P V are issued.
     // At head_dim 256 the wait comes between the softmax and the P V wait: its loop ends the basic
     // block, which keeps the compiler from hoisting the P V wait above the exponentials, so they
-    // run while P V does (2% faster). At 64 and 128 the same order is 3-8% slower (NOTES): there
-    // P V is done by the time the row maxima are, and the wait stays at the loop's head.
+    // run while P V does (2% faster). At 64 and 128 the same order was 3-8% slower with two groups
+    // and 128-key tiles (NOTES): there P V is done by the time the row maxima are, and the wait
+    // stays at the loop's head.
     constexpr bool kWaitBeforePv = D == 256;
     auto wait_next_tile = [&](uint32_t n) {
       BarrierWait(&smem.k_full[stage_of(n + 1)], parity_of(n + 1), &smem.v_full[stage_of(n)], parity_of(n));

@@ -117,9 +117,9 @@ _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 def tile_rows(head_dim: int, sm90: bool = False) -> int:
     """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, or
     prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups at head_dim 64
-    and two at 128 and 256)."""
+    and 128, two at 256)."""
     if sm90:
-        return 192 if head_dim == 64 else 128
+        return 128 if head_dim == 256 else 192
     return 128 if head_dim <= 128 else 64
 
 
