@@ -60,7 +60,9 @@ struct Sm90PrefillShape {
   // 128 (96 in the 152 registers beside the paged producer), at 128 and 256 80 (the output takes
   // 64 and 128 registers).
   static constexpr int kTileKV = D == 64 ? (kPaged ? 96 : 128) : 80;
-  static constexpr int kStages = 2;  // measured: 3 no faster at head_dim 128 (two groups), nor 4 at 64
+  // Stages of K and V: 3 for a paged cache at head_dim 128 (its producer's copies run further ahead:
+  // +2-3%), 2 elsewhere (3 cost ragged K and V 7-12% at head_dim 128; 4 gained nothing at 64).
+  static constexpr int kStages = D == 128 && kPaged ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
   static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
   static constexpr int kQBytes = kTileQ * D * 2;
