@@ -14,6 +14,7 @@ namespace aotinfer {
 struct CheckedPrefill {
   PrefillParams params;
   int64_t head_dim, total_q;
+  bool paged;  // k and v are pages (4-D), else a ragged batch's rows (3-D)
   bool fp8;    // an fp8 (paged) cache
   bool empty;  // nothing to launch
 };
@@ -95,7 +96,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   p.causal = causal;
   p.bf16_io = q.dtype().code == kDLBfloat;
   p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
-  return {p, head_dim, total_q, fp8, batch == 0 || ctas == 0 || total_q == 0};
+  return {p, head_dim, total_q, paged, fp8, batch == 0 || ctas == 0 || total_q == 0};
 }
 
 }  // namespace aotinfer

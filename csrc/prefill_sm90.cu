@@ -34,7 +34,7 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
     const auto launch = checked.head_dim == 64    ? aotinfer::BatchPrefillSm90<T, 64>
                         : checked.head_dim == 128 ? aotinfer::BatchPrefillSm90<T, 128>
                                                   : aotinfer::BatchPrefillSm90<T, 256>;
-    CHECK_LAUNCH(launch(checked.params, k.ndim() == 4, int(checked.total_q), k.size(0), int(ctas), merge, stream, pdl,
+    CHECK_LAUNCH(launch(checked.params, checked.paged, int(checked.total_q), k.size(0), int(ctas), merge, stream, pdl,
                         device),
                  "batch_prefill_sm90");
     return true;
