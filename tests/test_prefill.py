@@ -666,13 +666,33 @@ def test_heads_sharing_l2_fit_a_third_of_it():
     assert prefill.heads_sharing_l2(4, 0, 50 * mb) == 4  # no keys
 
 
+def test_shortest_items_go_with_every_head_where_their_keys_fit():
+    # Causal, 8192 tokens, 32/32 heads, d128 bf16 (512 bytes a key and head, K and V), an L2 of
+    # 50 MB: a third holds 1066 keys of every head, so the 5 shortest tiles of 192 rows (the last
+    # token of the fifth sees 960 keys, of the sixth 1152) go last with every head.
+    mb = 1 << 20
+    p = partition([(8192, 8192)], (32, 32, 128), causal=True, rows_per_tile=192)
+    work = p.work[1:].tolist()
+    assert [(b, hi) for b, _, hi in p.spans] == [(row[0], min(8192, row[1] + 192)) for row in work]
+    assert prefill.items_in_head_groups(p.spans, 32, 512, 50 * mb) == p.num_items - 5
+    # Full attention: every item reads every key, more than fit: all in head groups.
+    p = partition([(8192, 8192)], (32, 32, 128), rows_per_tile=192)
+    assert prefill.items_in_head_groups(p.spans, 32, 512, 50 * mb) == p.num_items
+    # A batch: the keys of one request's items count once (their hull): 300 + 300, then 500 adds
+    # 200, 600 adds 300 (1100 keys of 1100), 4000 does not fit.
+    spans = [(0, 0, 4000), (1, 0, 600), (0, 0, 500), (0, 100, 400), (1, 0, 300)]
+    assert prefill.items_in_head_groups(spans, 1, 1, 3 * 1100) == 1
+    assert prefill.items_in_head_groups(spans, 1, 1, 3 * 1099) == 2
+    assert prefill.items_in_head_groups([], 8, 512, 50 * mb) == 0
+
+
 def test_plan_orders_heads_and_tiles_for_its_kernel():
     # The first kernel (the plan of a CPU workspace) keeps every KV head together; Hopper's takes
     # 64 query rows a consumer warpgroup: three groups at head_dim 64 and 128, two at 256.
     case = Case(PAIRS, (12, 4, 256), torch.float16, "ragged", device="cpu")
     wrapper = case.wrapper(device="cpu")
     case.plan(wrapper, causal=True)
-    assert int(wrapper._plan.work[0, 1]) == 4
+    assert int(wrapper._plan.work[0, 1]) == 4 and int(wrapper._plan.work[0, 2]) == 0
     assert prefill.tile_rows(256) == 64 and prefill.tile_rows(256, sm90=True) == 128
     assert prefill.tile_rows(64) == 128 and prefill.tile_rows(64, sm90=True) == 192
     assert prefill.tile_rows(128) == 128 and prefill.tile_rows(128, sm90=True) == 192

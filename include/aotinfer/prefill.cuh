@@ -49,7 +49,7 @@ struct PrefillParams : AttentionParams {
   // KV element (token position pos of a request, head, d). Paged: at page indices[kv_offset +
   // pos / page_size], slot pos % page_size; ragged (indices null): at token kv_offset + pos, so
   // stride_page is the token stride and stride_slot is unused.
-  const int4* work;              // [1 + items][2]: row 0 (items, -); then (request, row_begin, kv_begin, kv_end), (chunk, -)
+  const int4* work;              // [1 + items][2]: row 0 (items, heads, grouped, -) (BlockHeadAndItem); then (request, row_begin, kv_begin, kv_end), (chunk, -)
   const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, -, -)
   PageDivisor group_divisor;
   float v_scale;                 // multiplies the output
@@ -590,14 +590,21 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
 // order of items (most costly first): work[0].y heads, which the plan chose so that their keys and
 // values fit in L2 together. All heads at once read every head's keys from memory at 32 KV heads;
 // one head at a time leaves its costly items to start last and run alone at the end (a causal
-// 8192-token prefill with 32 KV heads lost 12% so).
+// 8192-token prefill with 32 KV heads lost 12% so). Past the first work[0].z items (0: none) all
+// heads go at once: the plan puts there the shortest items, whose keys for every head fit in L2,
+// so they fill the SMs that the last heads' costly items leave idle at the end.
 __device__ __forceinline__ int2 BlockHeadAndItem(const PrefillParams& p) {
   const int heads = int(gridDim.x), slots = int(gridDim.y);
   const int group = min(max(p.work[0].y, 1), heads);
+  const int grouped = p.work[0].z > 0 ? min(p.work[0].z, slots) : slots;
   const int linear = int(blockIdx.x) + int(blockIdx.y) * heads;
-  const int first_head = linear / (group * slots) * group;
+  if (linear >= heads * grouped) {
+    const int rest = linear - heads * grouped;
+    return make_int2(rest % heads, grouped + rest / heads);
+  }
+  const int first_head = linear / (group * grouped) * group;
   const int heads_here = min(group, heads - first_head);
-  const int rank = linear - first_head * slots;
+  const int rank = linear - first_head * grouped;
   return make_int2(first_head + rank % heads_here, rank / heads_here);
 }
 

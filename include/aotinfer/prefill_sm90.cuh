@@ -456,10 +456,21 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   auto stage_of = [&](uint32_t n) { return int(n % S::kStages); };
   auto parity_of = [&](uint32_t n) { return (n / S::kStages) & 1; };
 
+  // The tiles this group's rows see, a prefix of the item's: under causal the group's last row
+  // sees fewer keys than the item's last (1-2 tiles fewer for the first groups of a 192-row
+  // item), and a group past the item's rows (a request's last, short tile) sees none.
+  const int group_rows = min(64, keys.rows - wg_row0);
+  int group_tiles = 0;
+  if (group_rows > 0) {
+    const int last_token = int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0 + group_rows - 1)));
+    const int end = p.causal ? min(keys.end, last_token + delta + 1) : keys.end;
+    group_tiles = end > keys.begin ? (end - keys.begin + S::kTileKV - 1) / S::kTileKV : 0;
+  }
+
   // The pipeline: tile n's S is issued with tile n - 1's P V, and its softmax runs while P V is
   // in the tensor cores; P is packed once P V is done, and O rescaled between the next issues
   // (while S runs, where the warps would wait for the tensor cores anyway).
-  if (keys.num_tiles > 0) {
+  if (group_tiles > 0) {
     float s[S::kTileKV / 2], alpha[2];
     uint32_t pa[S::kTileKV / 16][4];
     const int last_tile = keys.num_tiles - 1;
@@ -483,8 +494,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     auto wait_next_tile = [&](uint32_t n) {
       BarrierWait(&smem.k_full[stage_of(n + 1)], parity_of(n + 1), &smem.v_full[stage_of(n)], parity_of(n));
     };
-    if (kWaitBeforePv && keys.num_tiles > 1) wait_next_tile(counter);
-    for (int tile = 1; tile < keys.num_tiles; ++tile) {
+    if (kWaitBeforePv && group_tiles > 1) wait_next_tile(counter);
+    for (int tile = 1; tile < group_tiles; ++tile) {
       if (!kWaitBeforePv) wait_next_tile(counter);
       const uint32_t previous = counter++;
       if (!tma || tile == last_tile) FenceAsyncProxy();  // K of `tile` and V of the one before
@@ -497,7 +508,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
       FenceOperands(s);
       if (lane == 0) BarrierArrive(&smem.k_empty[stage_of(counter)]);
       softmax(s, tile, alpha);
-      if (kWaitBeforePv && tile + 1 < keys.num_tiles) {
+      if (kWaitBeforePv && tile + 1 < group_tiles) {
         FenceOperands(s);  // the exponentials before the wait
         wait_next_tile(counter);
       }
@@ -518,6 +529,22 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     FenceOperands(pa);
     if (lane == 0) BarrierArrive(&smem.v_empty[stage_of(counter)]);
     ++counter;
+  }
+  // The item's tiles past the group's: no MMAs and no softmax, but every group arrives on each
+  // tile's "empty" barriers (once the tile has landed, so no arrival counts toward the stage's
+  // previous use) and takes as many turns an item (tiles + 1), which keeps the round robin whole.
+  for (int tile = group_tiles; tile < keys.num_tiles; ++tile, ++counter) {
+    BarrierWait(&smem.k_full[stage_of(counter)], parity_of(counter), &smem.v_full[stage_of(counter)], parity_of(counter));
+    if (lane == 0) {
+      BarrierArrive(&smem.k_empty[stage_of(counter)]);
+      BarrierArrive(&smem.v_empty[stage_of(counter)]);
+    }
+    take_turn();
+    pass_turn();
+  }
+  if (group_tiles == 0 && keys.num_tiles > 0) {
+    take_turn();
+    pass_turn();
   }
 
   // Finish each row (prefill.cuh's epilogue): the sum over the quad, the sink where the request is

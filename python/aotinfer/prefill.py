@@ -23,10 +23,13 @@ the tiles alone would leave the GPU idle, and writes two int32 tables into the w
                               kv_offset: the first KV row (ragged) or page-table entry (paged);
                               num_partials > 1: split, query token t's partial i is slot
                               first_partial + t * num_partials + i
-    work      [1 + items, 8]  row 0: (items, heads, 0, ...); then (request, row_begin, kv_begin,
-                              kv_end, chunk, 0, 0, 0) an item, the most costly first; request -1:
-                              idle; heads: how many KV heads the blocks starting together share,
-                              so that their K and V stay in L2 (``heads_sharing_l2``)
+    work      [1 + items, 8]  row 0: (items, heads, grouped, 0, ...); then (request, row_begin,
+                              kv_begin, kv_end, chunk, 0, 0, 0) an item, the most costly first;
+                              request -1: idle; heads: how many KV heads the blocks starting
+                              together share, so that their K and V stay in L2
+                              (``heads_sharing_l2``), for the first ``grouped`` items (0: all);
+                              the rest, the shortest, go with every head at once
+                              (``items_in_head_groups``)
 
 ``run`` only launches the kernel (a CTA per item and KV head) and, when something was split, the
 merge of the partials, so a CUDA graph can capture it.
@@ -209,13 +212,25 @@ def _indptr_on_host(indptr: Any, name: str, batch: Optional[int] = None) -> "tor
 # ---- the work partition (host only) ------------------------------------------------------------
 
 
+def keys_attended(t0: int, t1: int, kv_begin: int, kv_end: int, delta: int, causal: bool, window_left: int):
+    """The keys (first, end) that query tokens t0..t1 of a request (kv_len - q_len = ``delta``)
+    attend among kv_begin..kv_end - 1: the causal diagonal of t1, the window of t0."""
+    lo, hi = kv_begin, kv_end
+    if causal:
+        hi = min(hi, t1 + delta + 1)
+    if window_left >= 0:
+        lo = max(lo, t0 + delta - window_left)
+    return lo, hi
+
+
 class PrefillPartition:
     """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
 
-    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
+    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "spans")
 
-    def __init__(self, work, requests, num_items, num_slots, chunk):
-        self.work = work  # [1 + items, 8]: the count row (heads: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
+    def __init__(self, work, requests, num_items, num_slots, chunk, spans):
+        self.work = work  # [1 + items, 8]: the count row (heads, grouped: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
+        self.spans = spans  # each item's (request, first key, end key) attended, in the work table's order
         self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
@@ -274,19 +289,14 @@ def partition_prefill(
         request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, 0, 0))
         for j in range(tiles[b]):
             r0, r1 = j * rows_per_tile, min((j + 1) * rows_per_tile, ql * group) - 1
-            t0, t1 = r0 // group, r1 // group
             for i in range(n):
                 kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if n > 1 else (0, kl)
-                lo, hi = kv_begin, kv_end
-                if causal:
-                    hi = min(hi, t1 + delta + 1)
-                if window_left >= 0:
-                    lo = max(lo, t0 + delta - window_left)
-                items.append(((r1 - r0 + 1) * max(hi - lo, 0), (b, r0, kv_begin, kv_end, i, 0, 0, 0)))
+                lo, hi = keys_attended(r0 // group, r1 // group, kv_begin, kv_end, delta, causal, window_left)
+                items.append(((r1 - r0 + 1) * max(hi - lo, 0), (b, r0, kv_begin, kv_end, i, 0, 0, 0), (b, lo, hi)))
     items.sort(key=lambda item: -item[0])  # stable
-    work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row in items], dtype=torch.int32)
+    work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row, _ in items], dtype=torch.int32)
     requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
-    return PrefillPartition(work, requests, len(items), num_slots, chunk)
+    return PrefillPartition(work, requests, len(items), num_slots, chunk, [span for _, _, span in items])
 
 
 def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> int:
@@ -298,14 +308,38 @@ def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> in
     return max(1, min(num_kv_heads, l2_bytes // 3 // max(kv_head_bytes, 1)))
 
 
-def _heads_together(sm90: bool, num_kv_heads: int, kv_tokens: int, head_dim: int, kv_itemsize: int, device) -> int:
-    """The heads count of the work table's first row: Hopper's kernel (one block an SM) takes the
-    heads a few at a time (``heads_sharing_l2``); the first kernel, two blocks an SM, lost up to
-    12% so (its causal d64 prefill) and keeps them all together."""
+def items_in_head_groups(spans: List[Tuple[int, int, int]], num_kv_heads: int, key_bytes: int, l2_bytes: int) -> int:
+    """How many of the plan's items (most costly first) the blocks take a few heads at a time
+    (``heads_sharing_l2``); the rest, the shortest, go with every head at once: as many as read
+    keys that, for every head (``key_bytes`` a key and head, K and V), fit in a third of the L2
+    together. ``spans``: each item's (request, first key, end key), in the plan's order. A
+    causal 8192-token prefill with 32 KV heads: in head groups alone, the last group's costly
+    items start late and leave SMs idle at the end (3% by a model of the schedule), which its 6
+    shortest items of every head, run last, fill."""
+    budget = l2_bytes // 3 // max(num_kv_heads * key_bytes, 1)  # keys
+    tail, keys, hulls = 0, 0, {}
+    for request, lo, hi in reversed(spans):
+        old = hulls.get(request)
+        new = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        keys += (new[1] - new[0]) - (0 if old is None else old[1] - old[0])
+        if keys > budget:
+            break
+        hulls[request] = new
+        tail += 1
+    return len(spans) - tail
+
+
+def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, head_dim: int, kv_itemsize: int, device):
+    """The (heads, grouped) of the work table's first row: Hopper's kernel (one block an SM)
+    takes the heads a few at a time (``heads_sharing_l2``) and the shortest items with every
+    head (``items_in_head_groups``); the first kernel, two blocks an SM, lost up to 12% so (its
+    causal d64 prefill) and keeps them all together. ``spans``: as ``items_in_head_groups``."""
     if not sm90:
-        return num_kv_heads
+        return num_kv_heads, 0
     l2_bytes = _device_property(device, "L2_cache_size", _CPU_L2_BYTES)
-    return heads_sharing_l2(num_kv_heads, 2 * kv_tokens * head_dim * kv_itemsize, l2_bytes)
+    key_bytes = 2 * head_dim * kv_itemsize
+    heads = heads_sharing_l2(num_kv_heads, kv_tokens * key_bytes, l2_bytes)
+    return heads, items_in_head_groups(spans, num_kv_heads, key_bytes, l2_bytes) if heads < num_kv_heads else 0
 
 
 # ---- the wrappers ------------------------------------------------------------------------------
@@ -432,7 +466,9 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
             rows_per_tile=tile_rows(head_dim, sm90),
         )  # fmt: skip
-        partition.work[0, 1] = _heads_together(sm90, num_kv_heads, sum(kv_len_list), head_dim, kv_dtype.itemsize, self.device)
+        partition.work[0, 1:3] = torch.tensor(
+            _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.spans, head_dim, kv_dtype.itemsize, self.device)
+        )
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
         # plan that raises leaves the wrapper as it was). Under CUDA graphs every view keeps its
@@ -1186,7 +1222,13 @@ def single_prefill_with_kv_cache(
     items = torch.stack((zeros, row_begin, zeros, kv_end, zeros, zeros, zeros, zeros), dim=1)
     header = torch.zeros((1, 8), dtype=torch.int32, device=device)
     header.narrow(1, 0, 1).fill_(tiles)
-    header.narrow(1, 1, 1).fill_(_heads_together(sm90, num_kv_heads, kv_len, head_dim, k.element_size(), device))
+    spans = []  # as the items: last tile first
+    for j in reversed(range(tiles)):
+        r0, r1 = j * rows, min((j + 1) * rows, qo_len * group) - 1
+        spans.append((0, *keys_attended(r0 // group, r1 // group, 0, kv_len, kv_len - qo_len, causal, window_left)))
+    heads, grouped = _head_schedule(sm90, num_kv_heads, kv_len, spans, head_dim, k.element_size(), device)
+    header.narrow(1, 1, 1).fill_(heads)
+    header.narrow(1, 2, 1).fill_(grouped)
     work = torch.cat((header, items))
     requests = torch.zeros((1, 8), dtype=torch.int32, device=device)
     requests.narrow(1, 1, 1).fill_(qo_len)
