@@ -2,7 +2,7 @@
 // their common signature and the launch parameters built from it. The plan (python/aotinfer/
 // prefill.py) has written the work partition: `work` (row 0: the number of items; then a row
 // (request, row_begin, kv_begin, kv_end, chunk, -, -, -) an item) and `requests` rows (q_begin,
-// q_len, kv_offset, kv_len, first_partial, num_partials, -, -).
+// q_len, kv_offset, kv_len, first_partial, num_partials, split_from, -).
 #pragma once
 
 #include "aotinfer/prefill.cuh"
@@ -14,6 +14,7 @@ namespace aotinfer {
 struct CheckedPrefill {
   PrefillParams params;
   int64_t head_dim, total_q;
+  int merge_from;  // the first query token the merge reads; -1: no merge
   bool paged;  // k and v are pages (4-D), else a ragged batch's rows (3-D)
   bool fp8;    // an fp8 (paged) cache
   bool empty;  // nothing to launch
@@ -28,7 +29,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
                                    TensorView q, TensorView k, TensorView v, TensorView indices, TensorView work,
                                    TensorView requests, TensorView sinks, int64_t kv_layout, double sm_scale,
                                    double logits_soft_cap, int64_t window_left, double v_scale, bool causal, int64_t ctas,
-                                   int64_t enable_pdl) {
+                                   int64_t merge_from, int64_t enable_pdl) {
   // Inputs, scalars, then outputs; devices last.
   CheckQuery(q);
   const int64_t total_q = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
@@ -72,6 +73,9 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   const int64_t batch = requests.size(0);
   const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   if (ctas < 0 || ctas > 0x7fffffff) AOTINFER_THROW(ValueError) << "Expected ctas in [0, 2^31), got " << ctas;
+  if (merge_from < -1 || merge_from > total_q) {
+    AOTINFER_THROW(ValueError) << "Expected merge_from in [-1, " << total_q << "] (-1: no merge), got " << merge_from;
+  }
   CheckEnablePdl(enable_pdl);
   const AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
   const TensorView* on_gpu[] = {&q, &k, &v, &work, &requests, &out};
@@ -96,7 +100,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   p.causal = causal;
   p.bf16_io = q.dtype().code == kDLBfloat;
   p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
-  return {p, head_dim, total_q, paged, fp8, batch == 0 || ctas == 0 || total_q == 0};
+  return {p, head_dim, total_q, int(merge_from), paged, fp8, batch == 0 || ctas == 0 || total_q == 0};
 }
 
 }  // namespace aotinfer

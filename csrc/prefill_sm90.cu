@@ -1,7 +1,7 @@
 // Binding of the Hopper batch prefill (include/aotinfer/prefill_sm90.cuh, wgmma, sm90a only): the
 // signature and checks of batch_prefill (prefill_checks.h), for 16-bit K and V and head_dim 64,
-// 128 or 256; the launch on num_kv_heads x `ctas` blocks (one an SM) and, when `merge`, the merge
-// of split requests.
+// 128 or 256; the launch on num_kv_heads x `ctas` blocks (one an SM) and, unless `merge_from` is
+// -1, the merge of split requests from that query token on.
 #include "aotinfer/prefill_sm90.cuh"
 #include "prefill_checks.h"
 
@@ -9,11 +9,12 @@
 void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                         TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
                         TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap,
-                        int64_t window_left, double v_scale, bool causal, int64_t ctas, bool merge, int64_t enable_pdl) {
+                        int64_t window_left, double v_scale, bool causal, int64_t ctas, int64_t merge_from,
+                        int64_t enable_pdl) {
   // 1. Validate; 2. guard the device; 3. get the stream; 4. dispatch and launch.
   const aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
       out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
-      logits_soft_cap, window_left, v_scale, causal, ctas, enable_pdl);
+      logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl);
   if (checked.fp8) {
     AOTINFER_THROW(TypeError) << "Expected k of q's dtype " << q.dtype() << " for this backend, got " << k.dtype()
                              << " (fp8 caches: the fa2 backend)";
@@ -34,8 +35,8 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
     const auto launch = checked.head_dim == 64    ? aotinfer::BatchPrefillSm90<T, 64>
                         : checked.head_dim == 128 ? aotinfer::BatchPrefillSm90<T, 128>
                                                   : aotinfer::BatchPrefillSm90<T, 256>;
-    CHECK_LAUNCH(launch(checked.params, checked.paged, int(checked.total_q), k.size(0), int(ctas), merge, stream, pdl,
-                        device),
+    CHECK_LAUNCH(launch(checked.params, checked.paged, int(checked.total_q), k.size(0), int(ctas), checked.merge_from,
+                        stream, pdl, device),
                  "batch_prefill_sm90");
     return true;
   });

@@ -464,6 +464,10 @@ def test_bad_tensors_are_named():
         wrapper.run(case.q, case.k, case.v, out=torch.empty(5, 16, 128, dtype=torch.bfloat16, device="cuda"))
     with pytest.raises(ValueError, match="lse"):
         wrapper.run(case.q, case.k, case.v, lse=torch.empty(5, 16, device="cuda"))
+    for bad in (-2, case.q.shape[0] + 1):  # the plan's first merged token, as the binding checks it
+        wrapper._plan.merge_from = bad
+        with pytest.raises(ValueError, match="merge_from"):
+            wrapper.run(case.q, case.k, case.v)
 
 
 @gpu
@@ -535,6 +539,36 @@ def test_backends_agree(kind, heads, options):
     (out2, lse2), (out3, lse3) = results
     torch.testing.assert_close(out3.float(), out2.float(), rtol=1.6e-2, atol=1.6e-2)
     torch.testing.assert_close(lse3, lse2, rtol=1e-4, atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+@pytest.mark.parametrize("heads", [(8, 8, 128), (16, 4, 64), (8, 2, 256)], ids=["g1d128", "g4d64", "g4d256"])
+def test_fa3_halves_a_lone_requests_last_tiles(kind, heads):
+    """Full attention over one request whose tiles leave the last wave of blocks part full: the
+    plan splits the last tiles' keys in two (tiles_to_halve) and the merge joins them; the other
+    rows are written whole. Against the reference; with sinks (paged: added to the whole rows by
+    the kernel, to the split ones by the merge); with forward's causal on the same plan."""
+    backend_or_skip("fa3", heads[2])
+    group, rows, kv_len = heads[0] // heads[1], prefill.tile_rows(heads[2], sm90=True), 4096
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # The first query length whose tiles fill the GPU (else the plan splits every tile's keys) and
+    # leave its last wave part full.
+    tiles = lambda q: -(-q * group // rows)  # noqa: E731
+    q_len = next(q for q in range(64, kv_len) if tiles(q) * heads[1] >= sms and prefill.tiles_to_halve(tiles(q), heads[1], sms))
+    case = Case([(q_len, kv_len)], heads, torch.bfloat16, kind)
+    wrapper = case.wrapper(backend="fa3")
+    case.plan(wrapper)
+    partition = wrapper._plan.partition
+    split_from = int(partition.requests[0, 6])
+    assert partition.halves > 0 and 0 < split_from < q_len and int(partition.requests[0, 5]) == 2
+    sinks = torch.randn(heads[0], device="cuda") if kind == "paged" else None
+    want, want_lse = case.reference(sinks=sinks)
+    out, lse = poisoned(case.q.shape, torch.bfloat16), poisoned(case.q.shape[:2], torch.float32)
+    case.run(wrapper, out=out, lse=lse, return_lse=True, **({"sinks": sinks} if sinks is not None else {}))
+    check(out, want, torch.bfloat16, lse, want_lse)
+    kv = (case.k, case.v) if kind == "ragged" else (case.cache,)
+    check(wrapper.forward(case.q, *kv, causal=True), case.reference(causal=True)[0], torch.bfloat16)
 
 
 @gpu
@@ -627,11 +661,12 @@ def covered(p, pairs, group, rows_per_tile):
     for b, (q_len, kv_len) in enumerate(pairs):
         tiles = -(-q_len * group // rows_per_tile)
         mine = seen.get(b, [])
-        n = max(int(p.requests[b, 5]), 1)
-        assert len(mine) == tiles * n
+        n, split_from = max(int(p.requests[b, 5]), 1), int(p.requests[b, 6])
+        whole = -(-split_from * group // rows_per_tile)
+        assert split_from * group % rows_per_tile == 0 and len(mine) == whole + (tiles - whole) * n
         for row_begin in range(0, q_len * group, rows_per_tile):
             ranges = sorted((kb, ke, c) for r, kb, ke, c in mine if r == row_begin)
-            assert [c for _, _, c in ranges] == list(range(n))
+            assert [c for _, _, c in ranges] == list(range(n if row_begin >= split_from * group else 1))
             assert ranges[0][0] == 0 and ranges[-1][1] == kv_len
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
 
@@ -656,6 +691,31 @@ def test_partition_splits_only_when_the_tiles_leave_the_gpu_idle():
     for request, row_begin, kv_begin, kv_end, *_ in small.work[1:].tolist():
         costs.append(min(128, 40 * 4 - row_begin) * (kv_end - kv_begin))  # rows x keys
     assert costs == sorted(costs, reverse=True), "the most costly items come first"
+
+
+def test_a_lone_requests_last_tiles_are_halved_where_the_last_wave_is_part_full():
+    # 8192 tokens, 32 heads, 192-row tiles: 43 tiles x 32 heads = 1376 blocks on 132 SMs, 10.4
+    # waves taking 11; two tiles halved, 10.5. 32/8 heads (48 tokens a tile): 171 x 8, six halved.
+    assert prefill.tiles_to_halve(43, 32, 132) == 2 and prefill.tiles_to_halve(171, 8, 132) == 6
+    assert prefill.tiles_to_halve(86, 32, 132) == 0  # 20.85 waves: no split ends sooner
+    assert prefill.tiles_to_halve(33, 4, 132) == 0  # one wave
+    for heads, halved in (((32, 32, 128), 2), ((32, 8, 128), 6)):
+        options = dict(ctas_per_sm=1, rows_per_tile=192)
+        p = partition([(8192, 8192)], heads, sms=132, last_wave_slots=1 << 20, **options)
+        group = heads[0] // heads[1]
+        covered(p, [(8192, 8192)], group, 192)
+        split_from = int(p.requests[0, 6])
+        assert split_from * group == (-(-8192 * group // 192) - halved) * 192 and int(p.requests[0, 5]) == 2
+        assert p.num_slots == 2 * (8192 - split_from) and int(p.requests[0, 4]) + 2 * split_from == 0
+        assert p.halves == 2 * halved and p.chunk == 4096
+        assert all(row[1] >= split_from * group for row in p.work[-p.halves :].tolist())  # the halves go last
+        # Not without room for the partials, nor under causal, nor for two requests, nor short keys.
+        for pairs, extra in (([(8192, 8192)], dict(last_wave_slots=2 * (8192 - split_from) - 1)),
+                             ([(8192, 8192)], dict(causal=True, last_wave_slots=1 << 20)),
+                             ([(8192, 8192), (1, 1)], dict(last_wave_slots=1 << 20)),
+                             ([(2048, 2048)], dict(last_wave_slots=1 << 20))):  # fmt: skip
+            q = partition(pairs, heads, sms=132, **options, **extra)
+            assert q.num_slots == 0 and q.halves == 0 and int(q.requests[0, 6]) == 0
 
 
 def test_heads_sharing_l2_fit_a_third_of_it():
@@ -705,7 +765,7 @@ def test_partition_orders_causal_tiles_by_their_keys():
 
 
 def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout,
-                        sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge, enable_pdl):  # fmt: skip
+                        sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl):  # fmt: skip
     """The batch_prefill binding's contract (modules.toml; the table formats in aotinfer/prefill.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     paged = k.dim() == 4
@@ -741,7 +801,7 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
         if request < 0:
             continue
         info = requests[request].tolist()
-        q_begin, q_len, _, kv_len, first, n = info[:6]
+        q_begin, q_len, _, kv_len, first, n, split_from = info[:7]
         positions = torch.arange(kv_begin, min(kv_end, kv_len))
         keys, values = rows_of(k, info, positions), rows_of(v, info, positions)
         for row in range(row_begin, min(row_begin + rows_per_tile, q_len * group)):
@@ -760,16 +820,16 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
                 total = torch.logsumexp(logits, 0) if positions.numel() else torch.tensor(float("-inf"))
                 o = (torch.exp(logits - total).nan_to_num(0.0) @ values[:, kv_head]) if positions.numel() else torch.zeros(head_dim)
                 o = o * v_scale  # the output's, final or partial (the merge is linear); not the LSE's
-                if n <= 1:
+                if n <= 1 or token < split_from:
                     write(q_begin + token, head, o, total / LN2, True)
                 else:
                     slot = first + token * n + chunk
                     partial_out[slot, head], partial_lse[slot, head] = o, total / LN2
     for b, info in enumerate(requests.tolist()):
-        q_begin, q_len, _, _, first, n = info[:6]
+        q_begin, q_len, _, _, first, n, split_from = info[:7]
         if n > 1:
-            assert merge, "a request was split but merge is off"
-            for token in range(q_len):
+            assert 0 <= merge_from <= q_begin + split_from, "a request was split but the merge does not reach it"
+            for token in range(split_from, q_len):
                 o, s = torch.zeros(num_heads, head_dim), torch.full((num_heads,), float("-inf"))
                 for slot in range(first + token * n, first + (token + 1) * n):
                     o, s = merge_into(o, s, partial_out[slot], partial_lse[slot])
@@ -843,7 +903,7 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
         views = [(t.data_ptr(), tuple(t.shape)) for t in (plan.work, plan.requests, plan.partial_out, plan.partial_lse)]
         assert seen is None or views == seen
         seen = views
-        assert plan.merge and plan.ctas == -(-2 * 16 // 2)
+        assert plan.merge_from == 0 and plan.ctas == -(-2 * 16 // 2)
         assert torch.equal(buffers["qo_indptr_buf"], case.qo_indptr)
         want, want_lse = case.reference(causal=True)
         out, lse = case.run(wrapper, return_lse=True)

@@ -132,11 +132,11 @@ constexpr int kMergeBatch = 8;  // partials a warp has in flight
 // states are merged through shared memory.
 template <typename T, int D, typename Partials>
 __global__ void __launch_bounds__(kMergePartialsThreads) MergePartialsKernel(const AttentionParams p,
-                                                                             const Partials partials) {
+                                                                             const Partials partials, int first_row) {
   constexpr int kWarps = kMergePartialsThreads / 32, kDims = D / 32;
   __shared__ __align__(16) float warp_out[kWarps][D];
   __shared__ float warp_max[kWarps], warp_sum[kWarps];
-  const int row = blockIdx.x, head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row = first_row + int(blockIdx.x), head = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int2 where = partials(row);  // plan's table: read while the kernel before finishes (PDL)
   const int first = where.x, count = where.y;
   if (count <= 1) return;  // written by its only item
@@ -204,12 +204,14 @@ __global__ void __launch_bounds__(kMergePartialsThreads) MergePartialsKernel(con
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[int64_t(row) * heads + head] = total > 0.f ? base + __log2f(total) : -INFINITY;
 }
 
+// The merge of rows first_row .. first_row + num_rows - 1.
 template <typename T, int D, typename Partials>
 cudaError_t MergePartials(const AttentionParams& p, int num_rows, const Partials& partials, cudaStream_t stream,
-                          bool pdl) {
+                          bool pdl, int first_row = 0) {
   if (num_rows == 0 || p.num_qo_heads == 0) return cudaSuccess;
   const dim3 grid(unsigned(num_rows), unsigned(p.num_qo_heads));
-  return Launch(MergePartialsKernel<T, D, Partials>, grid, dim3(kMergePartialsThreads), stream, pdl, p, partials);
+  return Launch(MergePartialsKernel<T, D, Partials>, grid, dim3(kMergePartialsThreads), stream, pdl, p, partials,
+                first_row);
 }
 
 }  // namespace aotinfer

@@ -50,7 +50,7 @@ struct PrefillParams : AttentionParams {
   // pos / page_size], slot pos % page_size; ragged (indices null): at token kv_offset + pos, so
   // stride_page is the token stride and stride_slot is unused.
   const int4* work;              // [1 + items][2]: row 0 (items, heads, grouped, -) (BlockHeadAndItem); then (request, row_begin, kv_begin, kv_end), (chunk, -)
-  const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, -, -)
+  const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, split_from, -)
   PageDivisor group_divisor;
   float v_scale;                 // multiplies the output
   bool causal;
@@ -121,7 +121,8 @@ __device__ __forceinline__ void MaskScores(const PrefillParams& p, At at, const 
 }
 
 // Where a split request's partials are: query token t (of the request) has partials first_partial
-// + t * num_partials + chunk. Row n of the merge is a query token of the batch, found among the
+// + t * num_partials + chunk, from its token split_from on (its tokens before it are whole: their
+// items write the output). Row n of the merge is a query token of the batch, found among the
 // requests by binary search on q_begin.
 struct PrefillPartials {
   const int4* requests;
@@ -137,6 +138,7 @@ struct PrefillPartials {
     const int4 info = requests[2 * lo];
     if (row < info.x || row >= info.x + info.y) return make_int2(0, 0);  // padding rows
     const int4 split = requests[2 * lo + 1];
+    if (row - info.x < split.z) return make_int2(0, 0);  // whole rows
     return make_int2(split.x + (row - info.x) * split.y, split.y);
   }
 };
@@ -505,10 +507,10 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
     WaitAsyncGroups<0>();  // the (empty) group past the last tile
   }
 
-  // Finish each row: its sum over the quad, the sink (once, where the request is not split), the
+  // Finish each row: its sum over the quad, the sink (once, where the row is not split), the
   // LSE; then the output times v_scale, through shared memory (16-byte stores) or as float32
   // partials (the merge is linear in them).
-  const bool final = split.y <= 1;
+  const bool final = split.y <= 1 || first_token < split.z;
   const int g = lane / 4, t = lane % 4;
   auto pack_out = [&](float lo, float hi) {  // two outputs in out's type
     if constexpr (S::kWiden) return p.bf16_io ? PackPair<nv_bfloat16>(lo, hi) : PackPair<half>(lo, hi);
@@ -635,18 +637,18 @@ cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream,
 
 // The prefill kernel (paged where p.indices is set, else ragged; one fp8 kernel for both q types
 // where `fp8_cache`, with p.bf16_io and p.e5m2 set) on a grid of num_kv_heads x `ctas` blocks,
-// then, if `merge`, the merge of split requests' partials over the first `merge_rows` query
-// tokens. T: q's and out's type.
+// then, unless `merge_from` is -1, the merge of split requests' partials over query tokens
+// merge_from .. q_tokens - 1. T: q's and out's type.
 template <typename T, int D>
-cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, int ctas, bool merge, int merge_rows,
+cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, int ctas, int merge_from, int q_tokens,
                          cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
   const cudaError_t status = !fp8_cache            ? p.indices != nullptr ? LaunchPrefill<T, T, D, true>(p, ctas, stream, pdl, device)
                                                                           : LaunchPrefill<T, T, D, false>(p, ctas, stream, pdl, device)
                              : p.e5m2 ? LaunchPrefill<half, __nv_fp8_e5m2, D, true>(p, ctas, stream, pdl, device)
                                       : LaunchPrefill<half, __nv_fp8_e4m3, D, true>(p, ctas, stream, pdl, device);
-  if (status != cudaSuccess || !merge) return status;
-  return MergePartials<T, D>(p, merge_rows, PrefillPartials{p.requests, p.batch}, stream, pdl);
+  if (status != cudaSuccess || merge_from < 0) return status;
+  return MergePartials<T, D>(p, q_tokens - merge_from, PrefillPartials{p.requests, p.batch}, stream, pdl, merge_from);
 }
 
 }  // namespace aotinfer

@@ -547,9 +547,9 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     pass_turn();
   }
 
-  // Finish each row (prefill.cuh's epilogue): the sum over the quad, the sink where the request is
+  // Finish each row (prefill.cuh's epilogue): the sum over the quad, the sink where the row is
   // not split, the LSE; the output through this warpgroup's Q rows, or float32 partials.
-  const bool final = split.y <= 1;
+  const bool final = split.y <= 1 || keys.first_token < split.z;
   const bool store_by_tma = final && maps.q_out && wg_row0 + 64 <= keys.rows;
   NamedBarrierSync(barrier_id, 128);  // every warp of the group is done reading Q
 #pragma unroll
@@ -688,11 +688,12 @@ cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps
 }
 
 // The kernel (`q_tokens` query tokens; `paged`, else ragged, K and V then `kv_tokens` rows) on
-// num_kv_heads x `ctas` blocks, then, if `merge`, the merge of split requests' partials. The
-// caller has checked HasSm90aFeatures, and planned the query tiles of that kind's kTileQ.
+// num_kv_heads x `ctas` blocks, then, unless `merge_from` is -1, the merge of split requests'
+// partials over query tokens merge_from .. q_tokens - 1. The caller has checked HasSm90aFeatures,
+// and planned the query tiles of that kind's kTileQ.
 template <typename T, int D>
-cudaError_t BatchPrefillSm90(const PrefillParams& p, bool paged, int q_tokens, int64_t kv_tokens, int ctas, bool merge,
-                             cudaStream_t stream, bool pdl, int device) {
+cudaError_t BatchPrefillSm90(const PrefillParams& p, bool paged, int q_tokens, int64_t kv_tokens, int ctas,
+                             int merge_from, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
   using S = Sm90PrefillShape<T, D, false>;  // the maps of K and V are a ragged batch's
   Sm90TensorMaps maps{};
@@ -715,8 +716,8 @@ cudaError_t BatchPrefillSm90(const PrefillParams& p, bool paged, int q_tokens, i
   }
   const cudaError_t status = paged ? LaunchPrefillSm90<T, D, true>(p, maps, ctas, stream, pdl, device)
                                   : LaunchPrefillSm90<T, D, false>(p, maps, ctas, stream, pdl, device);
-  if (status != cudaSuccess || !merge) return status;
-  return MergePartials<T, D>(p, q_tokens, PrefillPartials{p.requests, p.batch}, stream, pdl);
+  if (status != cudaSuccess || merge_from < 0) return status;
+  return MergePartials<T, D>(p, q_tokens - merge_from, PrefillPartials{p.requests, p.batch}, stream, pdl, merge_from);
 }
 
 }  // namespace aotinfer

@@ -19,10 +19,13 @@ grouped-query attention the ``group`` query heads of a KV head are packed into t
 is token ``r // group`` of head ``r % group``), splits the keys of long requests into chunks when
 the tiles alone would leave the GPU idle, and writes two int32 tables into the workspace:
 
-    requests  [batch, 8]      (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
+    requests  [batch, 8]      (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials,
+                              split_from, 0)
                               kv_offset: the first KV row (ragged) or page-table entry (paged);
-                              num_partials > 1: split, query token t's partial i is slot
-                              first_partial + t * num_partials + i
+                              num_partials > 1: split, query token t >= split_from has its
+                              partial i at slot first_partial + t * num_partials + i (the tokens
+                              before split_from are whole: a lone request's last tiles alone are
+                              split, ``tiles_to_halve``)
     work      [1 + items, 8]  row 0: (items, heads, grouped, 0, ...); then (request, row_begin,
                               kv_begin, kv_end, chunk, 0, 0, 0) an item, the most costly first;
                               request -1: idle; heads: how many KV heads the blocks starting
@@ -114,6 +117,9 @@ _SM90_CTAS_PER_SM = 1  # up to 225 KB and 384 threads
 _SM90_HEAD_DIMS = (64, 128, 256)
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
+# Keys below which a lone request's last tiles are never halved (tiles_to_halve): shorter items
+# gain less than the merge costs.
+_HALVED_KEYS = 4096
 _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 
 
@@ -226,11 +232,14 @@ def keys_attended(t0: int, t1: int, kv_begin: int, kv_end: int, delta: int, caus
 class PrefillPartition:
     """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
 
-    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "spans")
+    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "spans", "halves", "merge_from")
 
-    def __init__(self, work, requests, num_items, num_slots, chunk, spans):
+    def __init__(self, work, requests, num_items, num_slots, chunk, spans, halves=0):
         self.work = work  # [1 + items, 8]: the count row (heads, grouped: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
         self.spans = spans  # each item's (request, first key, end key) attended, in the work table's order
+        self.halves = halves  # the last items: halves of a lone request's last tiles (tiles_to_halve)
+        # The first query token (of the batch) with partials to merge; -1: none.
+        self.merge_from = min((int(r[0]) + int(r[6]) for r in requests.tolist() if r[5] > 1), default=-1)
         self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
@@ -254,14 +263,18 @@ def partition_prefill(
     fixed_split_size: Optional[int] = None,
     ctas_per_sm: int = _CTAS_PER_SM,
     rows_per_tile: Optional[int] = None,
+    last_wave_slots: int = 0,
 ) -> PrefillPartition:
     """Cut each request's query rows into tiles and, where the tiles leave the GPU idle, its keys
     into chunks (see the module doc). The chunk size: ``disable_split_kv``: none;
     ``fixed_split_size``: that many pages (chunks from position 0, so a request's output depends on
     the request alone); otherwise none when the tiles fill the GPU (``ctas_per_sm`` blocks an
     SM), else the smallest (a multiple of 64 tokens and of the page size, at least 128) that keeps
-    the items within it. Items are ordered by their cost (rows x keys attended under ``causal``
-    and ``window_left``), most costly first: the tail of a ragged batch starts early."""
+    the items within it. Where the tiles fill the GPU but leave its last wave part full, a lone
+    request under full attention has its last tiles' keys split in two (``tiles_to_halve``),
+    within ``last_wave_slots`` partial slots (0: never). Items are ordered by their cost (rows x
+    keys attended under ``causal`` and ``window_left``), most costly first: the tail of a ragged
+    batch starts early."""
     import torch
 
     rows_per_tile = rows_per_tile or tile_rows(head_dim)
@@ -278,25 +291,53 @@ def partition_prefill(
             return sum(t * num_chunks(0, k, c) for t, k in zip(tiles, kv_len))
 
         chunk = smallest_chunk(longest, longest, fill, page_size, count)
+    split_from = [0] * len(q_len)  # the first token of a request whose items are split (by chunk)
+    lone_full = len(q_len) == 1 and not causal and window_left < 0 and kv_len[0] >= _HALVED_KEYS
+    if chunk == 0 and lone_full and not disable_split_kv and fixed_split_size is None:
+        halved = tiles_to_halve(tiles[0], num_kv_heads, ctas_per_sm * num_sms)
+        whole_rows = (tiles[0] - halved) * rows_per_tile
+        if halved and whole_rows % group == 0 and 2 * (q_len[0] - whole_rows // group) <= last_wave_slots:
+            split_from[0] = whole_rows // group
+            align = math.lcm(64, page_size)
+            chunk = -(-(-(-kv_len[0] // 2)) // align) * align
 
     items, request_rows, num_slots = [], [], 0
     for b, (ql, kl) in enumerate(zip(q_len, kv_len)):
         n = num_chunks(0, kl, chunk) if chunk else 1
         delta = kl - ql
-        first = num_slots if n > 1 else 0
+        first = num_slots - split_from[b] * n if n > 1 else 0  # token t's slots: first + t * n + i
         if n > 1:
-            num_slots += ql * n
-        request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, 0, 0))
+            num_slots += (ql - split_from[b]) * n
+        request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, split_from[b], 0))
         for j in range(tiles[b]):
             r0, r1 = j * rows_per_tile, min((j + 1) * rows_per_tile, ql * group) - 1
-            for i in range(n):
-                kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if n > 1 else (0, kl)
+            for i in range(n if r0 >= split_from[b] * group else 1):
+                kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if n > 1 and r0 >= split_from[b] * group else (0, kl)
                 lo, hi = keys_attended(r0 // group, r1 // group, kv_begin, kv_end, delta, causal, window_left)
                 items.append(((r1 - r0 + 1) * max(hi - lo, 0), (b, r0, kv_begin, kv_end, i, 0, 0, 0), (b, lo, hi)))
     items.sort(key=lambda item: -item[0])  # stable
     work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row, _ in items], dtype=torch.int32)
     requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
-    return PrefillPartition(work, requests, len(items), num_slots, chunk, [span for _, _, span in items])
+    halves = sum(1 for _, row, _ in items if row[0] >= 0 and row[1] >= split_from[row[0]] * group) if any(split_from) else 0
+    return PrefillPartition(work, requests, len(items), num_slots, chunk, [span for _, _, span in items], halves)
+
+
+def tiles_to_halve(tiles: int, heads: int, slots: int) -> int:
+    """How many of a lone request's last tiles (``heads`` blocks each, ``slots`` blocks at once,
+    each as long, taken in order) to split into two halves of their keys, taken after the whole
+    ones, so that the blocks end soonest: full attention at 8192 tokens, 32 heads and 192-row
+    tiles is 1376 blocks on 132 SMs, 10.4 waves that take 11; two tiles halved take 10.5. 0 where
+    no split gains a quarter of a block's time (the merge costs a few microseconds)."""
+
+    def waves(halved):
+        full, rest = divmod(heads * (tiles - halved), slots)
+        halves = 2 * heads * halved
+        if rest:  # the slots the last whole blocks leave idle take two halves each
+            full, halves = full + 1, max(halves - 2 * (slots - rest), 0)
+        return full + 0.5 * -(-halves // slots)
+
+    best = min(range(tiles + 1), key=lambda halved: (waves(halved), halved))
+    return best if waves(0) - waves(best) >= 0.25 else 0
 
 
 def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> int:
@@ -329,17 +370,21 @@ def items_in_head_groups(spans: List[Tuple[int, int, int]], num_kv_heads: int, k
     return len(spans) - tail
 
 
-def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, head_dim: int, kv_itemsize: int, device):
+def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, head_dim: int, kv_itemsize: int, device,
+                   halves: int = 0):
     """The (heads, grouped) of the work table's first row: Hopper's kernel (one block an SM)
     takes the heads a few at a time (``heads_sharing_l2``) and the shortest items with every
-    head (``items_in_head_groups``); the first kernel, two blocks an SM, lost up to 12% so (its
-    causal d64 prefill) and keeps them all together. ``spans``: as ``items_in_head_groups``."""
+    head (``items_in_head_groups``), the last ``halves`` items (``tiles_to_halve``'s) always so;
+    the first kernel, two blocks an SM, lost up to 12% so (its causal d64 prefill) and keeps them
+    all together. ``spans``: as ``items_in_head_groups``."""
     if not sm90:
         return num_kv_heads, 0
     l2_bytes = _device_property(device, "L2_cache_size", _CPU_L2_BYTES)
     key_bytes = 2 * head_dim * kv_itemsize
     heads = heads_sharing_l2(num_kv_heads, kv_tokens * key_bytes, l2_bytes)
-    return heads, items_in_head_groups(spans, num_kv_heads, key_bytes, l2_bytes) if heads < num_kv_heads else 0
+    if heads == num_kv_heads:
+        return heads, 0
+    return heads, min(items_in_head_groups(spans, num_kv_heads, key_bytes, l2_bytes), len(spans) - halves)
 
 
 # ---- the wrappers ------------------------------------------------------------------------------
@@ -350,7 +395,7 @@ class _Plan:
 
     __slots__ = (
         "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
-        "work", "requests", "indices", "partial_out", "partial_lse", "merge", "ctas", "empty", "partition", "binding",
+        "work", "requests", "indices", "partial_out", "partial_lse", "merge_from", "ctas", "empty", "partition", "binding",
     )  # fmt: skip
 
 
@@ -381,7 +426,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         1.0 if v_scale is None else v_scale,
         wrapper._causal,
         plan.ctas,
-        plan.merge,
+        plan.merge_from,
         -1 if enable_pdl is None else enable_pdl,
     )
     return (out, lse) if return_lse else out
@@ -465,9 +510,13 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
             rows_per_tile=tile_rows(head_dim, sm90),
+            # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
+            # over the items, no last wave.
+            last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
         )  # fmt: skip
         partition.work[0, 1:3] = torch.tensor(
-            _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.spans, head_dim, kv_dtype.itemsize, self.device)
+            _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.spans, head_dim, kv_dtype.itemsize, self.device,
+                           partition.halves)
         )
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
@@ -500,7 +549,9 @@ class _BatchPrefillWrapper(AttentionWorkspace):
         plan.requests, plan.work = requests, work
         plan.indices = indices
         plan.binding = _batch_prefill_sm90 if sm90 else _batch_prefill
-        plan.merge = self._use_cuda_graph or partition.num_slots > 0
+        # The merge reads the query tokens from the first split one on (all under a CUDA graph, whose
+        # replays may follow other plans); -1: none.
+        plan.merge_from = 0 if self._use_cuda_graph else partition.merge_from
         plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
         plan.partition = partition
         plan.batch_size, plan.total_q, plan.total_kv = batch, int(qo_host[-1]), total_kv
@@ -1257,7 +1308,7 @@ def single_prefill_with_kv_cache(
         1.0,
         causal,
         tiles,
-        False,
+        -1,  # nothing split: no merge
         -1,
     )
     return (out, lse) if return_lse else out
