@@ -687,6 +687,8 @@ def test_partition_splits_only_when_the_tiles_leave_the_gpu_idle():
     assert partition([(8192, 8192)], (32, 32, 128)).chunk == 0  # 64 tiles x 32 heads fill it
     small = partition([(40, 9000)], (32, 8, 128))
     assert small.chunk > 0 and small.num_items > 1 and small.num_slots == 40 * small.requests[0, 5]
+    assert small.merge_from == 0 and partition([(0, 0), (40, 9000)], (32, 8, 128)).merge_from == 0
+    assert partition([(3, 3), (40, 9000)], (32, 8, 128), fixed_split_size=1024).merge_from == 3  # 3 keys: one chunk
     costs = []
     for request, row_begin, kv_begin, kv_end, *_ in small.work[1:].tolist():
         costs.append(min(128, 40 * 4 - row_begin) * (kv_end - kv_begin))  # rows x keys
@@ -707,7 +709,7 @@ def test_a_lone_requests_last_tiles_are_halved_where_the_last_wave_is_part_full(
         split_from = int(p.requests[0, 6])
         assert split_from * group == (-(-8192 * group // 192) - halved) * 192 and int(p.requests[0, 5]) == 2
         assert p.num_slots == 2 * (8192 - split_from) and int(p.requests[0, 4]) + 2 * split_from == 0
-        assert p.halves == 2 * halved and p.chunk == 4096
+        assert p.halves == 2 * halved and p.chunk == 4096 and p.merge_from == split_from
         assert all(row[1] >= split_from * group for row in p.work[-p.halves :].tolist())  # the halves go last
         # Not without room for the partials, nor under causal, nor for two requests, nor short keys.
         for pairs, extra in (([(8192, 8192)], dict(last_wave_slots=2 * (8192 - split_from) - 1)),
@@ -715,7 +717,7 @@ def test_a_lone_requests_last_tiles_are_halved_where_the_last_wave_is_part_full(
                              ([(8192, 8192), (1, 1)], dict(last_wave_slots=1 << 20)),
                              ([(2048, 2048)], dict(last_wave_slots=1 << 20))):  # fmt: skip
             q = partition(pairs, heads, sms=132, **options, **extra)
-            assert q.num_slots == 0 and q.halves == 0 and int(q.requests[0, 6]) == 0
+            assert q.num_slots == 0 and q.halves == 0 and int(q.requests[0, 6]) == 0 and q.merge_from == -1
 
 
 def test_heads_sharing_l2_fit_a_third_of_it():

@@ -234,13 +234,12 @@ class PrefillPartition:
 
     __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "spans", "halves", "merge_from")
 
-    def __init__(self, work, requests, num_items, num_slots, chunk, spans, halves=0):
+    def __init__(self, work, requests, num_items, num_slots, chunk, spans, halves, merge_from):
         self.work = work  # [1 + items, 8]: the count row (heads, grouped: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
         self.spans = spans  # each item's (request, first key, end key) attended, in the work table's order
         self.halves = halves  # the last items: halves of a lone request's last tiles (tiles_to_halve)
-        # The first query token (of the batch) with partials to merge; -1: none.
-        self.merge_from = min((int(r[0]) + int(r[6]) for r in requests.tolist() if r[5] > 1), default=-1)
-        self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, 0, 0)
+        self.merge_from = merge_from  # the first query token (of the batch) with partials to merge; -1: none
+        self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, split_from, 0)
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
         self.chunk = chunk  # KV tokens per chunk; 0: nothing split
@@ -291,35 +290,38 @@ def partition_prefill(
             return sum(t * num_chunks(0, k, c) for t, k in zip(tiles, kv_len))
 
         chunk = smallest_chunk(longest, longest, fill, page_size, count)
-    split_from = [0] * len(q_len)  # the first token of a request whose items are split (by chunk)
+    split_from = [0] * len(q_len)  # a request's first token whose keys are split (those before are whole)
     lone_full = len(q_len) == 1 and not causal and window_left < 0 and kv_len[0] >= _HALVED_KEYS
     if chunk == 0 and lone_full and not disable_split_kv and fixed_split_size is None:
         halved = tiles_to_halve(tiles[0], num_kv_heads, ctas_per_sm * num_sms)
         whole_rows = (tiles[0] - halved) * rows_per_tile
         if halved and whole_rows % group == 0 and 2 * (q_len[0] - whole_rows // group) <= last_wave_slots:
             split_from[0] = whole_rows // group
-            align = math.lcm(64, page_size)
-            chunk = -(-(-(-kv_len[0] // 2)) // align) * align
+            half, align = -(-kv_len[0] // 2), math.lcm(64, page_size)
+            chunk = -(-half // align) * align
 
-    items, request_rows, num_slots = [], [], 0
+    items, request_rows, num_slots, merge_from = [], [], 0, -1
     for b, (ql, kl) in enumerate(zip(q_len, kv_len)):
         n = num_chunks(0, kl, chunk) if chunk else 1
         delta = kl - ql
         first = num_slots - split_from[b] * n if n > 1 else 0  # token t's slots: first + t * n + i
         if n > 1:
             num_slots += (ql - split_from[b]) * n
+            merge_from = q_begin[b] + split_from[b] if merge_from < 0 else merge_from
         request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, split_from[b], 0))
         for j in range(tiles[b]):
             r0, r1 = j * rows_per_tile, min((j + 1) * rows_per_tile, ql * group) - 1
-            for i in range(n if r0 >= split_from[b] * group else 1):
-                kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if n > 1 and r0 >= split_from[b] * group else (0, kl)
+            chunks = n if r0 >= split_from[b] * group else 1  # a whole tile of a split request: one item
+            for i in range(chunks):
+                kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if chunks > 1 else (0, kl)
                 lo, hi = keys_attended(r0 // group, r1 // group, kv_begin, kv_end, delta, causal, window_left)
                 items.append(((r1 - r0 + 1) * max(hi - lo, 0), (b, r0, kv_begin, kv_end, i, 0, 0, 0), (b, lo, hi)))
     items.sort(key=lambda item: -item[0])  # stable
     work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row, _ in items], dtype=torch.int32)
     requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
-    halves = sum(1 for _, row, _ in items if row[0] >= 0 and row[1] >= split_from[row[0]] * group) if any(split_from) else 0
-    return PrefillPartition(work, requests, len(items), num_slots, chunk, [span for _, _, span in items], halves)
+    halves = sum(1 for _, row, _ in items if row[1] >= split_from[row[0]] * group) if any(split_from) else 0
+    spans = [span for _, _, span in items]
+    return PrefillPartition(work, requests, len(items), num_slots, chunk, spans, halves, merge_from)
 
 
 def tiles_to_halve(tiles: int, heads: int, slots: int) -> int:
