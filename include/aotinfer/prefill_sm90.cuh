@@ -343,8 +343,13 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   const float cap_scale = capped ? p.scale_log2 / (kLog2e * p.soft_cap) : 0.f;
   const float cap_log2 = p.soft_cap * kLog2e;
   const float scale = capped ? 1.f : p.scale_log2;
-  const int all_see_up_to = p.causal ? keys.first_token + delta : INT_MAX;
-  const int all_see_from = p.window_left >= 0 ? keys.last_token + delta - p.window_left : INT_MIN;
+  // This group's rows (fewer than 64 where the item ends inside them) and their first and last
+  // tokens: a tile that every one of them sees whole needs no mask.
+  const int group_rows = min(64, keys.rows - wg_row0);
+  const int group_first = int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0)));
+  const int group_last = int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0 + max(group_rows, 1) - 1)));
+  const int all_see_up_to = p.causal ? group_first + delta : INT_MAX;
+  const int all_see_from = p.window_left >= 0 ? group_last + delta - p.window_left : INT_MIN;
 
   // Matrix descriptors: made once, then moved by constants (the address field, in 16-byte units,
   // is the descriptor's low bits; shared memory addresses stay below its 256 KB).
@@ -459,11 +464,9 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   // The tiles this group's rows see, a prefix of the item's: under causal the group's last row
   // sees fewer keys than the item's last (1-2 tiles fewer for the first groups of a 192-row
   // item), and a group past the item's rows (a request's last, short tile) sees none.
-  const int group_rows = min(64, keys.rows - wg_row0);
   int group_tiles = 0;
   if (group_rows > 0) {
-    const int last_token = int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0 + group_rows - 1)));
-    const int end = p.causal ? min(keys.end, last_token + delta + 1) : keys.end;
+    const int end = p.causal ? min(keys.end, group_last + delta + 1) : keys.end;
     group_tiles = end > keys.begin ? (end - keys.begin + S::kTileKV - 1) / S::kTileKV : 0;
   }
 
