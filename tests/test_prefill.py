@@ -569,6 +569,10 @@ def test_fa3_halves_a_lone_requests_last_tiles(kind, heads):
     check(out, want, torch.bfloat16, lse, want_lse)
     kv = (case.k, case.v) if kind == "ragged" else (case.cache,)
     check(wrapper.forward(case.q, *kv, causal=True), case.reference(causal=True)[0], torch.bfloat16)
+    if kind == "ragged":  # single_prefill_with_kv_cache halves the same tiles
+        want, want_lse = case.reference()
+        out, lse = aotinfer.single_prefill_with_kv_cache(case.q, case.k, case.v, backend="fa3", return_lse=True)
+        check(out, want, torch.bfloat16, lse, want_lse)
 
 
 @gpu
@@ -718,6 +722,38 @@ def test_a_lone_requests_last_tiles_are_halved_where_the_last_wave_is_part_full(
                              ([(2048, 2048)], dict(last_wave_slots=1 << 20))):  # fmt: skip
             q = partition(pairs, heads, sms=132, **options, **extra)
             assert q.num_slots == 0 and q.halves == 0 and int(q.requests[0, 6]) == 0 and q.merge_from == -1
+
+
+@pytest.mark.parametrize(
+    "shape, causal, halved",
+    [((8192, 8192, 32, 32, 128), False, True), ((8192, 8192, 32, 8, 128), False, True), ((5000, 9000, 32, 8, 64), False, True),
+     ((8192, 8192, 16, 16, 256), False, False), ((8192, 8192, 32, 32, 128), True, False)],
+    ids=str,
+)  # fmt: skip
+def test_single_prefill_builds_the_tables_the_plan_writes(monkeypatch, shape, causal, halved):
+    # single_prefill_with_kv_cache builds its tables by tensor ops; on Hopper (forced here, on a
+    # CPU) they hold the items, request row, merge start and schedule that the wrappers' plan
+    # writes: the last tiles halved where that pays (not at d256's 7.8 waves, not under causal),
+    # the halves last.
+    q_len, kv_len, heads, kv_heads, head_dim = shape
+    seen = {}
+    monkeypatch.setattr(prefill, "use_sm90", lambda *args: True)
+    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(prefill._batch_prefill_sm90, "fn", lambda *args: seen.setdefault("args", args))
+    q = torch.randn(q_len, heads, head_dim, dtype=torch.bfloat16)
+    k = torch.randn(kv_len, kv_heads, head_dim, dtype=torch.bfloat16)
+    prefill.single_prefill_with_kv_cache(q, k, k, causal=causal)
+    partial_out, work, requests, ctas, merge_from = (seen["args"][i] for i in (2, 8, 9, 17, 18))
+    rows = prefill.tile_rows(head_dim, sm90=True)
+    plan = partition([(q_len, kv_len)], (heads, kv_heads, head_dim), sms=132, causal=causal, ctas_per_sm=1,
+                     rows_per_tile=rows, last_wave_slots=1 << 30)  # fmt: skip
+    assert sorted(map(tuple, work[1:].tolist())) == sorted(map(tuple, plan.work[1:].tolist()))
+    assert requests.tolist() == plan.requests.tolist() and ctas == plan.num_items
+    assert merge_from == plan.merge_from and partial_out.shape[0] == plan.num_slots
+    group = heads // kv_heads
+    halves = work[1 + ctas - plan.halves :].tolist() if plan.halves else []
+    assert all(row[1] >= int(plan.requests[0, 6]) * group for row in halves)  # the halves go last
+    assert (plan.halves > 0) == halved
 
 
 def test_heads_sharing_l2_fit_a_third_of_it():

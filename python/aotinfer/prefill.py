@@ -291,14 +291,9 @@ def partition_prefill(
 
         chunk = smallest_chunk(longest, longest, fill, page_size, count)
     split_from = [0] * len(q_len)  # a request's first token whose keys are split (those before are whole)
-    lone_full = len(q_len) == 1 and not causal and window_left < 0 and kv_len[0] >= _HALVED_KEYS
-    if chunk == 0 and lone_full and not disable_split_kv and fixed_split_size is None:
-        halved = tiles_to_halve(tiles[0], num_kv_heads, ctas_per_sm * num_sms)
-        whole_rows = (tiles[0] - halved) * rows_per_tile
-        if halved and whole_rows % group == 0 and 2 * (q_len[0] - whole_rows // group) <= last_wave_slots:
-            split_from[0] = whole_rows // group
-            half, align = -(-kv_len[0] // 2), math.lcm(64, page_size)
-            chunk = -(-half // align) * align
+    if chunk == 0 and len(q_len) == 1 and not disable_split_kv and fixed_split_size is None:
+        split_from[0], chunk = halving(q_len[0], kv_len[0], group, rows_per_tile, num_kv_heads, ctas_per_sm * num_sms,
+                                       causal, window_left, page_size, last_wave_slots)
 
     items, request_rows, num_slots, merge_from = [], [], 0, -1
     for b, (ql, kl) in enumerate(zip(q_len, kv_len)):
@@ -322,6 +317,23 @@ def partition_prefill(
     halves = sum(1 for _, row, _ in items if row[1] >= split_from[row[0]] * group) if any(split_from) else 0
     spans = [span for _, _, span in items]
     return PrefillPartition(work, requests, len(items), num_slots, chunk, spans, halves, merge_from)
+
+
+def halving(q_len: int, kv_len: int, group: int, rows: int, heads: int, slots: int, causal: bool, window_left: int,
+            page_size: int, room: int) -> Tuple[int, int]:
+    """A lone request's (split_from, chunk): its tokens from split_from on (the last tiles of
+    ``rows`` packed rows, ``tiles_to_halve``'s) have their keys cut into two chunks of ``chunk``
+    (a multiple of 64 and of the page size), merged after; (0, 0): none. Only under full
+    attention, with at least _HALVED_KEYS keys, a cut at a token and partials within ``room``
+    slots."""
+    if causal or window_left >= 0 or kv_len < _HALVED_KEYS:
+        return 0, 0
+    tiles = -(-q_len * group // rows)
+    whole_rows = (tiles - tiles_to_halve(tiles, heads, slots)) * rows
+    if whole_rows == tiles * rows or whole_rows % group or 2 * (q_len - whole_rows // group) > room:
+        return 0, 0
+    half, align = -(-kv_len // 2), math.lcm(64, page_size)
+    return whole_rows // group, -(-half // align) * align
 
 
 def tiles_to_halve(tiles: int, heads: int, slots: int) -> int:
@@ -1267,19 +1279,31 @@ def single_prefill_with_kv_cache(
     sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype)
     rows = tile_rows(head_dim, sm90)
     tiles = (qo_len * group + rows - 1) // rows
+    # Under full attention the last tiles' keys may be halved, as the wrappers' plan does
+    # (``halving``): their items go last, and their partials to the merge.
+    split_from, chunk = halving(qo_len, kv_len, group, rows, num_kv_heads, _num_sms(device), causal, window_left, 1,
+                                1 << 30) if sm90 else (0, 0)  # fmt: skip
+    whole = split_from * group // rows if chunk else tiles
+    halved = tiles - whole
     # The tables on the device, by tensor ops (no copy from the host: tracers and CUDA graph
-    # capture take them); tiles last to first, the most keys first under causal.
-    zeros = torch.zeros(tiles, dtype=torch.int32, device=device)
-    row_begin = (tiles - 1) * rows - torch.arange(0, tiles * rows, rows, dtype=torch.int32, device=device)
-    kv_end = torch.full_like(zeros, kv_len)
-    items = torch.stack((zeros, row_begin, zeros, kv_end, zeros, zeros, zeros, zeros), dim=1)
+    # capture take them); whole tiles last to first (the most keys first under causal), then the
+    # halved tiles' two chunks each.
+    zeros = torch.zeros(whole + 2 * halved, dtype=torch.int32, device=device)
+    row_begin = (whole - 1) * rows - torch.arange(0, whole * rows, rows, dtype=torch.int32, device=device)
+    second = torch.arange(2 * halved, dtype=torch.int32, device=device) % 2  # a halved tile's chunk
+    row_begin = torch.cat((row_begin, whole * rows + torch.arange(2 * halved, dtype=torch.int32, device=device) // 2 * rows))
+    kv_begin = torch.cat((zeros[:whole], second * chunk))
+    kv_end = torch.cat((zeros[:whole] + kv_len, chunk + second * (kv_len - chunk)))
+    chunk_index = torch.cat((zeros[:whole], second))
+    items = torch.stack((zeros, row_begin, kv_begin, kv_end, chunk_index, zeros, zeros, zeros), dim=1)
     header = torch.zeros((1, 8), dtype=torch.int32, device=device)
-    header.narrow(1, 0, 1).fill_(tiles)
-    spans = []  # as the items: last tile first
-    for j in reversed(range(tiles)):
+    header.narrow(1, 0, 1).fill_(whole + 2 * halved)
+    spans = []  # as the items
+    for j in reversed(range(whole)):
         r0, r1 = j * rows, min((j + 1) * rows, qo_len * group) - 1
         spans.append((0, *keys_attended(r0 // group, r1 // group, 0, kv_len, kv_len - qo_len, causal, window_left)))
-    heads, grouped = _head_schedule(sm90, num_kv_heads, kv_len, spans, head_dim, k.element_size(), device)
+    spans += [(0, 0, chunk), (0, chunk, kv_len)] * halved
+    heads, grouped = _head_schedule(sm90, num_kv_heads, kv_len, spans, head_dim, k.element_size(), device, 2 * halved)
     header.narrow(1, 1, 1).fill_(heads)
     header.narrow(1, 2, 1).fill_(grouped)
     work = torch.cat((header, items))
@@ -1287,6 +1311,13 @@ def single_prefill_with_kv_cache(
     requests.narrow(1, 1, 1).fill_(qo_len)
     requests.narrow(1, 3, 1).fill_(kv_len)
     empty = torch.empty(0, dtype=torch.float32, device=device)
+    partial_out, partial_lse = empty, empty
+    if halved:  # token t >= split_from: chunk i's partial at slot 2 t + i - 2 split_from
+        for column, value in ((4, -2 * split_from), (5, 2), (6, split_from)):
+            requests.narrow(1, column, 1).fill_(value)
+        slots = 2 * (qo_len - split_from)
+        partial_out = torch.empty((slots, num_qo_heads, head_dim), dtype=torch.float32, device=device)
+        partial_lse = torch.empty((slots, num_qo_heads), dtype=torch.float32, device=device)
 
     out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=device)
     lse = torch.empty((qo_len, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
@@ -1294,8 +1325,8 @@ def single_prefill_with_kv_cache(
     binding.fn(
         out,
         lse,
-        empty,
-        empty,
+        partial_out,
+        partial_lse,
         q,
         k,
         v,
@@ -1309,8 +1340,8 @@ def single_prefill_with_kv_cache(
         window_left,
         1.0,
         causal,
-        tiles,
-        -1,  # nothing split: no merge
+        whole + 2 * halved,
+        split_from if halved else -1,  # the merge of the halved tiles' tokens
         -1,
     )
     return (out, lse) if return_lse else out
