@@ -1,7 +1,8 @@
 // What the batch prefill bindings share (csrc/prefill.cu, csrc/prefill_sm90.cu): the checks of
 // their common signature and the launch parameters built from it. The plan (python/aotinfer/
-// prefill.py) has written the work partition: `work` (row 0: the number of items; then a row
-// (request, row_begin, kv_begin, kv_end, chunk, -, -, -) an item) and `requests` rows (q_begin,
+// prefill.py) has written the work partition: `work` (row 0: the number of items, the heads taken
+// together and the items so taken; then a row (request, row_begin, kv_begin, kv_end, chunk, -, -,
+// -) an item) and `requests` rows (q_begin,
 // q_len, kv_offset, kv_len, first_partial, num_partials, split_from, -).
 #pragma once
 

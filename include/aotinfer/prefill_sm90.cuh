@@ -17,7 +17,9 @@
 //   registers (lazy rescaling, as in prefill.cuh), and O += P V (wgmma, P from registers, V
 //   N-major as stored). Tile n's S is issued with tile n - 1's P V, so the softmax of tile n runs
 //   while P V does; and the warpgroups take turns issuing their MMAs (named barriers, round
-//   robin), so one's softmax runs while another's MMAs do.
+//   robin), so one's softmax runs while another's MMAs do. A group skips the MMAs of the tiles
+//   its rows do not see (those past its rows' causal diagonal; every tile where the item ends
+//   before its rows), keeping its turns.
 // Outputs: the final output through shared memory (the warpgroup's Q rows), written by one TMA
 // store where all 64 rows are the item's (else 16-byte stores), and its LSE; or float32 partials
 // of a split request for MergePartialsKernel, as prefill.cuh writes them. benchmarks/NOTES.md has
