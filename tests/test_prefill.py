@@ -715,11 +715,13 @@ def test_a_lone_requests_last_tiles_are_halved_where_the_last_wave_is_part_full(
         assert p.num_slots == 2 * (8192 - split_from) and int(p.requests[0, 4]) + 2 * split_from == 0
         assert p.halves == 2 * halved and p.chunk == 4096 and p.merge_from == split_from
         assert all(row[1] >= split_from * group for row in p.work[-p.halves :].tolist())  # the halves go last
-        # Not without room for the partials, nor under causal, nor for two requests, nor short keys.
+        # Not without room for the partials, nor under causal, nor for two requests, nor short keys,
+        # nor pages too large to cut the keys in two.
         for pairs, extra in (([(8192, 8192)], dict(last_wave_slots=2 * (8192 - split_from) - 1)),
                              ([(8192, 8192)], dict(causal=True, last_wave_slots=1 << 20)),
                              ([(8192, 8192), (1, 1)], dict(last_wave_slots=1 << 20)),
-                             ([(2048, 2048)], dict(last_wave_slots=1 << 20))):  # fmt: skip
+                             ([(2048, 2048)], dict(last_wave_slots=1 << 20)),
+                             ([(8192, 8192)], dict(page_size=8192, last_wave_slots=1 << 20))):  # fmt: skip
             q = partition(pairs, heads, sms=132, **options, **extra)
             assert q.num_slots == 0 and q.halves == 0 and int(q.requests[0, 6]) == 0 and q.merge_from == -1
 

@@ -333,7 +333,8 @@ def halving(q_len: int, kv_len: int, group: int, rows: int, heads: int, slots: i
     if whole_rows == tiles * rows or whole_rows % group or 2 * (q_len - whole_rows // group) > room:
         return 0, 0
     half, align = -(-kv_len // 2), math.lcm(64, page_size)
-    return whole_rows // group, -(-half // align) * align
+    chunk = -(-half // align) * align
+    return (whole_rows // group, chunk) if chunk < kv_len else (0, 0)  # pages too large to halve the keys
 
 
 def tiles_to_halve(tiles: int, heads: int, slots: int) -> int:
