@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import aotinfer
-from _bandwidth import gbps, same_size_copy
+from _bandwidth import gbps, same_size_copy, streaming_limit
 from aotinfer.testing import bench_gpu_time
 from flashinfer_jit import BatchDecode
 
@@ -75,7 +75,9 @@ def run_case(label, batch, kv_len, qo_heads, kv_heads, kv_dtype=torch.bfloat16, 
     nbytes = kv_bytes + 2 * q.numel() * q.element_size()
     t, _ = bench_gpu_time(run)
     copy = same_size_copy(nbytes)
+    limit = streaming_limit(nbytes, 1, 0)
     ratio = gbps(nbytes, t) / copy
+    limit_text = f"  limit {limit:5.0f} {limit / copy:6.3f} ours/limit {gbps(nbytes, t) / limit:6.3f}" if limit else ""
     baselines = ""
     for name, tensor_cores in (("FI plain", False), ("FI tc", True)):
         baseline = BatchDecode(flashinfer_dir, tensor_cores) if flashinfer_dir and kv_dtype == q.dtype else None
@@ -87,7 +89,7 @@ def run_case(label, batch, kv_len, qo_heads, kv_heads, kv_dtype=torch.bfloat16, 
         run_theirs()
         torch.testing.assert_close(theirs[:n].float(), want, rtol=2e-2, atol=2e-2)
         baselines += f"   {name} {gbps(nbytes, bench_gpu_time(run_theirs)[0]) / copy:6.3f}"
-    print(f"  {label:<34} {t * 1e6:9.1f} us {gbps(nbytes, t):7.0f} GB/s  copy {copy:5.0f}  {ratio:6.3f}{baselines}")
+    print(f"  {label:<34} {t * 1e6:9.1f} us {gbps(nbytes, t):7.0f} GB/s  copy {copy:5.0f}  {ratio:6.3f}{limit_text}{baselines}")
     return ratio
 
 
@@ -114,7 +116,8 @@ def main():
     parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
-    print("bandwidth: ours, then a copy of the same bytes, and ours / copy")
+    print("bandwidth: ours, then a copy of the same bytes, and ours / copy; the read-only limit (GB/s, / copy), and ours"
+          " / limit")
     shapes = [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (256, 8192),
               (1, 32768), (4, 65536)]
     if args.quick:

@@ -1,7 +1,10 @@
 // The streaming limit of the bandwidth benchmarks: a kernel that reads kReads streams and writes
 // kWrites streams of the same length, as an op of that read:write proportion does (a gated
 // activation reads 2 units and writes 1; the fused add + RMSNorm reads 2 and writes 2), and does
-// nothing else: each written 16-byte vector is the XOR of the vectors read at its index. Built
+// nothing else: each written 16-byte vector is the XOR of the vectors read at its index. With no
+// stream written (an op that only reads, as decode attention does), each warp writes the XOR of
+// what it read, one 16-byte vector (writes[0][warp]), so that the loads cannot be dropped and
+// what was read can be checked: 1/32 to 1/128 of the bytes read. Built
 // at benchmark start, not shipped (benchmarks/_bandwidth.py compiles it with nvcc and calls it
 // through ctypes); benchmarks/activation_variants.cu includes it too.
 //   nvcc -O3 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a benchmarks/streaming.cu -o streaming.so
@@ -39,12 +42,26 @@ __global__ void __launch_bounds__(kThreads) StreamKernel(Streams s, int64_t num_
       }
     }
   }
+  if constexpr (kWrites == 0) {  // the warp's XOR of everything it read, by its lane 0
+    uint4 x = v[0];
 #pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int64_t i = first + int64_t(k) * kThreads;
-    if (i < num_vecs) {
+    for (int k = 1; k < kItems; ++k) x.x ^= v[k].x, x.y ^= v[k].y, x.z ^= v[k].z, x.w ^= v[k].w;
 #pragma unroll
-      for (int w = 0; w < kWrites; ++w) s.writes[w][i] = v[k];
+    for (int o = 16; o > 0; o >>= 1) {
+      x.x ^= __shfl_xor_sync(0xffffffffu, x.x, o);
+      x.y ^= __shfl_xor_sync(0xffffffffu, x.y, o);
+      x.z ^= __shfl_xor_sync(0xffffffffu, x.z, o);
+      x.w ^= __shfl_xor_sync(0xffffffffu, x.w, o);
+    }
+    if (threadIdx.x % 32 == 0) s.writes[0][(int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32] = x;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t i = first + int64_t(k) * kThreads;
+      if (i < num_vecs) {
+#pragma unroll
+        for (int w = 0; w < kWrites; ++w) s.writes[w][i] = v[k];
+      }
     }
   }
 }
@@ -75,16 +92,19 @@ cudaError_t LaunchConfig(int config, const Streams& s, int64_t num_vecs, cudaStr
 }
 
 // reads[0..num_reads) and writes[0..num_writes) each of num_vecs 16-byte vectors (16-byte aligned).
+// num_writes 0: one read stream, and writes[0] holds WarpsRead(num_vecs, config) vectors.
 inline cudaError_t Stream(const void* const* reads, int num_reads, void* const* writes, int num_writes,
                           int64_t num_vecs, int config, cudaStream_t stream) {
-  if (num_reads < 1 || num_reads > kMaxStreams || num_writes < 1 || num_writes > kMaxStreams) {
+  if (num_reads < 1 || num_reads > kMaxStreams || num_writes < 0 || num_writes > kMaxStreams ||
+      (num_writes == 0 && num_reads != 1)) {
     return cudaErrorInvalidValue;
   }
   Streams s{};
   for (int r = 0; r < num_reads; ++r) s.reads[r] = static_cast<const uint4*>(reads[r]);
-  for (int w = 0; w < num_writes; ++w) s.writes[w] = static_cast<uint4*>(writes[w]);
+  for (int w = 0; w < (num_writes > 0 ? num_writes : 1); ++w) s.writes[w] = static_cast<uint4*>(writes[w]);
   if (num_vecs == 0) return cudaSuccess;
   switch (num_reads * 10 + num_writes) {
+    case 10: return LaunchConfig<1, 0>(config, s, num_vecs, stream);
     case 11: return LaunchConfig<1, 1>(config, s, num_vecs, stream);
     case 12: return LaunchConfig<1, 2>(config, s, num_vecs, stream);
     case 21: return LaunchConfig<2, 1>(config, s, num_vecs, stream);
@@ -97,6 +117,13 @@ inline cudaError_t Stream(const void* const* reads, int num_reads, void* const* 
 
 extern "C" {
 int streaming_num_configs() { return streaming::kNumConfigs; }
+// Warps a read-only launch of configuration `config` over num_vecs vectors runs: the vectors its
+// writes[0] must hold.
+int64_t streaming_warps(int64_t num_vecs, int config) {
+  if (config < 0 || config >= streaming::kNumConfigs) return -1;
+  const int threads = streaming::kConfigs[config][0], items = streaming::kConfigs[config][1];
+  return (num_vecs + threads * items - 1) / (threads * items) * (threads / 32);
+}
 // What the configuration is, for the log: threads a block and vectors a thread.
 int streaming_config(int config, int* threads, int* items) {
   if (config < 0 || config >= streaming::kNumConfigs) return -1;
