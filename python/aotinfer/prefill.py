@@ -1293,9 +1293,10 @@ def single_prefill_with_kv_cache(
     row_begin = (whole - 1) * rows - torch.arange(0, whole * rows, rows, dtype=torch.int32, device=device)
     second = torch.arange(2 * halved, dtype=torch.int32, device=device) % 2  # a halved tile's chunk
     row_begin = torch.cat((row_begin, whole * rows + torch.arange(2 * halved, dtype=torch.int32, device=device) // 2 * rows))
-    kv_begin = torch.cat((zeros[:whole], second * chunk))
-    kv_end = torch.cat((zeros[:whole] + kv_len, chunk + second * (kv_len - chunk)))
-    chunk_index = torch.cat((zeros[:whole], second))
+    whole_zeros = zeros.narrow(0, 0, whole)  # not zeros[:whole]: a CPU-only torch's fake CUDA tensors refuse slices
+    kv_begin = torch.cat((whole_zeros, second * chunk))
+    kv_end = torch.cat((whole_zeros + kv_len, chunk + second * (kv_len - chunk)))
+    chunk_index = torch.cat((whole_zeros, second))
     items = torch.stack((zeros, row_begin, kv_begin, kv_end, chunk_index, zeros, zeros, zeros), dim=1)
     header = torch.zeros((1, 8), dtype=torch.int32, device=device)
     header.narrow(1, 0, 1).fill_(whole + 2 * halved)
