@@ -1,11 +1,13 @@
 """Sampling: time and passes over the probabilities per op, beside torch's sort-based sampler.
 
-    python benchmarks/bench_sampling.py [--batch 1 64] [--vocab 128256] [--ops top_k_top_p ...]
+    python benchmarks/bench_sampling.py [--batch 1 64] [--vocab 128256] [--ops top_k_top_p ...] [--scale 3]
 
-Inputs: probs = softmax(randn) rows (float32), logits = randn. "passes" = time / the time to read
-the input once at the bandwidth of torch's copy_ of the same bytes, measured beside each shape
-(a copy reads and writes, so reading once takes half its time); an op that reads its row twice
-and writes nothing scores at least 2, softmax and the renorms (one read, one write) at least 2.
+Inputs: probs = softmax(randn) rows (float32), logits = randn; --scale S takes S * randn instead
+(3: peaked rows, nearer a language model's, whose top-p set the renormalization holds on chip at
+vocab 128256). "passes" = time / the time to read the input once at the bandwidth of torch's
+copy_ of the same bytes, measured beside each shape (a copy reads and writes, so reading once
+takes half its time); an op that reads its row twice and writes nothing scores at least 2,
+softmax and the renorms (one read, one write) at least 2.
 Times are medians of CUDA-graph replays with a cold L2 (aotinfer.testing.bench_gpu_time); seeds
 and offsets are fixed ints so that the calls capture. torch's sampler: sort, cumsum, top-k / top-p
 masks, renormalize, multinomial (the eager path servers fall back to), on the same probs.
@@ -70,14 +72,15 @@ def main():
     parser.add_argument("--batch", type=int, nargs="*", default=[1, 16, 64, 256, 1024])
     parser.add_argument("--vocab", type=int, nargs="*", default=[32000, 128256, 151936, 262144])
     parser.add_argument("--ops", nargs="*", default=None)
+    parser.add_argument("--scale", type=float, default=1.0, help="logits = scale * randn (probs their softmax)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
     print(f"device-to-device copy bandwidth, this run: {copy_bandwidth() / 1e9:.0f} GB/s (read + written)")
-    print(f"top_k {TOP_K}, top_p {TOP_P}, min_p {MIN_P}; probs = softmax(randn), float32\n")
+    print(f"top_k {TOP_K}, top_p {TOP_P}, min_p {MIN_P}; probs = softmax({args.scale:g} * randn), float32\n")
     print(f"{'batch':>5} {'vocab':>7} {'op':<18} {'time us':>9} {'passes':>7}   {'torch us':>9} {'torch/ours':>10}")
     for vocab in args.vocab:
         for batch in args.batch:
-            logits = torch.randn(batch, vocab, device="cuda")
+            logits = torch.randn(batch, vocab, device="cuda") * args.scale
             probs = torch.softmax(logits, -1)
             dst = torch.empty_like(probs)
             t_copy, _ = bench_gpu_time(dst.copy_, args=(probs,), use_cuda_graph=True, dry_run_time_ms=10, repeat_time_ms=50)

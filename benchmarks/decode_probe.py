@@ -6,6 +6,10 @@ decode attention", has what they showed).
     python benchmarks/decode_probe.py latency            warm-L2 step time, graph replay and plain
                                                          launches, with and without PDL
     python benchmarks/decode_probe.py once BATCH KV_LEN  one plan and a few runs (for ncu)
+    python benchmarks/decode_probe.py parts [MIN_CHUNK ...]  short requests at small batches: cold-L2
+                                                         and warm graph-replay us with the plan's
+                                                         smallest chunk at each MIN_CHUNK (the
+                                                         parts a request: over 4 take a merge launch)
 
 PROBE_SHAPES=split|main|all picks the sweep's shapes; PROBE_FLUSH=read makes the cold-L2 flush a
 read of the flush buffer instead of bench_gpu_time's fill, so that no dirty lines are left for the
@@ -96,8 +100,26 @@ def latency_probe():
         print(f"{batch:>4}x{kv_len:<6} " + " | ".join(cells), flush=True)
 
 
+def parts_probe(min_chunks):
+    print("us, cold L2 / warm graph replay (parts a request); columns: the plan's smallest chunk")
+    print(f"{'shape':>10} " + " ".join(f"{c:>22}" for c in min_chunks))
+    for batch, kv_len in [(1, 512), (1, 1024), (1, 2048), (1, 4096), (2, 1024), (4, 1024), (4, 2048), (8, 1024),
+                          (8, 2048), (16, 1024)]:
+        cells = []
+        for min_chunk in min_chunks:
+            decode._MIN_CHUNK = min_chunk
+            run, _, w = case(batch, kv_len)
+            cold, _ = bench_gpu_time(run)
+            warm, _ = bench_gpu_time(run, use_cuda_graph=True, cold_l2_cache=False)
+            parts = int(w._plan.partition.requests[0, 3])
+            cells.append(f"{cold * 1e6:6.2f} / {warm * 1e6:6.2f} ({parts})")
+        print(f"{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>22}" for c in cells), flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "latency":
+    if sys.argv[1] == "parts":
+        parts_probe([int(c) for c in sys.argv[2:]] or [128, 256, 512, 1024])
+    elif sys.argv[1] == "latency":
         latency_probe()
     elif sys.argv[1] == "sweep":
         sweep([c if c == "d" else int(c) for c in sys.argv[2:]] or [1, 2, 3, 4])

@@ -527,6 +527,32 @@ def test_renorm_and_mask_split_and_whole_rows(vocab):
 
 
 @gpu
+@pytest.mark.parametrize("heavy", [1, 300, 8000, 8400, 20000])
+def test_top_p_renorm_of_heavy_values_over_a_floor(heavy):
+    """top_p_renorm_probs on rows of `heavy` large values (spread over 16 of the histogram's level-0
+    bins) over a floor of tiny ones: the threshold's bin holds from one element to over a thousand,
+    with up to 20000 above it. Split (batch 2) and whole (batch 200) rows, split rows bit for bit
+    equal to whole ones, against float64, the output's memory poisoned with NaN first (every element
+    written)."""
+    vocab = 128256
+    g = torch.Generator(device="cuda").manual_seed(heavy)
+    probs = torch.rand(2, vocab, device="cuda", generator=g) * 1e-9
+    columns = torch.randperm(vocab, device="cuda", generator=g)[:heavy]
+    probs[:, columns] = 0.5 + torch.rand(2, heavy, device="cuda", generator=g)
+    probs /= probs.sum(-1, keepdim=True)
+    rows = probs.repeat(100, 1)
+    for top_p in (0.5, 0.9, 0.999):
+        want = renormalized(probs, kept_mask(probs, top_p=top_p)).float()
+        torch.full_like(rows, float("nan"))  # freed at once: the allocator hands its block to the output
+        big = aotinfer.top_p_renorm_probs(rows, top_p)
+        torch.full_like(probs, float("nan"))
+        small = aotinfer.top_p_renorm_probs(probs, top_p)
+        torch.testing.assert_close(small, want, rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(big[198:], small, rtol=0, atol=0)
+        assert not big.isnan().any()
+
+
+@gpu
 def test_top_k_sampled_floor_and_its_misses():
     """On rows of 65536 or more, top-k gathers its candidates above a floor taken from a sample of
     the row (one pass, no histogram); shorter rows take the histogram path. The last column is 0, so
