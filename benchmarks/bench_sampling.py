@@ -3,11 +3,10 @@
     python benchmarks/bench_sampling.py [--batch 1 64] [--vocab 128256] [--ops top_k_top_p ...] [--scale 3]
 
 Inputs: probs = softmax(randn) rows (float32), logits = randn; --scale S takes S * randn instead
-(3: peaked rows, nearer a language model's, whose top-p set the renormalization holds on chip at
-vocab 128256). "passes" = time / the time to read the input once at the bandwidth of torch's
-copy_ of the same bytes, measured beside each shape (a copy reads and writes, so reading once
-takes half its time); an op that reads its row twice and writes nothing scores at least 2,
-softmax and the renorms (one read, one write) at least 2.
+(3 or 4: peaked rows, nearer a language model's). "passes" = time / the time to read the input
+once at the bandwidth of torch's copy_ of the same bytes, measured beside each shape (a copy reads
+and writes, so reading once takes half its time); an op that reads its row twice and writes
+nothing scores at least 2, softmax and the renorms (one read, one write) at least 2.
 Times are medians of CUDA-graph replays with a cold L2 (aotinfer.testing.bench_gpu_time); seeds
 and offsets are fixed ints so that the calls capture. torch's sampler: sort, cumsum, top-k / top-p
 masks, renormalize, multinomial (the eager path servers fall back to), on the same probs.

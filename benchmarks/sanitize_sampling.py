@@ -2,7 +2,7 @@
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
 16-bit logits, softmax held in registers (both block sizes) and read twice (misaligned), draws by
 rejection (top-p's dense bins, min-p's large kept sets), top-p's verified draws and their misses,
-the top-p renormalization's kept set gathered on chip."""
+the top-p renormalization of peaked rows."""
 import torch
 
 import aotinfer
@@ -40,7 +40,7 @@ aotinfer.min_p_sampling_from_probs(flat[:, 1:], 0.1)
 peaked = torch.softmax(torch.randn(2, 20000, device="cuda") * 3, -1)
 aotinfer.min_p_sampling_from_probs(peaked, 0.1)  # few accepted proposals: the race in a second pass
 aotinfer.min_p_sampling_from_probs(peaked[:, None].expand(2, 2000, 20000).reshape(4000, 20000), 0.1)  # gathered
-aotinfer.top_p_renorm_probs(peaked, 0.9)  # the kept set gathered in the pass that writes the row, split
+aotinfer.top_p_renorm_probs(peaked, 0.9)  # a peaked row's threshold bin gathered, split rows
 aotinfer.top_p_renorm_probs(peaked[:, None].expand(2, 200, 20000).reshape(400, 20000), 0.9)  # and whole
 # Rows beyond the L2: top-k's candidates gathered above a sampled floor, and rows where it misses.
 wide = torch.softmax(torch.randn(2, 65536, device="cuda") * 3, -1)

@@ -92,7 +92,7 @@ cudaError_t LaunchConfig(int config, const Streams& s, int64_t num_vecs, cudaStr
 }
 
 // reads[0..num_reads) and writes[0..num_writes) each of num_vecs 16-byte vectors (16-byte aligned).
-// num_writes 0: one read stream, and writes[0] holds WarpsRead(num_vecs, config) vectors.
+// num_writes 0: one read stream, and writes[0] holds streaming_warps(num_vecs, config) vectors.
 inline cudaError_t Stream(const void* const* reads, int num_reads, void* const* writes, int num_writes,
                           int64_t num_vecs, int config, cudaStream_t stream) {
   if (num_reads < 1 || num_reads > kMaxStreams || num_writes < 0 || num_writes > kMaxStreams ||
