@@ -101,6 +101,7 @@ def latency_probe():
 
 
 def parts_probe(min_chunks):
+    default_min_chunk = decode._MIN_CHUNK
     print("us, cold L2 / warm graph replay (parts a request); columns: the plan's smallest chunk")
     print(f"{'shape':>10} " + " ".join(f"{c:>22}" for c in min_chunks))
     for batch, kv_len in [(1, 512), (1, 1024), (1, 2048), (1, 4096), (2, 1024), (4, 1024), (4, 2048), (8, 1024),
@@ -114,6 +115,7 @@ def parts_probe(min_chunks):
             parts = int(w._plan.partition.requests[0, 3])
             cells.append(f"{cold * 1e6:6.2f} / {warm * 1e6:6.2f} ({parts})")
         print(f"{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>22}" for c in cells), flush=True)
+    decode._MIN_CHUNK = default_min_chunk
 
 
 if __name__ == "__main__":
