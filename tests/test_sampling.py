@@ -529,11 +529,11 @@ def test_renorm_and_mask_split_and_whole_rows(vocab):
 @gpu
 @pytest.mark.parametrize("heavy", [1, 300, 8000, 8400, 20000])
 def test_top_p_renorm_of_heavy_values_over_a_floor(heavy):
-    """top_p_renorm_probs on rows of `heavy` large values (0.5 to 1.5 before normalizing: about 13 of the
-    histogram's level-0 bins) over a floor of tiny ones: the threshold's bin holds from one element to over a thousand,
-    with up to 20000 above it. Split (batch 2) and whole (batch 200) rows, split rows bit for bit
-    equal to whole ones, against float64, the output's memory poisoned with NaN first (every element
-    written)."""
+    """top_p_renorm_probs on rows of `heavy` large values (0.5 to 1.5 before normalizing: about 13
+    of the histogram's level-0 bins) over a floor of tiny ones: the threshold's bin holds from one
+    element to over a thousand, with up to 20000 above it. Split (batch 2) and whole (batch 200)
+    rows, split rows bit for bit equal to whole ones, against float64, the output's memory poisoned
+    with NaN first (every element written)."""
     vocab = 128256
     g = torch.Generator(device="cuda").manual_seed(heavy)
     probs = torch.rand(2, vocab, device="cuda", generator=g) * 1e-9
