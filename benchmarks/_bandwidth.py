@@ -77,6 +77,8 @@ def _streaming_lib():
         lib.streaming_config.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
         lib.streaming_warps.argtypes = [ctypes.c_int64, ctypes.c_int]
         lib.streaming_warps.restype = ctypes.c_int64
+        lib.streaming_run_read_once.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                                ctypes.c_void_p]
     return lib
 
 
@@ -127,17 +129,18 @@ def _xor_fold(words):
     return words[0]
 
 
-def streaming_limit(nbytes, reads, writes):
+def streaming_limit(nbytes, reads, writes, read_once=False):
     """GB/s of streaming.cu's kernel reading `reads` streams and writing `writes` streams, nbytes in
     all (each stream nbytes / (reads + writes), rounded down to 16 bytes), at its fastest
     configuration; each configuration checked once. writes 0: a kernel that only reads (each warp
     writes the XOR of what it read, 16 bytes, not counted), the limit of an op whose outputs are
-    small beside its inputs. None without the kernel."""
+    small beside its inputs; read_once (writes 0 only): the reads cached evict-first in L2, as the
+    decode kernel reads its cache. None without the kernel."""
     lib = _streaming_lib()
     if lib is None:
         return None
-    if (nbytes, reads, writes) in _limits:
-        return _limits[nbytes, reads, writes]
+    if (nbytes, reads, writes, read_once) in _limits:
+        return _limits[nbytes, reads, writes, read_once]
     per_stream = nbytes // (reads + writes) // 16 * 16
     vecs = per_stream // 16
     src = [torch.randint(-2**31, 2**31 - 1, (per_stream // 4,), dtype=torch.int32, device="cuda") for _ in range(reads)]
@@ -150,7 +153,10 @@ def streaming_limit(nbytes, reads, writes):
     want = src[0] if reads == 1 else torch.bitwise_xor(src[0], src[1])
 
     def run(config):
-        status = lib.streaming_run(read_ptrs, reads, write_ptrs, writes, vecs, config, stream)
+        if read_once:
+            status = lib.streaming_run_read_once(read_ptrs[0], write_ptrs[0], vecs, config, stream)
+        else:
+            status = lib.streaming_run(read_ptrs, reads, write_ptrs, writes, vecs, config, stream)
         if status != 0:
             raise RuntimeError(f"streaming kernel, configuration {config}: CUDA error {status}")
 
@@ -168,7 +174,7 @@ def streaming_limit(nbytes, reads, writes):
         assert right(config), f"streaming kernel, configuration {config}, is wrong: not timing it"
         t, _ = bench_gpu_time(run, args=(config,))
         best = max(best, gbps(per_stream * (reads + writes), t))
-    _limits[nbytes, reads, writes] = best
+    _limits[nbytes, reads, writes, read_once] = best
     return best
 
 

@@ -10,6 +10,9 @@ decode attention", has what they showed).
                                                          and warm graph-replay us with the plan's
                                                          smallest chunk at each MIN_CHUNK (the
                                                          parts a request: over 4 take a merge launch)
+    python benchmarks/decode_probe.py readonce           the K and V copies' L2 policy: ratio to copy (and
+                                                         us) with the plan's kv_read_once forced to 0 and 1,
+                                                         steps of 34 MB to 1 GB, and the plan's own choice
 
 PROBE_SHAPES=split|main|all picks the sweep's shapes; PROBE_FLUSH=read makes the cold-L2 flush a
 read of the flush buffer instead of bench_gpu_time's fill, so that no dirty lines are left for the
@@ -118,8 +121,24 @@ def parts_probe(min_chunks):
     decode._MIN_CHUNK = default_min_chunk
 
 
+def read_once_probe():
+    print("ratio to copy (us); columns: the K and V copies evict-normal, evict-first; the plan's choice")
+    for batch, kv_len in [(16, 512), (16, 1024), (16, 2048), (1, 32768), (16, 3072), (16, 4096), (24, 4096),
+                          (32, 4096), (16, 8192), (64, 2048), (4, 65536), (64, 8192)]:
+        run, nbytes, w = case(batch, kv_len)
+        chosen, cells = w._plan.kv_read_once, []
+        for read_once in (0, 1):
+            w._plan.kv_read_once = read_once
+            t, _ = bench_gpu_time(run)
+            cells.append(f"{gbps(nbytes, t) / same_size_copy(nbytes):6.3f} ({t * 1e6:6.1f})")
+        print(f"{batch:>4}x{kv_len:<6} {nbytes / 1e6:6.0f} MB " + " ".join(f"{c:>16}" for c in cells) + f"   {chosen}",
+              flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "parts":
+    if sys.argv[1] == "readonce":
+        read_once_probe()
+    elif sys.argv[1] == "parts":
         parts_probe([int(c) for c in sys.argv[2:]] or [128, 256, 512, 1024])
     elif sys.argv[1] == "latency":
         latency_probe()

@@ -34,11 +34,12 @@ cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_
 }  // namespace
 
 // Decode attention of q against the paged k_cache / v_cache (kv_layout 0: [pages, page_size,
-// kv_heads, head_dim], 1: [pages, kv_heads, page_size, head_dim]) over the planned work items.
+// kv_heads, head_dim], 1: [pages, kv_heads, page_size, head_dim]) over the planned work items;
+// kv_read_once: the K and V copies cached evict-first in L2 (the plan's choice), else normally.
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                   TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
                   TensorView counters, TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
-                  double v_scale, int64_t max_partials, int64_t enable_pdl) {
+                  double v_scale, int64_t max_partials, int64_t kv_read_once, int64_t enable_pdl) {
   // 1. Validate: inputs, scalars, then outputs; devices last.
   CheckQuery(q);
   const int64_t batch = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
@@ -98,6 +99,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   }
   p.counters = aotinfer::data_ptr<int>(counters);
   p.v_scale = float(v_scale);
+  p.kv_policy = kv_read_once ? aotinfer::kL2EvictFirst : aotinfer::kL2EvictNormal;
   if (batch == 0 || work.size(0) == 0) return;
 
   // 2. Guard the device; 3. get the stream; 4. dispatch and launch.

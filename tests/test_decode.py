@@ -648,7 +648,8 @@ def merge_into(o, s, o_other, s_other):
 
 
 def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters,
-                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, max_partials, enable_pdl):  # fmt: skip
+                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, max_partials, kv_read_once,
+                       enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     nhd = kv_layout == 0
@@ -658,6 +659,7 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
     assert work.dtype == requests.dtype == torch.int32 and work.shape[1] == requests.shape[1] == 4
     assert requests.shape[0] == q.shape[0] == out.shape[0] and lse.numel() in (0, q.shape[0] * num_heads)
     assert partial_out.shape[1:] == (num_heads, head_dim) and partial_lse.shape == partial_out.shape[:2]
+    assert kv_read_once in (0, 1)  # a cache policy: no effect on the result
     assert counters.dtype == torch.int32 and counters.numel() >= q.shape[0] * decode.heads_ctas(num_heads, num_heads // group)
     assert not counters.any(), "counters must be zero between launches"
     sink = sinks.float() / LN2 if sinks.numel() else None  # base 2
@@ -776,6 +778,24 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
         want, want_lse = reference(q, keys, values, 1 / 8)
         out, lse = wrapper.run(q, cache, return_lse=True)
         check(out, want, torch.float16, lse, want_lse)
+
+
+def test_steps_that_read_a_few_l2s_cache_k_and_v_evict_first(kernel_model):
+    # The plan's cache policy for K and V (decode._READ_ONCE_L2S): evict-first while a step reads
+    # at most 4 L2s (the CPU plan assumes 50 MiB) of K and V, counting the window and the dtype.
+    def plan(lengths, kv_data_type=torch.float16, window_left=-1):
+        wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu", 64 << 20))
+        indptr, indices, last, _ = page_table(lengths, 16)
+        wrapper.plan(indptr, indices, last, 32, 8, 128, 16, kv_data_type=kv_data_type, window_left=window_left)
+        return wrapper._plan.kv_read_once
+
+    per_token = 8 * 128 * 2 * 2  # bytes of K and V a token: 8 KV heads, head_dim 128, fp16
+    most = 4 * (50 << 20) // per_token  # 51200 tokens
+    assert plan([most // 2, most - most // 2]) == 1
+    assert plan([most // 2, most - most // 2 + 1]) == 0
+    assert plan([most + 1, 7], kv_data_type=torch.float8_e4m3fn) == 1  # a byte an element
+    assert plan([3 * most, most], window_left=1000) == 1  # 2002 positions attended
+    assert decode.reads_once(200 << 20, 50 << 20) and not decode.reads_once((200 << 20) + 1, 50 << 20)
 
 
 # ---- argument errors (CPU) ----------------------------------------------------------------------

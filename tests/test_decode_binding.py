@@ -87,7 +87,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("options", ["plain", "cap-window-sinks", "idle"])
+@pytest.mark.parametrize("options", ["plain", "cap-window-sinks", "idle", "read-once"])
 def test_batch_decode(case, options):
     torch.manual_seed(0)
     d, qo, kv, page, dtype, kv_dtype, layout, lens, chunk = case
@@ -106,7 +106,7 @@ def test_batch_decode(case, options):
     most_parts = int(requests[:, 3].max())
     binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, counters,
                             empty if sinks is None else sinks, layout, sm_scale * k_scale, cap, window, v_scale,
-                            most_parts, -1)
+                            most_parts, int(options == "read-once"), -1)
     # Every merge in the launch (requests of few items) zeroed its counter again.
     assert not counters.any()
     want, want_lse = reference(q, k, v, indices, page_begin, lens, layout, sm_scale, cap, window, sinks, k_scale, v_scale)

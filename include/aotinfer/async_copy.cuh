@@ -32,6 +32,33 @@ __device__ __forceinline__ void CopyAsync16OrZero(void* dst, const void* src, bo
 #endif
 }
 
+// L2 cache policies for the copies below, the values `createpolicy.fractional.L2::evict_*.b64 p,
+// 1.0` makes. Evict-first lines are the first to go when the L2 needs room: bytes read once so
+// cached displace one another rather than what the L2 held before (which later kernels may read
+// again, or, dirty, would be written back to memory while this kernel reads).
+constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
+constexpr uint64_t kL2EvictNormal = 0x16F0000000000000ull;
+
+// As CopyAsync16OrZero, to the shared-window address `dst`, the line cached in L2 under `policy`
+// (one of the above). ptxas 13.0 miscompiles a cache policy on copies whose shared address it splits
+// into a register plus a uniform register (an illegal instruction at run time): callers keep
+// `dst` in a per-thread register (SharedAddressInRegister).
+__device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0), "l"(policy)
+               : "memory");
+#else
+  (void)dst, (void)src, (void)valid, (void)policy;  // sm80 and up only
+#endif
+}
+
+// The shared-window address of `p`, through a shuffle so that ptxas cannot fold its uniform part
+// into the addressing of the copies above.
+__device__ __forceinline__ uint32_t SharedAddressInRegister(const void* p) {
+  return __shfl_sync(0xffffffffu, static_cast<uint32_t>(__cvta_generic_to_shared(p)), 0);
+}
+
 // 4 bytes (an index) through L1, or 4 zero bytes when !valid (src is then not read).
 __device__ __forceinline__ void CopyAsync4OrZero(void* dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -8,7 +8,8 @@
 // size. Tiles of K and V (64 tokens; 128 for fp8 up to head_dim 128, the same bytes) stream
 // through a cp.async pipeline of kStages tiles in shared memory, gathered page by page; each warp
 // takes a quarter of a tile's tokens and keeps its own running max, sum and output, and the four
-// states are merged at the end.
+// states are merged at the end. The copies cache K and V in L2 under the plan's policy (evict-first
+// where a step reads a few L2s of cache: python/aotinfer/decode.py, _READ_ONCE_L2S).
 //
 // An fp8 cache stays fp8 in shared memory (twice the tokens a tile for the same bytes) and is
 // widened to half (exactly) in registers, between ldmatrix and the tensor cores; the tensor cores
@@ -55,6 +56,7 @@ struct DecodeParams : AttentionParams {
   int* counters;                 // [batch][num_kv_heads * head_blocks]: a split request's items done; zero between launches
   int head_blocks;               // ceil(group / 16): blocks per KV head
   float v_scale;
+  uint64_t kv_policy;            // the L2 cache policy of the K and V copies: kL2EvictFirst or kL2EvictNormal
 };
 
 constexpr int kDecodeWarps = 4;
@@ -201,9 +203,10 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const int column = tid % S::kCachedRowChunks, first_token = tid / S::kCachedRowChunks;
   const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
   const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
+  const uint32_t stages_at = SharedAddressInRegister(stages);
   auto copy = [&](int tile) {  // its table published and a barrier passed since
-    uint8_t* k_dst = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
-    uint8_t* v_dst = k_dst + S::kCachedTileBytes;
+    const uint32_t k_dst = stages_at + (tile % S::kStages) * 2 * S::kCachedTileBytes;
+    const uint32_t v_dst = k_dst + S::kCachedTileBytes;
     const longlong2* offsets = token_offsets[tile % S::kOffsetTiles];
 #pragma unroll
     for (int i = 0; i < S::kChunksPerThread; ++i) {
@@ -211,8 +214,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       const longlong2 offset = offsets[token];
       const bool valid = offset.x >= 0;
       const uint32_t at = SwizzledOffset<S::kCachedRowChunks>(token, column);
-      CopyAsync16OrZero(k_dst + at, k + (valid ? offset.x : 0), valid);
-      CopyAsync16OrZero(v_dst + at, v + (valid ? offset.y : 0), valid);
+      CopyAsync16OrZero(k_dst + at, k + (valid ? offset.x : 0), valid, p.kv_policy);
+      CopyAsync16OrZero(v_dst + at, v + (valid ? offset.y : 0), valid, p.kv_policy);
     }
   };
 

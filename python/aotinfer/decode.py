@@ -97,6 +97,14 @@ _MIN_CHUNK = 128
 # capture, and its output then does not depend on the GPU model): as for this many SMs (H100/H200).
 _SINGLE_DECODE_SMS = 132
 _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
+# K and V are read once a step. Cached evict-first in L2 (the binding's kv_read_once), their lines
+# displace one another rather than what the L2 held, which is otherwise evicted, and written back
+# to memory while the cache streams in where it is dirty. bench_decode (H100, its cold-L2 flush
+# leaves the L2 dirty): +4-13% at steps of 67-134 MB, but -2-3% at 537 MB and up, where what it
+# saves (at most an L2's worth) is small beside the bytes. So: evict-first up to this many L2s of
+# K and V a step.
+_READ_ONCE_L2S = 4
+_ASSUMED_L2_BYTES = 50 << 20  # as _SINGLE_DECODE_SMS and _CPU_SMS: the L2 of an H100/H200
 
 
 # ---- argument checks (what the binding cannot name) --------------------------------------------
@@ -327,6 +335,11 @@ def _num_sms(device: "torch.device") -> int:
     return _device_property(device, "multi_processor_count", _CPU_SMS)
 
 
+def reads_once(kv_bytes: int, l2_bytes: int) -> bool:
+    """Whether a step reading kv_bytes of K and V caches them evict-first (_READ_ONCE_L2S)."""
+    return kv_bytes <= _READ_ONCE_L2S * l2_bytes
+
+
 # ---- the KV cache ------------------------------------------------------------------------------
 
 
@@ -376,6 +389,7 @@ class _Plan:
     __slots__ = (
         "batch_size", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
         "window_left", "work", "requests", "counters", "indices", "partial_out", "partial_lse", "max_partials", "empty",
+        "kv_read_once",
         "partition",
     )  # fmt: skip
 
@@ -703,6 +717,9 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
         plan.head_dim, plan.page_size, plan.q_dtype, plan.kv_dtype = head_dim, page_size, q_dtype, kv_dtype
         plan.window_left = window_left
+        attended = kv_len if window_left < 0 else kv_len.clamp(max=window_left + 1)
+        kv_bytes = int(attended.sum()) * num_kv_heads * head_dim * 2 * kv_dtype.itemsize
+        plan.kv_read_once = int(reads_once(kv_bytes, _device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)))
 
         self._plan = plan
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
@@ -808,6 +825,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             self._window_left if window_left is None else window_left,
             1.0 if v_scale is None else v_scale,
             plan.max_partials,
+            plan.kv_read_once,
             -1 if enable_pdl is None else enable_pdl,
         )
         return (out, lse) if return_lse else out
@@ -1030,6 +1048,7 @@ def single_decode_with_kv_cache(
         window_left,
         1.0 if v_scale is None else v_scale,
         slots,
+        int(reads_once((kv_len - lo) * num_kv_heads * head_dim * 2 * k.element_size(), _ASSUMED_L2_BYTES)),
         -1,
     )
     return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
