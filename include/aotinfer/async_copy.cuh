@@ -53,10 +53,12 @@ __device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src,
 #endif
 }
 
-// The shared-window address of `p`, through a shuffle so that ptxas cannot fold its uniform part
-// into the addressing of the copies above.
+// The shared-window address of `p`, through a shuffle from the thread's own lane (all 32 lanes
+// call it) so that ptxas cannot fold a uniform part into the addressing of the copies above.
 __device__ __forceinline__ uint32_t SharedAddressInRegister(const void* p) {
-  return __shfl_sync(0xffffffffu, static_cast<uint32_t>(__cvta_generic_to_shared(p)), 0);
+  uint32_t lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return __shfl_sync(0xffffffffu, static_cast<uint32_t>(__cvta_generic_to_shared(p)), lane);
 }
 
 // 4 bytes (an index) through L1, or 4 zero bytes when !valid (src is then not read).
