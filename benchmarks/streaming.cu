@@ -26,8 +26,7 @@ struct Streams {
   uint4* writes[kMaxStreams];
 };
 
-// Vector i of every read stream, XORed, goes to vector i of every write stream: kItems vectors a
-// thread, kThreads apart, every load issued before the first store.
+// *p, or with read_once *p cached in L2 under `policy`.
 __device__ __forceinline__ uint4 Load(const uint4* p, bool read_once, uint64_t policy) {
   if (!read_once) return *p;
   uint4 v;
@@ -37,6 +36,8 @@ __device__ __forceinline__ uint4 Load(const uint4* p, bool read_once, uint64_t p
   return v;
 }
 
+// Vector i of every read stream, XORed, goes to vector i of every write stream: kItems vectors a
+// thread, kThreads apart, every load issued before the first store.
 template <int kReads, int kWrites, int kThreads, int kItems, bool kReadOnce>
 __global__ void __launch_bounds__(kThreads) StreamKernel(Streams s, int64_t num_vecs) {
   uint64_t policy = 0;

@@ -99,10 +99,10 @@ _SINGLE_DECODE_SMS = 132
 _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
 # K and V are read once a step. Cached evict-first in L2 (the binding's kv_read_once), their lines
 # displace one another rather than what the L2 held, which is otherwise evicted, and written back
-# to memory while the cache streams in where it is dirty. bench_decode (H100, its cold-L2 flush
-# leaves the L2 dirty): +4-13% at steps of 67-134 MB, but -2-3% at 537 MB and up, where what it
-# saves (at most an L2's worth) is small beside the bytes. So: evict-first up to this many L2s of
-# K and V a step.
+# to memory while the cache streams in where it is dirty. Under bench_decode's cold-L2 flush (which
+# leaves the L2 dirty), on an H100: +2-15% at steps of 34-202 MB, but -1-3% from 269 MB, where what
+# it saves (at most an L2's worth) is small beside the bytes (benchmarks/NOTES.md). So: evict-first
+# up to this many L2s of K and V a step.
 _READ_ONCE_L2S = 4
 _ASSUMED_L2_BYTES = 50 << 20  # as _SINGLE_DECODE_SMS and _CPU_SMS: the L2 of an H100/H200
 
