@@ -782,11 +782,12 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
 
 def test_steps_that_read_a_few_l2s_cache_k_and_v_evict_first(kernel_model):
     # The plan's cache policy for K and V (decode._READ_ONCE_L2S): evict-first while a step reads
-    # at most 4 L2s (the CPU plan assumes 50 MiB) of K and V, counting the window and the dtype.
-    def plan(lengths, kv_data_type=torch.float16, window_left=-1):
+    # at most 4 L2s (the CPU plan assumes 50 MiB) of K and V, counting the window and the dtype,
+    # and one CTA reads each KV head's lines (groups of up to 16 query heads).
+    def plan(lengths, kv_data_type=torch.float16, window_left=-1, qo_heads=32):
         wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu", 64 << 20))
         indptr, indices, last, _ = page_table(lengths, 16)
-        wrapper.plan(indptr, indices, last, 32, 8, 128, 16, kv_data_type=kv_data_type, window_left=window_left)
+        wrapper.plan(indptr, indices, last, qo_heads, 8, 128, 16, kv_data_type=kv_data_type, window_left=window_left)
         return wrapper._plan.kv_read_once
 
     per_token = 8 * 128 * 2 * 2  # bytes of K and V a token: 8 KV heads, head_dim 128, fp16
@@ -795,7 +796,8 @@ def test_steps_that_read_a_few_l2s_cache_k_and_v_evict_first(kernel_model):
     assert plan([most // 2, most - most // 2 + 1]) == 0
     assert plan([most + 1, 7], kv_data_type=torch.float8_e4m3fn) == 1  # a byte an element
     assert plan([3 * most, most], window_left=1000) == 1  # 2002 positions attended
-    assert decode.reads_once(200 << 20, 50 << 20) and not decode.reads_once((200 << 20) + 1, 50 << 20)
+    assert plan([100, 200], qo_heads=128) == 1 and plan([100, 200], qo_heads=136) == 0  # groups of 16 and 17
+    assert decode.reads_once(200 << 20, 50 << 20, 32, 8) and not decode.reads_once((200 << 20) + 1, 50 << 20, 32, 8)
 
 
 # ---- argument errors (CPU) ----------------------------------------------------------------------

@@ -102,7 +102,8 @@ _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the pla
 # to memory while the cache streams in where it is dirty. Under bench_decode's cold-L2 flush (which
 # leaves the L2 dirty), on an H100: +2-15% at steps of 34-202 MB, but -1-3% from 269 MB, where what
 # it saves (at most an L2's worth) is small beside the bytes (benchmarks/NOTES.md). So: evict-first
-# up to this many L2s of K and V a step.
+# up to this many L2s of K and V a step, where one CTA reads each KV head (groups of up to 16: a
+# second CTA of a larger group reads the same lines, which should still be in L2).
 _READ_ONCE_L2S = 4
 _ASSUMED_L2_BYTES = 50 << 20  # as _SINGLE_DECODE_SMS and _CPU_SMS: the L2 of an H100/H200
 
@@ -335,9 +336,9 @@ def _num_sms(device: "torch.device") -> int:
     return _device_property(device, "multi_processor_count", _CPU_SMS)
 
 
-def reads_once(kv_bytes: int, l2_bytes: int) -> bool:
+def reads_once(kv_bytes: int, l2_bytes: int, num_qo_heads: int, num_kv_heads: int) -> bool:
     """Whether a step reading kv_bytes of K and V caches them evict-first (_READ_ONCE_L2S)."""
-    return kv_bytes <= _READ_ONCE_L2S * l2_bytes
+    return kv_bytes <= _READ_ONCE_L2S * l2_bytes and heads_ctas(num_qo_heads, num_kv_heads) == num_kv_heads
 
 
 # ---- the KV cache ------------------------------------------------------------------------------
@@ -719,7 +720,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         plan.window_left = window_left
         attended = kv_len if window_left < 0 else kv_len.clamp(max=window_left + 1)
         kv_bytes = int(attended.sum()) * num_kv_heads * head_dim * 2 * kv_dtype.itemsize
-        plan.kv_read_once = int(reads_once(kv_bytes, _device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)))
+        l2_bytes = _device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)
+        plan.kv_read_once = int(reads_once(kv_bytes, l2_bytes, num_qo_heads, num_kv_heads))
 
         self._plan = plan
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
@@ -1048,7 +1050,8 @@ def single_decode_with_kv_cache(
         window_left,
         1.0 if v_scale is None else v_scale,
         slots,
-        int(reads_once((kv_len - lo) * num_kv_heads * head_dim * 2 * k.element_size(), _ASSUMED_L2_BYTES)),
+        int(reads_once((kv_len - lo) * num_kv_heads * head_dim * 2 * k.element_size(), _ASSUMED_L2_BYTES,
+                       num_qo_heads, num_kv_heads)),
         -1,
     )
     return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
