@@ -575,7 +575,8 @@ RAGGED = [0, 1, 16, 17, 300, 1031, 5000, 2, 65, 4096]
 def test_partition_covers_every_position_once(page_size, window_left):
     p = partition(RAGGED, page_size, window_left=window_left)
     check_partition(p, RAGGED, page_size, window_left)
-    target = decode.target_items(132, 32, 8)
+    short = window_left in (0, 100, 2000)  # no request attends more than _SHORT_REQUEST positions
+    target = decode.target_items(132, 32, 8, ctas_per_sm=1 if short else 2)
     assert p.num_items <= target
     if window_left in (0, 100):  # no request attends more than the smallest chunk
         assert p.chunk == 0 and p.num_slots == 0
@@ -608,6 +609,12 @@ def test_partition_modes():
     assert decode.target_items(132, 32, 8) == 33 and decode.target_items(132, 64, 64) == 5
     # Sequences shorter than the smallest chunk are never split.
     assert partition([100, 30, 127]).num_slots == 0
+    # Short requests (up to 2048 positions) aim at 1 CTA an SM (17 items of 8 CTAs), longer ones at
+    # 2 (33 items): 16 of 2048 stay whole, 16 of 2049 are split, 4 of 1024 take 16 items of 256.
+    assert partition([2048] * 16).num_slots == 0
+    assert partition([2049] * 16).num_items == 32
+    p = partition([1024] * 4)
+    assert p.chunk == 256 and p.num_items == 16
     # Empty batch.
     p = partition([])
     assert p.num_items == 0 and p.work.shape == (0, 4) and p.requests.shape == (0, 4)

@@ -84,12 +84,17 @@ _Q_DTYPES = ("float16", "bfloat16")
 _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 # The split heuristic. A CTA serves up to 16 query heads of one KV head, so the grid is
-# items x (num_kv_heads * ceil(group / 16)); plan aims at 2 CTAs an SM. Chunks are multiples of
-# 64 tokens (and of the page size where that stays under 4096 tokens, so that chunks end on page
-# boundaries), at least 128 tokens (two of the kernel's tiles): a block's time is mostly the
-# latency of its first tiles, so short requests gain from more, shorter chunks.
+# items x (num_kv_heads * ceil(group / 16)); plan aims at 2 CTAs an SM, or at 1 where no request
+# attends more than _SHORT_REQUEST positions: a batch of those that fills the SMs once gains
+# nothing from blocks with half as much to read and a merge of their partials (H100, 16 x 1024 and
+# 16 x 2048 unsplit: 5-6% faster; longer requests want 2, a lone block an SM holding too few bytes
+# in flight; benchmarks/NOTES.md). Chunks are multiples of 64 tokens (and of the page size where
+# that stays under 4096 tokens, so that chunks end on page boundaries), at least 128 tokens (two of
+# the kernel's tiles): a block's time is mostly the latency of its first tiles, so short requests
+# gain from more, shorter chunks.
 _HEADS_PER_CTA = 16
 _CTAS_PER_SM = 2
+_SHORT_REQUEST = 2048
 _CHUNK_UNIT = 64
 _MAX_CHUNK_UNIT = 4096
 _MIN_CHUNK = 128
@@ -192,9 +197,9 @@ def heads_ctas(num_qo_heads: int, num_kv_heads: int) -> int:
     return max(num_kv_heads, 1) * -(-group // _HEADS_PER_CTA)
 
 
-def target_items(num_sms: int, num_qo_heads: int, num_kv_heads: int) -> int:
-    """The number of work items that fills the GPU (2 CTAs an SM)."""
-    return max(1, -(-_CTAS_PER_SM * num_sms // heads_ctas(num_qo_heads, num_kv_heads)))
+def target_items(num_sms: int, num_qo_heads: int, num_kv_heads: int, ctas_per_sm: int = _CTAS_PER_SM) -> int:
+    """The number of work items that fills the GPU (ctas_per_sm CTAs an SM)."""
+    return max(1, -(-ctas_per_sm * num_sms // heads_ctas(num_qo_heads, num_kv_heads)))
 
 
 def chunk_unit(page_size: int) -> int:
@@ -263,7 +268,8 @@ def partition_work(
     multiples of the chunk size from position 0, so a request's items depend on the request and
     the chunk size alone. The chunk size: ``disable_split_kv``: none (one item a request);
     ``fixed_split_size``: that many pages; otherwise none when the batch fills the GPU
-    (``target_items``), else the smallest that keeps the items within it. Items are ordered
+    (``target_items``: 2 CTAs an SM, 1 where no request attends more than _SHORT_REQUEST
+    positions), else the smallest that keeps the items within it. Items are ordered
     longest first (the tail of a ragged batch starts early). ``capacity`` (CUDA graphs): the work
     table has exactly this many rows, idle ones at the end; ValueError when the items do not fit.
     """
@@ -284,7 +290,9 @@ def partition_work(
         def count(c):
             return sum(num_chunks(l, h, c) for l, h in zip(lo_list, hi_list))
 
-        chunk = smallest_chunk(longest, end, fill, page_size, count)
+        if longest <= _SHORT_REQUEST:
+            fill = target_items(num_sms, num_qo_heads, num_kv_heads, ctas_per_sm=1)
+        chunk = 0 if batch >= fill else smallest_chunk(longest, end, fill, page_size, count)
 
     if chunk == 0:
         # One item a request (the usual large batch): tensor ops.
