@@ -87,7 +87,7 @@ _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # items x (num_kv_heads * ceil(group / 16)); plan aims at 2 CTAs an SM, or at 1 where no request
 # attends more than _SHORT_REQUEST positions: a batch of those that fills the SMs once gains
 # nothing from blocks with half as much to read and a merge of their partials (H100, 16 x 1024 and
-# 16 x 2048 unsplit: 5-6% faster; longer requests want 2, a lone block an SM holding too few bytes
+# 16 x 2048 unsplit: 2-6% faster; longer requests want 2, a lone block an SM holding too few bytes
 # in flight; benchmarks/NOTES.md). Chunks are multiples of 64 tokens (and of the page size where
 # that stays under 4096 tokens, so that chunks end on page boundaries), at least 128 tokens (two of
 # the kernel's tiles): a block's time is mostly the latency of its first tiles, so short requests
