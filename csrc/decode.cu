@@ -99,7 +99,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   }
   p.counters = aotinfer::data_ptr<int>(counters);
   p.v_scale = float(v_scale);
-  p.kv_policy = kv_read_once ? aotinfer::kL2EvictFirst : aotinfer::kL2EvictNormal;
+  p.kv_read_once = kv_read_once != 0;
   if (batch == 0 || work.size(0) == 0) return;
 
   // 2. Guard the device; 3. get the stream; 4. dispatch and launch.

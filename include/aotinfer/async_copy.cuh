@@ -32,15 +32,25 @@ __device__ __forceinline__ void CopyAsync16OrZero(void* dst, const void* src, bo
 #endif
 }
 
-// L2 cache policies for the copies below, the values `createpolicy.fractional.L2::evict_*.b64 p,
-// 1.0` makes. Evict-first lines are the first to go when the L2 needs room: bytes read once so
-// cached displace one another rather than what the L2 held before (which later kernels may read
-// again, or, dirty, would be written back to memory while this kernel reads).
-constexpr uint64_t kL2EvictFirst = 0x12F0000000000000ull;
-constexpr uint64_t kL2EvictNormal = 0x16F0000000000000ull;
+// An L2 cache policy for the copies below, evict-first or evict-normal for the whole access, as
+// createpolicy encodes it for the GPU at hand. Evict-first lines are the first to go when the L2
+// needs room: bytes read once so cached displace one another rather than what the L2 held before
+// (which later kernels may read again, or, dirty, would be written back to memory while this
+// kernel reads).
+__device__ __forceinline__ uint64_t L2CachePolicy(bool evict_first) {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if (evict_first) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  }
+#endif
+  return policy;
+}
 
 // As CopyAsync16OrZero, to the shared-window address `dst`, the line cached in L2 under `policy`
-// (one of the above). ptxas 13.0 miscompiles a cache policy on copies whose shared address it splits
+// (L2CachePolicy). ptxas 13.0 miscompiles a cache policy on copies whose shared address it splits
 // into a register plus a uniform register (an illegal instruction at run time): callers keep
 // `dst` in a per-thread register (SharedAddressInRegister).
 __device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src, bool valid, uint64_t policy) {

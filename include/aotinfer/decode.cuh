@@ -56,7 +56,7 @@ struct DecodeParams : AttentionParams {
   int* counters;                 // [batch][num_kv_heads * head_blocks]: a split request's items done; zero between launches
   int head_blocks;               // ceil(group / 16): blocks per KV head
   float v_scale;
-  uint64_t kv_policy;            // the L2 cache policy of the K and V copies: kL2EvictFirst or kL2EvictNormal
+  int kv_read_once;              // 1: the K and V copies cached evict-first in L2; 0: evict-normal
 };
 
 constexpr int kDecodeWarps = 4;
@@ -204,6 +204,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   const KV* k = static_cast<const KV*>(p.k) + kv_head * p.k_stride_head + column * S::kElemsPerChunk;
   const KV* v = static_cast<const KV*>(p.v) + kv_head * p.v_stride_head + column * S::kElemsPerChunk;
   const uint32_t stages_at = SharedAddressInRegister(stages);
+  const uint64_t kv_policy = L2CachePolicy(p.kv_read_once != 0);
   auto copy = [&](int tile) {  // its table published and a barrier passed since
     const uint32_t k_dst = stages_at + (tile % S::kStages) * 2 * S::kCachedTileBytes;
     const uint32_t v_dst = k_dst + S::kCachedTileBytes;
@@ -214,8 +215,8 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
       const longlong2 offset = offsets[token];
       const bool valid = offset.x >= 0;
       const uint32_t at = SwizzledOffset<S::kCachedRowChunks>(token, column);
-      CopyAsync16OrZero(k_dst + at, k + (valid ? offset.x : 0), valid, p.kv_policy);
-      CopyAsync16OrZero(v_dst + at, v + (valid ? offset.y : 0), valid, p.kv_policy);
+      CopyAsync16OrZero(k_dst + at, k + (valid ? offset.x : 0), valid, kv_policy);
+      CopyAsync16OrZero(v_dst + at, v + (valid ? offset.y : 0), valid, kv_policy);
     }
   };
 
