@@ -804,7 +804,7 @@ def test_steps_that_read_a_few_l2s_cache_k_and_v_evict_first(kernel_model):
     assert plan([most + 1, 7], kv_data_type=torch.float8_e4m3fn) == 1  # a byte an element
     assert plan([3 * most, most], window_left=1000) == 1  # 2002 positions attended
     assert plan([100, 200], qo_heads=128) == 1 and plan([100, 200], qo_heads=136) == 0  # groups of 16 and 17
-    assert decode.reads_once(200 << 20, 50 << 20, 32, 8) and not decode.reads_once((200 << 20) + 1, 50 << 20, 32, 8)
+    assert decode.reads_once(most, 32, 8, 128, 2, 50 << 20) and not decode.reads_once(most + 1, 32, 8, 128, 2, 50 << 20)
 
 
 # ---- argument errors (CPU) ----------------------------------------------------------------------

@@ -344,9 +344,11 @@ def _num_sms(device: "torch.device") -> int:
     return _device_property(device, "multi_processor_count", _CPU_SMS)
 
 
-def reads_once(kv_bytes: int, l2_bytes: int, num_qo_heads: int, num_kv_heads: int) -> bool:
-    """Whether a step reading kv_bytes of K and V caches them evict-first (_READ_ONCE_L2S)."""
-    return kv_bytes <= _READ_ONCE_L2S * l2_bytes and heads_ctas(num_qo_heads, num_kv_heads) == num_kv_heads
+def reads_once(tokens: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_itemsize: int, l2_bytes: int) -> int:
+    """1 where a step attending ``tokens`` positions in all caches its K and V evict-first
+    (_READ_ONCE_L2S), else 0: the binding's kv_read_once."""
+    kv_bytes = tokens * num_kv_heads * head_dim * 2 * kv_itemsize
+    return int(kv_bytes <= _READ_ONCE_L2S * l2_bytes and heads_ctas(num_qo_heads, num_kv_heads) == num_kv_heads)
 
 
 # ---- the KV cache ------------------------------------------------------------------------------
@@ -726,10 +728,9 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
         plan.head_dim, plan.page_size, plan.q_dtype, plan.kv_dtype = head_dim, page_size, q_dtype, kv_dtype
         plan.window_left = window_left
-        attended = kv_len if window_left < 0 else kv_len.clamp(max=window_left + 1)
-        kv_bytes = int(attended.sum()) * num_kv_heads * head_dim * 2 * kv_dtype.itemsize
+        attended = int((kv_len if window_left < 0 else kv_len.clamp(max=window_left + 1)).sum())
         l2_bytes = _device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)
-        plan.kv_read_once = int(reads_once(kv_bytes, l2_bytes, num_qo_heads, num_kv_heads))
+        plan.kv_read_once = reads_once(attended, num_qo_heads, num_kv_heads, head_dim, kv_dtype.itemsize, l2_bytes)
 
         self._plan = plan
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
@@ -1058,8 +1059,7 @@ def single_decode_with_kv_cache(
         window_left,
         1.0 if v_scale is None else v_scale,
         slots,
-        int(reads_once((kv_len - lo) * num_kv_heads * head_dim * 2 * k.element_size(), _ASSUMED_L2_BYTES,
-                       num_qo_heads, num_kv_heads)),
+        reads_once(kv_len - lo, num_qo_heads, num_kv_heads, head_dim, k.element_size(), _ASSUMED_L2_BYTES),
         -1,
     )
     return (out.squeeze(0), lse.squeeze(0)) if return_lse else out.squeeze(0)
