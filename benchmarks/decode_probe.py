@@ -80,13 +80,13 @@ def sweep(ctas_list):
         cells = []
         for ctas in ctas_list:
             if ctas != "d":  # "d": the plan's own policy
-                decode._CTAS_PER_SM = ctas
+                decode.target_items.__defaults__ = (ctas,)
             run, nbytes, w = case(batch, kv_len, **fp8)
             t, _ = bench_gpu_time(run)
             copy = same_size_copy(nbytes)
             cells.append(f"{gbps(nbytes, t) / copy:6.3f}({t * 1e6:4.1f})")
         print(f"{'fp8 ' if fp8 else ''}{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>12}" for c in cells), flush=True)
-    decode._CTAS_PER_SM = 2
+    decode.target_items.__defaults__ = (decode._CTAS_PER_SM,)
 
 
 def latency_probe():
