@@ -1024,12 +1024,121 @@ __device__ __forceinline__ Best RaceOverCandidates(const SamplingShared& sh, uin
   return best;
 }
 
+// CandidateMassFrom's fixed point, for one warp: a probability's mass below the exponent `top`
+// (of the largest key summed), and a sum of them back to a double. CandidateMassFrom keeps its own
+// copy of these lines: called from there they changed the SASS of every sampling kernel, and so
+// only the sampled floor's kernel changes with the warp's path.
+__device__ __forceinline__ unsigned long long FixedPointMass(uint32_t key, int top) {
+  const int exponent = max(int((key >> 23) & 0xFF), 1);
+  const int shift = exponent - max(top, 1) + 27;  // the largest mantissa becomes < 2^51
+  return shift >= 0 ? (unsigned long long)MantissaOf(key) << shift : MantissaOf(key) >> min(-shift, 31);
+}
+__device__ __forceinline__ double FixedPointToMass(unsigned long long total, int top) {
+  const int scale = max(top, 1) - 150 - 27;
+  return double(total) * __longlong_as_double(int64_t(scale + 1023) << 52);
+}
+
+// TopKRace (below) where the candidates are few (at most kWarpCandidates, two a lane): one warp
+// sorts them (key descending, index ascending: a bitonic sort over its lanes), takes the k-th key,
+// top-p's threshold from the prefix masses in that order, and runs the race, with no barrier of
+// the block and no merge of the row's blocks (on an H100: 3.5-5 us a row, against 6.5-7.5 us and
+// 2 us for the merge). Its loops stay rolled: a warp runs it once a row, each phase of a few dozen
+// instructions takes about 1 us, and unrolled it ran no faster (NOTES). Call from a whole warp;
+// every lane returns the winner.
+constexpr int kWarpCandidates = 64;
+
+__device__ __noinline__ Best TopKRaceInWarp(const SamplingShared& sh, int k, float top_p, bool joint, double row_mass,
+                                            uint32_t range_hi, const RowRandom& rng) {
+  const int lane = int(threadIdx.x % 32), n = sh.num_candidates;
+  // Position e = 2 lane + j of the 64, padded with key 0 (never kept) past n.
+  uint32_t key[2];
+  int index[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int e = 2 * lane + j;
+    key[j] = e < n ? sh.cand_key[e] : 0u;
+    index[j] = e < n ? sh.cand_index[e] : INT32_MAX;
+  }
+  auto precedes = [](uint32_t ka, int ia, uint32_t kb, int ib) { return ka > kb || (ka == kb && ia < ib); };
+#pragma unroll 1
+  for (int size = 2; size <= 2 * 32; size <<= 1) {
+#pragma unroll 1
+    for (int stride = size / 2; stride > 1; stride >>= 1) {  // across lanes: position e ^ stride is lane ^ stride / 2's
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int e = 2 * lane + j;
+        const uint32_t other_key = __shfl_xor_sync(0xffffffffu, key[j], stride / 2);
+        const int other_index = __shfl_xor_sync(0xffffffffu, index[j], stride / 2);
+        const bool lower = (e & stride) == 0, up = (e & size) == 0;
+        // The lower position of a run sorted in the order keeps the element that precedes.
+        if (precedes(other_key, other_index, key[j], index[j]) == (lower == up)) key[j] = other_key, index[j] = other_index;
+      }
+    }
+    const bool up = ((2 * lane) & size) == 0;  // stride 1: the lane's own pair
+    if (precedes(key[1], index[1], key[0], index[0]) == up) {
+      const uint32_t kt = key[0];
+      const int it = index[0];
+      key[0] = key[1], index[0] = index[1], key[1] = kt, index[1] = it;
+    }
+  }
+  // The k-th largest (the candidates hold every element from it up; 0 keeps them all).
+  const uint32_t kth = __shfl_sync(0xffffffffu, (k - 1) % 2 ? key[1] : key[0], ((k - 1) / 2) % 32);
+  uint32_t t = max(1u, k <= n ? kth : 0u);
+  if (top_p < 1.f) {
+    const int top = int((range_hi >> 23) & 0xFF);
+    double target = double(top_p) * row_mass;
+    if (!joint) {  // top_k_first: top_p of the top-k set's mass
+      unsigned long long kept = (key[0] >= t ? FixedPointMass(key[0], top) : 0ull) + (key[1] >= t ? FixedPointMass(key[1], top) : 0ull);
+#pragma unroll 1
+      for (int o = 16; o > 0; o >>= 1) kept += __shfl_xor_sync(0xffffffffu, kept, o);
+      target = double(top_p) * FixedPointToMass(kept, top);
+    }
+    // Prefix masses in the sorted order: the first position that reaches the target.
+    const double v0 = __uint_as_float(key[0]), v1 = __uint_as_float(key[1]);
+    double before = v0 + v1;
+#pragma unroll 1
+    for (int o = 1; o < 32; o <<= 1) {
+      const double up = __shfl_up_sync(0xffffffffu, before, o);
+      if (lane >= o) before += up;
+    }
+    before -= v0 + v1;  // the mass of positions before this lane's
+    const int first = before + v0 >= target ? 2 * lane : before + v0 + v1 >= target ? 2 * lane + 1 : INT32_MAX;
+    const unsigned reached = __ballot_sync(0xffffffffu, first != INT32_MAX);
+    if (reached) {
+      const int at = __shfl_sync(0xffffffffu, first, __ffs(reached) - 1);
+      t = max(t, __shfl_sync(0xffffffffu, at % 2 ? key[1] : key[0], at / 2));
+    }
+  }
+  Best best{-INFINITY, INT32_MAX};
+#pragma unroll 1
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t kj = j ? key[1] : key[0];
+    const int ij = j ? index[1] : index[0];
+    if (kj >= t) best = Better(best, Best{__fdividef(__uint_as_float(kj), Exponential(rng.word(ij))), ij});
+  }
+#pragma unroll 1
+  for (int o = 16; o > 0; o >>= 1) {
+    best = Better(best, Best{__shfl_xor_sync(0xffffffffu, best.key, o), __shfl_xor_sync(0xffffffffu, best.index, o)});
+  }
+  return best;
+}
+
 // Top-k (and top-p: top_p < 1, over the top-k set, or the row's mass `row_mass` where joint) among
 // gathered candidates that hold every element from the k-th largest up (keys in [range_lo,
 // range_hi]; range_hi ends the top bin where top-p sums masses): the thresholds, then the race.
-// Every block holds every candidate: part 0 races, the others return no winner.
+// Every block holds every candidate. kInWarp and at most kWarpCandidates of them: warp 0 of every
+// block draws the token (the same one), `decided`; else part 0 races, the others return no winner.
+// (kInWarp only in the kernel of the sampled floor, the top-k filters' at large vocabularies: the
+// call in the others' code moved their registers and cost min-p and top-p 2-6%; NOTES.)
+template <bool kInWarp>
 __device__ __forceinline__ Best TopKRace(SamplingShared& sh, int k, float top_p, bool joint, double row_mass,
-                                         uint32_t range_lo, uint32_t range_hi, const RowRandom& rng) {
+                                         uint32_t range_lo, uint32_t range_hi, const RowRandom& rng, bool& decided) {
+  if constexpr (kInWarp) {
+    if (sh.num_candidates <= kWarpCandidates) {
+      decided = true;
+      return threadIdx.x < 32 ? TopKRaceInWarp(sh, k, top_p, joint, row_mass, range_hi, rng) : Best{-INFINITY, INT32_MAX};
+    }
+  }
   const uint32_t t_k = CandidateThreshold(sh, Need::kCount, double(k), 0u, 0.0, range_lo, range_hi, true);
   uint32_t t = max(1u, t_k);
   if (top_p < 1.f) {
@@ -1404,7 +1513,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
         const uint32_t top_end = CandidateTopBinEnd(sh);
         const uint32_t range_lo = NarrowToKthBin(sh, k, floor, top_end);
-        best = TopKRace(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, p_active ? top_end : 0xFFFFFFFFu, rng);
+        best = TopKRace<true>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, p_active ? top_end : 0xFFFFFFFFu, rng,
+                              decided);
         raced = true;
       }
     }
@@ -1449,7 +1559,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         __syncthreads();
         GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
         ShareCandidates(sh);
-        best = TopKRace(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, range_hi, rng);
+        best = TopKRace<kShortcut == Shortcut::kSampledFloor>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo,
+                                                             range_hi, rng, decided);
       } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
         // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
         // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
