@@ -1128,8 +1128,9 @@ __device__ __noinline__ Best TopKRaceInWarp(const SamplingShared& sh, int k, flo
 // range_hi]; range_hi ends the top bin where top-p sums masses): the thresholds, then the race.
 // Every block holds every candidate. kInWarp and at most kWarpCandidates of them: warp 0 of every
 // block draws the token (the same one), `decided`; else part 0 races, the others return no winner.
-// (kInWarp only in the kernel of the sampled floor, the top-k filters' at large vocabularies: the
-// call in the others' code moved their registers and cost min-p and top-p 2-6%; NOTES.)
+// (kInWarp only in the kernel of the sampled floor, the top-k filters' at large vocabularies:
+// compiled into the others, the call changed their SASS, and min-p and top-p measured 2-12%
+// slower in one call; NOTES.)
 template <bool kInWarp>
 __device__ __forceinline__ Best TopKRace(SamplingShared& sh, int k, float top_p, bool joint, double row_mass,
                                          uint32_t range_lo, uint32_t range_hi, const RowRandom& rng, bool& decided) {
