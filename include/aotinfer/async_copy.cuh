@@ -63,6 +63,15 @@ __device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src,
 #endif
 }
 
+// As above, with no cache policy: the copy the L2 caches as it would any load.
+__device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+  (void)dst, (void)src, (void)valid;  // sm80 and up only
+#endif
+}
+
 // The shared-window address of `p`, through a shuffle from the thread's own lane (all 32 lanes
 // call it) so that ptxas cannot fold a uniform part into the addressing of the copies above.
 __device__ __forceinline__ uint32_t SharedAddressInRegister(const void* p) {
