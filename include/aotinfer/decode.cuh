@@ -56,7 +56,7 @@ struct DecodeParams : AttentionParams {
   int* counters;                 // [batch][num_kv_heads * head_blocks]: a split request's items done; zero between launches
   int head_blocks;               // ceil(group / 16): blocks per KV head
   float v_scale;
-  int kv_read_once;              // 1: the K and V copies cached evict-first in L2; 0: evict-normal
+  int kv_read_once;              // 1: the K and V copies cached evict-first in L2; 0: plain copies
 };
 
 constexpr int kDecodeWarps = 4;
