@@ -21,36 +21,39 @@ __device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
 #endif
 }
 
+// As CopyAsync16 to the shared-window address `dst`, or 16 zero bytes when !valid (src is then
+// not read). sm80 and up only.
+__device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#else
+  (void)dst, (void)src, (void)valid;
+#endif
+}
+
 // As CopyAsync16, or 16 zero bytes when !valid (src is then not read).
 __device__ __forceinline__ void CopyAsync16OrZero(void* dst, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t shared_dst = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
+  CopyAsync16OrZero(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, valid);
 #else
   *static_cast<uint4*>(dst) = valid ? *static_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
 #endif
 }
 
-// An L2 cache policy for the copies below, evict-first or evict-normal for the whole access, as
-// createpolicy encodes it for the GPU at hand. Evict-first lines are the first to go when the L2
-// needs room: bytes read once so cached displace one another rather than what the L2 held before
-// (which later kernels may read again, or, dirty, would be written back to memory while this
-// kernel reads).
-__device__ __forceinline__ uint64_t L2CachePolicy(bool evict_first) {
+// The L2 cache policy evict-first for the whole access, as createpolicy encodes it for the GPU at
+// hand. Evict-first lines are the first to go when the L2 needs room: bytes read once so cached
+// displace one another rather than what the L2 held before (which later kernels may read again,
+// or, dirty, would be written back to memory while this kernel reads).
+__device__ __forceinline__ uint64_t L2EvictFirstPolicy() {
   uint64_t policy = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (evict_first) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  }
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
 #endif
   return policy;
 }
 
 // As CopyAsync16OrZero, to the shared-window address `dst`, the line cached in L2 under `policy`
-// (L2CachePolicy). ptxas 13.0 miscompiles a cache policy on copies whose shared address it splits
+// (L2EvictFirstPolicy). ptxas 13.0 miscompiles a cache policy on copies whose shared address it splits
 // into a register plus a uniform register (an illegal instruction at run time): callers keep
 // `dst` in a per-thread register (SharedAddressInRegister).
 __device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src, bool valid, uint64_t policy) {
@@ -60,15 +63,6 @@ __device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src,
                : "memory");
 #else
   (void)dst, (void)src, (void)valid, (void)policy;  // sm80 and up only
-#endif
-}
-
-// As above, with no cache policy: the copy the L2 caches as it would any load.
-__device__ __forceinline__ void CopyAsync16OrZero(uint32_t dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  (void)dst, (void)src, (void)valid;  // sm80 and up only
 #endif
 }
 

@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   // policy. Under an evict-normal policy the large steps ran at 0.86-0.92 of a copy on an H200,
   // below both evict-first in the same run (0.91-0.98) and the plain copy of an earlier H200 run
   // (0.92-1.01); on an H100 the plain and evict-normal copies run alike (benchmarks/NOTES.md).
-  const uint64_t evict_first = L2CachePolicy(true);
+  const uint64_t evict_first = L2EvictFirstPolicy();
   auto copy = [&](int tile) {  // its table published and a barrier passed since
     const uint32_t k_dst = stages_at + (tile % S::kStages) * 2 * S::kCachedTileBytes;
     const uint32_t v_dst = k_dst + S::kCachedTileBytes;
