@@ -338,9 +338,18 @@ __device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh
 
 // f(values, count, first_index) for consecutive groups of kVec elements (count < kVec only at the
 // row's end), kSamplingUnroll 16-byte loads in flight per thread. kVec == 1 where the row is not
-// 16-byte aligned.
-template <typename T, int kVec, typename F>
+// 16-byte aligned. kEvictFirst caches the row's lines evict-first in L2: for a kernel's last read
+// of its rows, so that they displace one another rather than what the L2 held (lines that later
+// kernels may read, or dirty ones that would be written back while this kernel reads). Only the
+// sampler's one-pass reads take it: they gained 3-8% at 64-1024 rows of 128256 and 262144 (H100,
+// NOTES); passes that a later pass reads again from L2 (the histogram's, the renorms') lost by it.
+template <typename T, int kVec, bool kEvictFirst = false, typename F>
 __device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
+  const uint64_t policy = kEvictFirst ? L2EvictFirstPolicy() : 0;
+  auto load = [policy](Vec<T, kVec>& v, const T* at) {
+    if constexpr (kEvictFirst) v.load(at, policy);
+    else v.load(at);
+  };
   const int64_t all_groups = n / kVec;
   const int parts = RowParts(), part = RowPart();  // this block's slice of the row
   const int64_t groups = all_groups * (part + 1) / parts;
@@ -349,7 +358,7 @@ __device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
   for (; g + (kSamplingUnroll - 1) * kSamplingThreads < groups; g += kStep) {
     Vec<T, kVec> v[kSamplingUnroll];
 #pragma unroll
-    for (int u = 0; u < kSamplingUnroll; ++u) v[u].load(row + (g + u * kSamplingThreads) * kVec);
+    for (int u = 0; u < kSamplingUnroll; ++u) load(v[u], row + (g + u * kSamplingThreads) * kVec);
 #pragma unroll
     for (int u = 0; u < kSamplingUnroll; ++u) {
       float x[kVec];
@@ -360,7 +369,7 @@ __device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
   }
   for (; g < groups; g += kSamplingThreads) {
     Vec<T, kVec> v;
-    v.load(row + g * kVec);
+    load(v, row + g * kVec);
     float x[kVec];
 #pragma unroll
     for (int e = 0; e < kVec; ++e) x[e] = to_float(v[e]);
@@ -763,7 +772,7 @@ __device__ uint32_t SampledFloor(const T* row, int64_t n, int rank, KeyOf key_of
 // among the row's blocks and it returns true; else false (the candidates then mean nothing). The
 // pass is GatherCandidates' with one test a key instead of three: sharing its code cost the floor's
 // kernels 1.5-3% and moved the others' SASS (H200, NOTES).
-template <typename T, int kVec, typename KeyOf, typename Also>
+template <typename T, int kVec, bool kEvictFirst, typename KeyOf, typename Also>
 __device__ bool GatherAtOrAbove(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of, uint32_t floor, int k,
                                 Also&& also) {
   if (threadIdx.x == 0) {
@@ -771,7 +780,7 @@ __device__ bool GatherAtOrAbove(const T* row, int64_t n, SamplingShared& sh, Key
     sh.sorted_count = -1;
   }
   __syncthreads();
-  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+  ForEachGroup<T, kVec, kEvictFirst>(row, n, [&](const float* x, int count, int64_t first) {
     for (int e = 0; e < count; ++e) {
       const uint32_t key = key_of(x[e]);
       if (key >= floor) AddCandidate(sh, key, int(first + e));
@@ -1472,11 +1481,11 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
   const Filter filter = p.filter;
 
   if (p.from_logits) {
-    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    ForEachGroup<float, kVec, true>(row, n, [&](const float* x, int count, int64_t first) {
       Race<true>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kNone) {
-    ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    ForEachGroup<float, kVec, true>(row, n, [&](const float* x, int count, int64_t first) {
       Race<false>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kMinP) {
@@ -1508,8 +1517,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         for (int e = 0; e < count; ++e) row_mass += ProbKey(x[e]) != 0u ? x[e] : 0.f;
       };
       const bool gathered = row_mass_needed
-                                ? GatherAtOrAbove<float, kVec>(row, n, sh, prob_key, floor, k, sum_mass)
-                                : GatherAtOrAbove<float, kVec>(row, n, sh, prob_key, floor, k, [](const float*, int, int64_t) {});
+                                ? GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, sum_mass)
+                                : GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, [](const float*, int, int64_t) {});
       if (gathered) {
         if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
         const uint32_t top_end = CandidateTopBinEnd(sh);
@@ -1719,7 +1728,7 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
   const int floor_rank = SampledFloorRank(k, n);
   if (floor_rank > 0) {
     const uint32_t floor = SampledFloor(row, n, floor_rank, key_of, sh);
-    if (GatherAtOrAbove<T, kVec>(row, n, sh, key_of, floor, k, write_dropped)) {
+    if (GatherAtOrAbove<T, kVec, false>(row, n, sh, key_of, floor, k, write_dropped)) {
       const uint32_t top_end = CandidateTopBinEnd(sh);
       const uint32_t lo = NarrowToKthBin(sh, k, floor, top_end);
       const uint32_t hi = with_top ? top_end : 0xFFFFFFFFu;

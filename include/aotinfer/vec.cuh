@@ -77,6 +77,20 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
 #pragma unroll
     for (int i = 0; i < kAccesses; ++i) raw[i] = reinterpret_cast<const Access*>(ptr)[i];
   }
+  // load(), each line cached in L2 under `l2_policy` (a createpolicy value, as async_copy.cuh's
+  // L2EvictFirstPolicy gives). Only 16-byte accesses carry it; narrower ones load plainly.
+  __device__ __forceinline__ void load(const T* ptr, uint64_t l2_policy) {
+#pragma unroll
+    for (int i = 0; i < kAccesses; ++i) {
+      if constexpr (kAccessBytes == 16) {
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(raw[i].x), "=r"(raw[i].y), "=r"(raw[i].z), "=r"(raw[i].w)
+                     : "l"(reinterpret_cast<const Access*>(ptr) + i), "l"(l2_policy));
+      } else {
+        raw[i] = reinterpret_cast<const Access*>(ptr)[i];
+      }
+    }
+  }
   __device__ __forceinline__ void store(T* ptr) const {
 #pragma unroll
     for (int i = 0; i < kAccesses; ++i) reinterpret_cast<Access*>(ptr)[i] = raw[i];
