@@ -732,13 +732,19 @@ __device__ __forceinline__ int SampledFloorRank(int k, int64_t n) {
   return rank <= kMaxFloorRank && fits ? int(rank) : 0;
 }
 
-// The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread: each warp
-// sorts its 32 keys (a bitonic sort over the lanes), then one warp merges the 32 sorted lists r
+// The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread, from each
+// thread's SampledValue: each warp sorts its 32 keys (a bitonic sort over the lanes), then one warp merges the 32 sorted lists r
 // steps deep.
-template <typename T, typename KeyOf>
-__device__ uint32_t SampledFloor(const T* row, int64_t n, int rank, KeyOf key_of, SamplingShared& sh) {
+// This thread's element of the sample (0 where the row is too short for a floor). Kernels load it
+// first, before the filter's parameters: the floor then waits for one round trip, not two.
+template <typename T>
+__device__ __forceinline__ float SampledValue(const T* row, int64_t n) {
+  return n >= kSampledFloorMinVocab ? to_float(row[int64_t(threadIdx.x) * n / kFloorSample]) : 0.f;
+}
+template <typename KeyOf>
+__device__ uint32_t SampledFloor(float sampled, int rank, KeyOf key_of, SamplingShared& sh) {
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
-  uint32_t key = key_of(to_float(row[int64_t(threadIdx.x) * n / kFloorSample]));
+  uint32_t key = key_of(sampled);
 #pragma unroll
   for (int size = 2; size <= 32; size <<= 1) {
 #pragma unroll
@@ -1493,6 +1499,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
+    const float sampled = kShortcut == Shortcut::kSampledFloor ? SampledValue(row, n) : 0.f;  // before k's load
     const int k = use_k ? p.top_k.at(out_row) : 0;
     const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
     const bool p_active = use_p && top_p < 1.f;
@@ -1511,7 +1518,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const int floor_rank = kShortcut == Shortcut::kSampledFloor && k_decides ? SampledFloorRank(k, n) : 0;
     bool raced = false;
     if (floor_rank > 0) {
-      const uint32_t floor = SampledFloor(row, n, floor_rank, prob_key, sh);
+      const uint32_t floor = SampledFloor(sampled, floor_rank, prob_key, sh);
       double row_mass = 0;  // this thread's elements, in a fixed order
       auto sum_mass = [&](const float* x, int count, int64_t) {
         for (int e = 0; e < count; ++e) row_mass += ProbKey(x[e]) != 0u ? x[e] : 0.f;
@@ -1715,7 +1722,7 @@ __device__ __forceinline__ void Level0Histogram(const T* row, int64_t n, Samplin
 
 template <typename T, int kVec, typename KeyOf>
 __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
-                                   float dropped, bool with_top) {
+                                   float dropped, bool with_top, float sampled) {
   const T dropped_t = from_float<T>(dropped);
   auto write_dropped = [&](const float*, int count, int64_t first) {
     if (count == kVec) {
@@ -1727,7 +1734,7 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
   // Where a sample puts a floor under the k-th largest: one pass gathers from it up and writes.
   const int floor_rank = SampledFloorRank(k, n);
   if (floor_rank > 0) {
-    const uint32_t floor = SampledFloor(row, n, floor_rank, key_of, sh);
+    const uint32_t floor = SampledFloor(sampled, floor_rank, key_of, sh);
     if (GatherAtOrAbove<T, kVec, false>(row, n, sh, key_of, floor, k, write_dropped)) {
       const uint32_t top_end = CandidateTopBinEnd(sh);
       const uint32_t lo = NarrowToKthBin(sh, k, floor, top_end);
@@ -1785,12 +1792,13 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   const float* row = static_cast<const float*>(p.input) + r * p.in_stride;
   float* out = static_cast<float*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
+  const float sampled = p.filter == Filter::kTopK ? SampledValue(row, n) : 0.f;
   auto prob_key = [](float v) { return ProbKey(v); };
   Threshold t;
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
     if (k > 0 && k < n) {
-      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true);
+      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true, sampled);
       if (g.ok) {  // every kept element is a candidate: the mass is theirs
         const double kept = CandidateMassFrom(sh, g.key, g.hi, true);
         const float scale = kept > 0 ? float(1.0 / kept) : 0.f;
@@ -1856,11 +1864,12 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
+  const float sampled = SampledValue(row, n);
   const int k = p.top_k.at(r);
   auto logit_key = [](float v) { return LogitKey(v); };
   uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
   if (k > 0 && k < n) {
-    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false);
+    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false, sampled);
     if (g.ok) {
       WriteKeptCandidates<kVec>(sh, out, n, g.key, [](uint32_t key) { return from_float<T>(LogitFromKey(key)); });
       AllowDependentGrids();
