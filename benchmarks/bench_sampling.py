@@ -47,6 +47,7 @@ def kept_by_top_k_top_p(probs, k, p):
 def ops(probs, logits, batch):
     k_rows = torch.full((batch,), TOP_K, device="cuda", dtype=torch.int32)
     p_rows = torch.full((batch,), TOP_P, device="cuda")
+    min_p_rows = torch.full((batch,), MIN_P, device="cuda")
     r = dict(seed=1, offset=0)
     return {
         "top_k_top_p": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, TOP_K, TOP_P, **r),
@@ -57,6 +58,7 @@ def ops(probs, logits, batch):
         "top_p rows": lambda: aotinfer.top_p_sampling_from_probs(probs, p_rows, **r),
         "top_k": lambda: aotinfer.top_k_sampling_from_probs(probs, TOP_K, **r),
         "min_p": lambda: aotinfer.min_p_sampling_from_probs(probs, MIN_P, **r),
+        "min_p rows": lambda: aotinfer.min_p_sampling_from_probs(probs, min_p_rows, **r),
         "from_probs": lambda: aotinfer.sampling_from_probs(probs, **r),
         "from_logits": lambda: aotinfer.sampling_from_logits(logits, **r),
         "top_k_renorm": lambda: aotinfer.top_k_renorm_probs(probs, TOP_K),

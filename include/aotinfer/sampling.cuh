@@ -732,15 +732,16 @@ __device__ __forceinline__ int SampledFloorRank(int k, int64_t n) {
   return rank <= kMaxFloorRank && fits ? int(rank) : 0;
 }
 
-// The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread, from each
-// thread's SampledValue: each warp sorts its 32 keys (a bitonic sort over the lanes), then one warp merges the 32 sorted lists r
-// steps deep.
 // This thread's element of the sample (0 where the row is too short for a floor). Kernels load it
 // first, before the filter's parameters: the floor then waits for one round trip, not two.
 template <typename T>
 __device__ __forceinline__ float SampledValue(const T* row, int64_t n) {
   return n >= kSampledFloorMinVocab ? to_float(row[int64_t(threadIdx.x) * n / kFloorSample]) : 0.f;
 }
+
+// The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread, from each
+// thread's SampledValue: each warp sorts its 32 keys (a bitonic sort over the lanes), then one
+// warp merges the 32 sorted lists r steps deep.
 template <typename KeyOf>
 __device__ uint32_t SampledFloor(float sampled, int rank, KeyOf key_of, SamplingShared& sh) {
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
