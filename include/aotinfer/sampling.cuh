@@ -778,7 +778,8 @@ __device__ uint32_t SampledFloor(float sampled, int rank, KeyOf key_of, Sampling
 // run on each group as well. Where the row holds from k to kCandidates of them, they are shared
 // among the row's blocks and it returns true; else false (the candidates then mean nothing). The
 // pass is GatherCandidates' with one test a key instead of three: sharing its code cost the floor's
-// kernels 1.5-3% and moved the others' SASS (H200, NOTES).
+// kernels 1.5-3% and moved the others' SASS (H200, NOTES). kEvictFirst: ForEachGroup's, for the
+// samplers, whose last read of the row this is.
 template <typename T, int kVec, bool kEvictFirst, typename KeyOf, typename Also>
 __device__ bool GatherAtOrAbove(const T* row, int64_t n, SamplingShared& sh, KeyOf key_of, uint32_t floor, int k,
                                 Also&& also) {
