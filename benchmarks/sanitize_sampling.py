@@ -39,6 +39,8 @@ aotinfer.min_p_sampling_from_probs(flat, 0.1)  # a large kept set: the draw by r
 aotinfer.min_p_sampling_from_probs(flat[:, 1:], 0.1)
 peaked = torch.softmax(torch.randn(2, 20000, device="cuda") * 3, -1)
 aotinfer.min_p_sampling_from_probs(peaked, 0.1)  # few accepted proposals: the race in a second pass
+aotinfer.top_k_top_p_sampling_from_probs(peaked, 50, 0.9)  # the samplers' floor from 16384: it holds
+aotinfer.top_k_top_p_sampling_from_probs(peaked, 50, 0.9, filter_apply_order="joint")
 aotinfer.min_p_sampling_from_probs(peaked[:, None].expand(2, 2000, 20000).reshape(4000, 20000), 0.1)  # gathered
 aotinfer.top_p_renorm_probs(peaked, 0.9)  # a peaked row's threshold bin gathered, split rows
 aotinfer.top_p_renorm_probs(peaked[:, None].expand(2, 200, 20000).reshape(400, 20000), 0.9)  # and whole

@@ -552,17 +552,13 @@ def test_top_p_renorm_of_heavy_values_over_a_floor(heavy):
         assert not big.isnan().any()
 
 
-@gpu
-def test_top_k_sampled_floor_and_its_misses():
-    """On rows of 65536 or more, top-k gathers its candidates above a floor taken from a sample of
-    the row (one pass, no histogram); shorter rows take the histogram path. The last column is 0, so
-    dropping it changes no kept set and no random number: the 65535 columns (histogram path) must
-    give the 65536 columns' (floor path) tokens and outputs exactly, at batch 256 and 8, on rows
-    where the floor holds and on rows where it misses and falls back: equal values (the floor
-    gathers the whole row), ten nonzero values (fewer than k above any floor), and rows whose
-    sampled positions hold the largest values (the floor lies above the k-th largest)."""
-    vocab, rows = 65536, 256
-    g = torch.Generator(device="cuda").manual_seed(21)
+def rows_around_the_floor(vocab, g):
+    """Rows of `vocab` whose last column is 0, and the same without it (one column under the floor's
+    minimum row length): dropping the column changes no kept set and no random number. Rows 0-1
+    equal values (a floor gathers the whole row), 2-3 ten nonzero values (fewer than k above any
+    floor), 4-5 the largest values at the kernel's sample positions (the floor above the k-th
+    largest), the rest softmax(2 randn), where the floor holds."""
+    rows = 256
     probs = torch.softmax(torch.randn(rows, vocab, device="cuda", generator=g) * 2, -1)
     probs[0:2] = 1.0 / vocab
     probs[2:4] = 0
@@ -571,12 +567,22 @@ def test_top_k_sampled_floor_and_its_misses():
     probs[4:6, sampled] = probs[4:6].max(-1, keepdim=True).values * (2 + torch.rand(2, 1024, device="cuda", generator=g))
     probs[:, -1] = 0
     probs /= probs.sum(-1, keepdim=True)
-    logits = torch.log(probs.clamp(min=1e-30))  # the last column far below every top-k
-    short, short_logits = probs[:, :-1].contiguous(), logits[:, :-1].contiguous()
+    return probs, probs[:, :-1].contiguous()
+
+
+@gpu
+def test_top_k_sampled_floor_and_its_misses():
+    """On rows of 16384 or more the top-k samplers, and on rows of 65536 or more the top-k renorm and
+    the mask, gather their candidates above a floor taken from a sample of the row (one pass, no
+    histogram); shorter rows take the histogram path. So one column fewer (a 0 one, see
+    rows_around_the_floor) must give the floor path's tokens and outputs exactly, at batch 256 and 8,
+    on rows where the floor holds and on rows where it misses and falls back."""
+    g = torch.Generator(device="cuda").manual_seed(21)
+    probs, short = rows_around_the_floor(16384, g)
     ops = {
         "top_k": lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=3, offset=1),
         "top_k_top_p": lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=3, offset=1),
-        "joint": lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 200, 0.5, filter_apply_order="joint",
+        "joint": lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 100, 0.5, filter_apply_order="joint",
                                                                     seed=3, offset=1),
     }
     for name, op in ops.items():
@@ -585,6 +591,10 @@ def test_top_k_sampled_floor_and_its_misses():
         assert torch.equal(floor_path[:8], op(probs[:8])), name
     keep = kept_mask(probs, top_k=50)
     assert keep.gather(-1, ops["top_k"](probs)[:, None].long()).all()
+
+    probs, short = rows_around_the_floor(65536, g)
+    logits = torch.log(probs.clamp(min=1e-30))  # the last column far below every top-k
+    short_logits = logits[:, :-1].contiguous()
     for k in (1, 50, 700):
         floor_path = aotinfer.top_k_renorm_probs(probs, k)
         torch.testing.assert_close(floor_path[:, :-1], aotinfer.top_k_renorm_probs(short, k), rtol=0, atol=0)

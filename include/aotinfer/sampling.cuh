@@ -17,8 +17,9 @@
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
-// On rows of 64 K elements or more, top-k skips step 1: a sample of the row puts a floor under the
-// k-th largest, and one pass gathers every element above it (SampledFloorRank). Top-p alone (top_p
+// On rows of 16 K elements or more (64 K for the renorms and the mask), top-k skips step 1: a sample
+// of the row puts a floor under the k-th largest, and one pass gathers every element above it
+// (SampledFloorRank). Top-p alone (top_p
 // >= 0.25) needs no threshold: it draws four tokens from the whole row, a pass of chunk sums, and
 // keeps the first whose upper mass is below top_p of the row's, a pass of sums; the histogram path
 // only where all four miss (DrawTopP).
@@ -719,24 +720,27 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
 // depends on the sample, only the time.
 constexpr int kFloorSample = kSamplingThreads;  // elements sampled, one a thread, at i * n / kFloorSample
 constexpr int kMaxFloorRank = 32;               // ranks the merge below takes
-// Shorter rows keep the histogram path: there the sample's round trip and the narrowing cost more
-// than the pass saves (H200, 32000 x 1024: the same to 10% slower).
-constexpr int64_t kSampledFloorMinVocab = 64 * kFloorSample;
+// Shorter rows keep the histogram path. The samplers take the floor from 16384 (vocab 32000 and
+// 50000: 5-21% faster at 256-1024 rows, within 1-3% at 16-64; H100, NOTES). The renorms and the
+// mask from 65536: below it the top-k renorm lost 4% and the mask 10% at 1024 x 32000.
+constexpr int64_t kSampledFloorMinVocab = 16 * kFloorSample;
+constexpr int64_t kRenormFloorMinVocab = 64 * kFloorSample;
 
-// The sample's rank r for top-k of a row of n, or 0 where the sampled floor does not apply.
-__device__ __forceinline__ int SampledFloorRank(int k, int64_t n) {
-  if (n < kSampledFloorMinVocab) return 0;
+// The sample's rank r for top-k of a row of n, or 0 where the sampled floor does not apply (rows
+// shorter than min_vocab among them).
+__device__ __forceinline__ int SampledFloorRank(int k, int64_t n, int64_t min_vocab) {
+  if (n < min_vocab) return 0;
   const float lambda = float(k) * kFloorSample / float(n);
   const float rank = ceilf(lambda + 4.f * sqrtf(lambda) + 6.f);
   const bool fits = (rank + 4.f * sqrtf(rank)) * float(n) <= float(kCandidates) * kFloorSample;
   return rank <= kMaxFloorRank && fits ? int(rank) : 0;
 }
 
-// This thread's element of the sample (0 where the row is too short for a floor). Kernels load it
-// first, before the filter's parameters: the floor then waits for one round trip, not two.
+// This thread's element of the sample (0 where the row is shorter than min_vocab: no floor). Kernels
+// load it first, before the filter's parameters: the floor then waits for one round trip, not two.
 template <typename T>
-__device__ __forceinline__ float SampledValue(const T* row, int64_t n) {
-  return n >= kSampledFloorMinVocab ? to_float(row[int64_t(threadIdx.x) * n / kFloorSample]) : 0.f;
+__device__ __forceinline__ float SampledValue(const T* row, int64_t n, int64_t min_vocab) {
+  return n >= min_vocab ? to_float(row[int64_t(threadIdx.x) * n / kFloorSample]) : 0.f;
 }
 
 // The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread, from each
@@ -1501,7 +1505,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
-    const float sampled = kShortcut == Shortcut::kSampledFloor ? SampledValue(row, n) : 0.f;  // before k's load
+    // before k's load
+    const float sampled = kShortcut == Shortcut::kSampledFloor ? SampledValue(row, n, kSampledFloorMinVocab) : 0.f;
     const int k = use_k ? p.top_k.at(out_row) : 0;
     const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
     const bool p_active = use_p && top_p < 1.f;
@@ -1517,7 +1522,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     // Where the launcher chose it and a sample puts a floor under the k-th largest, one pass
     // gathers every element from the floor up, and the search and race run among them; where that
     // misses, the histogram's passes below.
-    const int floor_rank = kShortcut == Shortcut::kSampledFloor && k_decides ? SampledFloorRank(k, n) : 0;
+    const int floor_rank =
+        kShortcut == Shortcut::kSampledFloor && k_decides ? SampledFloorRank(k, n, kSampledFloorMinVocab) : 0;
     bool raced = false;
     if (floor_rank > 0) {
       const uint32_t floor = SampledFloor(sampled, floor_rank, prob_key, sh);
@@ -1734,7 +1740,7 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
     }
   };
   // Where a sample puts a floor under the k-th largest: one pass gathers from it up and writes.
-  const int floor_rank = SampledFloorRank(k, n);
+  const int floor_rank = SampledFloorRank(k, n, kRenormFloorMinVocab);
   if (floor_rank > 0) {
     const uint32_t floor = SampledFloor(sampled, floor_rank, key_of, sh);
     if (GatherAtOrAbove<T, kVec, false>(row, n, sh, key_of, floor, k, write_dropped)) {
@@ -1794,7 +1800,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   const float* row = static_cast<const float*>(p.input) + r * p.in_stride;
   float* out = static_cast<float*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
-  const float sampled = p.filter == Filter::kTopK ? SampledValue(row, n) : 0.f;
+  const float sampled = p.filter == Filter::kTopK ? SampledValue(row, n, kRenormFloorMinVocab) : 0.f;
   auto prob_key = [](float v) { return ProbKey(v); };
   Threshold t;
   if (p.filter == Filter::kTopK) {
@@ -1866,7 +1872,7 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
-  const float sampled = SampledValue(row, n);
+  const float sampled = SampledValue(row, n, kRenormFloorMinVocab);
   const int k = p.top_k.at(r);
   auto logit_key = [](float v) { return LogitKey(v); };
   uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
