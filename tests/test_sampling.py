@@ -572,8 +572,8 @@ def rows_around_the_floor(vocab, g):
 
 @gpu
 def test_top_k_sampled_floor_and_its_misses():
-    """On rows of 16384 or more the top-k samplers, and on rows of 65536 or more the top-k renorm and
-    the mask, gather their candidates above a floor taken from a sample of the row (one pass, no
+    """On rows of 16384 or more the top-k samplers, of 40960 or more the top-k renorm and of 65536 or
+    more the mask gather their candidates above a floor taken from a sample of the row (one pass, no
     histogram); shorter rows take the histogram path. So one column fewer (a 0 one, see
     rows_around_the_floor) must give the floor path's tokens and outputs exactly, at batch 256 and 8,
     on rows where the floor holds and on rows where it misses and falls back."""
@@ -592,14 +592,17 @@ def test_top_k_sampled_floor_and_its_misses():
     keep = kept_mask(probs, top_k=50)
     assert keep.gather(-1, ops["top_k"](probs)[:, None].long()).all()
 
-    probs, short = rows_around_the_floor(65536, g)
-    logits = torch.log(probs.clamp(min=1e-30))  # the last column far below every top-k
-    short_logits = logits[:, :-1].contiguous()
-    for k in (1, 50, 700):
+    probs, short = rows_around_the_floor(40960, g)
+    for k in (1, 50, 300):
         floor_path = aotinfer.top_k_renorm_probs(probs, k)
         torch.testing.assert_close(floor_path[:, :-1], aotinfer.top_k_renorm_probs(short, k), rtol=0, atol=0)
         want = renormalized(probs[:8], kept_mask(probs[:8], top_k=k)).float()
         torch.testing.assert_close(floor_path[:8], want, rtol=1e-5, atol=1e-9)
+
+    probs, _ = rows_around_the_floor(65536, g)
+    logits = torch.log(probs.clamp(min=1e-30))  # the last column far below every top-k
+    short_logits = logits[:, :-1].contiguous()
+    for k in (1, 50, 700):
         masked = aotinfer.top_k_mask_logits(logits, k)
         torch.testing.assert_close(masked[:, :-1], aotinfer.top_k_mask_logits(short_logits, k), rtol=0, atol=0)
         keep = kept_mask(logits[:8].double() - logits[:8].double().min() + 1, top_k=k)

@@ -17,9 +17,9 @@
 // A bin with more elements than fit is narrowed by more histogram passes over the next 12 and 8
 // bits (a flat distribution at vocab 256k), each one pass more.
 //
-// On rows of 16 K elements or more (64 K for the renorms and the mask), top-k skips step 1: a sample
-// of the row puts a floor under the k-th largest, and one pass gathers every element above it
-// (SampledFloorRank). Top-p alone (top_p
+// On rows of 16 K elements or more (40 K for the top-k renorm, 64 K for the mask), top-k skips
+// step 1: a sample of the row puts a floor under the k-th largest, and one pass gathers every
+// element above it (SampledFloorRank). Top-p alone (top_p
 // >= 0.25) needs no threshold: it draws four tokens from the whole row, a pass of chunk sums, and
 // keeps the first whose upper mass is below top_p of the row's, a pass of sums; the histogram path
 // only where all four miss (DrawTopP).
@@ -721,10 +721,11 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
 constexpr int kFloorSample = kSamplingThreads;  // elements sampled, one a thread, at i * n / kFloorSample
 constexpr int kMaxFloorRank = 32;               // ranks the merge below takes
 // Shorter rows keep the histogram path. The samplers take the floor from 16384 (vocab 32000 and
-// 50000: 5-21% faster at 256-1024 rows, within 1-3% at 16-64; H100, NOTES). The renorms and the
-// mask from 65536: below it the top-k renorm lost 4% and the mask 10% at 1024 x 32000.
+// 50000: 5-21% faster at 256-1024 rows, within 1-3% at 16-64; H100, NOTES), the top-k renorm from
+// 40960 and the mask from 65536: at 1024 x 32000 the floor cost the renorm 4% and the mask 10%.
 constexpr int64_t kSampledFloorMinVocab = 16 * kFloorSample;
-constexpr int64_t kRenormFloorMinVocab = 64 * kFloorSample;
+constexpr int64_t kRenormFloorMinVocab = 40 * kFloorSample;
+constexpr int64_t kMaskFloorMinVocab = 64 * kFloorSample;
 
 // The sample's rank r for top-k of a row of n, or 0 where the sampled floor does not apply (rows
 // shorter than min_vocab among them).
@@ -1704,8 +1705,9 @@ __device__ __forceinline__ int2 RowSlice(int64_t n) {
 // histogram, then one pass that gathers every element from the k-th largest's bin up (fewer than k
 // lie above it, so all fit) and, since the filter drops every other element, writes `dropped` to
 // the whole row of `out` in the same pass; the kept ones are rewritten from shared memory once the
-// threshold is known (WriteKeptCandidates). On long rows the gathering pass comes first, from a
-// sampled floor up, with no histogram: one read and one write where the floor holds. Needs
+// threshold is known (WriteKeptCandidates). On rows of floor_min_vocab or more the gathering pass
+// comes first, from a sampled floor up (`sampled`: this thread's SampledValue), with no histogram:
+// one read and one write where the floor holds. Needs
 // 0 < k < n. `with_top`: the gathered range ends at the top bin's last key (CandidateMassFrom's
 // fixed point starts there), else at the largest key. Returns false where it does not apply (fewer
 // than k keyed elements, or the k-th largest's bin too full to gather); the caller's general path
@@ -1730,7 +1732,7 @@ __device__ __forceinline__ void Level0Histogram(const T* row, int64_t n, Samplin
 
 template <typename T, int kVec, typename KeyOf>
 __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShared& sh, KeyOf key_of, int k,
-                                   float dropped, bool with_top, float sampled) {
+                                   float dropped, bool with_top, float sampled, int64_t floor_min_vocab) {
   const T dropped_t = from_float<T>(dropped);
   auto write_dropped = [&](const float*, int count, int64_t first) {
     if (count == kVec) {
@@ -1740,7 +1742,7 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
     }
   };
   // Where a sample puts a floor under the k-th largest: one pass gathers from it up and writes.
-  const int floor_rank = SampledFloorRank(k, n, kRenormFloorMinVocab);
+  const int floor_rank = SampledFloorRank(k, n, floor_min_vocab);
   if (floor_rank > 0) {
     const uint32_t floor = SampledFloor(sampled, floor_rank, key_of, sh);
     if (GatherAtOrAbove<T, kVec, false>(row, n, sh, key_of, floor, k, write_dropped)) {
@@ -1806,7 +1808,8 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
     if (k > 0 && k < n) {
-      const TopKGathered g = GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true, sampled);
+      const TopKGathered g =
+          GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true, sampled, kRenormFloorMinVocab);
       if (g.ok) {  // every kept element is a candidate: the mass is theirs
         const double kept = CandidateMassFrom(sh, g.key, g.hi, true);
         const float scale = kept > 0 ? float(1.0 / kept) : 0.f;
@@ -1872,12 +1875,13 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
-  const float sampled = SampledValue(row, n, kRenormFloorMinVocab);
+  const float sampled = SampledValue(row, n, kMaskFloorMinVocab);
   const int k = p.top_k.at(r);
   auto logit_key = [](float v) { return LogitKey(v); };
   uint32_t t_key = 0u;  // k <= 0 or k >= vocab: every logit kept as it is
   if (k > 0 && k < n) {
-    const TopKGathered g = GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false, sampled);
+    const TopKGathered g =
+        GatherTopK<T, kVec>(row, out, n, sh, logit_key, k, -INFINITY, false, sampled, kMaskFloorMinVocab);
     if (g.ok) {
       WriteKeptCandidates<kVec>(sh, out, n, g.key, [](uint32_t key) { return from_float<T>(LogitFromKey(key)); });
       AllowDependentGrids();
