@@ -19,10 +19,9 @@
 //
 // On rows of 16 K elements or more (40 K for the top-k renorm, 64 K for the mask), top-k skips
 // step 1: a sample of the row puts a floor under the k-th largest, and one pass gathers every
-// element above it (SampledFloorRank). Top-p alone (top_p
-// >= 0.25) needs no threshold: it draws four tokens from the whole row, a pass of chunk sums, and
-// keeps the first whose upper mass is below top_p of the row's, a pass of sums; the histogram path
-// only where all four miss (DrawTopP).
+// element above it (SampledFloorRank). Top-p alone (top_p >= 0.25) needs no threshold: it draws
+// four tokens from the whole row, a pass of chunk sums, and keeps the first whose upper mass is
+// below top_p of the row's, a pass of sums; the histogram path only where all four miss (DrawTopP).
 //
 // The sampling filters take shortcuts on that scheme. Top-k that may leave part of the row out
 // (alone, top_k_first or joint) gathers every element from the k-th largest's bin up (fewer than k
@@ -1506,7 +1505,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
   } else {
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
-    // before k's load
+    // The floor's sample is loaded ahead of k and top_p (SampledValue).
     const float sampled = kShortcut == Shortcut::kSampledFloor ? SampledValue(row, n, kSampledFloorMinVocab) : 0.f;
     const int k = use_k ? p.top_k.at(out_row) : 0;
     const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
