@@ -1,6 +1,6 @@
 """A small call of every sampling kernel, for compute-sanitizer (memcheck, racecheck): split rows
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
-16-bit logits, softmax held in registers (both block sizes) and read twice (misaligned), draws by
+16-bit logits and top-k renorm rows, softmax held in registers (both block sizes) and read twice (misaligned), draws by
 rejection (top-p's dense bins, min-p's large kept sets), top-p's verified draws and their misses,
 the top-p renormalization of peaked rows."""
 import torch
@@ -19,6 +19,8 @@ for rows, vocab in ((2, 1001), (200, 4099)):
     aotinfer.min_p_sampling_from_probs(probs, 0.1)
     aotinfer.sampling_from_logits(logits)
     aotinfer.top_k_renorm_probs(probs, 7)
+    aotinfer.top_k_renorm_probs(probs.half(), 7)  # 16-bit rows in their dtype
+    aotinfer.top_k_renorm_probs(probs.bfloat16()[:, 1:], 7)
     aotinfer.top_p_renorm_probs(probs, 0.7)
     aotinfer.top_k_mask_logits(logits, 9)
     aotinfer.softmax(logits, 0.7)
@@ -51,6 +53,7 @@ wide = wide[:, None].expand(2, 128, 65536).reshape(256, 65536)
 aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9)
 aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9, filter_apply_order="joint")
 aotinfer.top_k_renorm_probs(wide, 50)
+aotinfer.top_k_renorm_probs(wide.bfloat16(), 50)
 aotinfer.top_k_mask_logits(torch.log(wide), 50)
 torch.cuda.synchronize()
 print("sanitize_sampling: done")

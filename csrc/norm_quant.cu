@@ -76,7 +76,8 @@ aotinfer::cutedsl::Vector CheckVector(const TensorView& w, const char* name, con
   return {static_cast<char*>(w.data_ptr()) + w.byte_offset(), int32_t(w.size(0))};
 }
 
-// scale: a float32 tensor of shape [1], read on the GPU, or no elements (scale_value is the scale).
+// scale: a float32 tensor of one element (shape [] or [1], as FlashInfer takes it), read on the GPU,
+// or no elements (scale_value is the scale).
 aotinfer::cutedsl::ScalarTensor CheckScale(const TensorView& scale, double scale_value, bool* on_device) {
   *on_device = scale.numel() != 0;
   if (!*on_device) {
@@ -86,8 +87,9 @@ aotinfer::cutedsl::ScalarTensor CheckScale(const TensorView& scale, double scale
     return {nullptr};
   }
   CheckDtype(scale, kFloat32, "scale", "float32");
-  if (scale.ndim() != 1 || scale.size(0) != 1) {
-    AOTINFER_THROW(ValueError) << "Expected scale to be a float or a float32 tensor of shape [1], got shape "
+  if (scale.ndim() > 1 || scale.numel() != 1) {
+    AOTINFER_THROW(ValueError) << "Expected scale to be a float or a float32 tensor of one element (shape [] or [1]), "
+                              << "got shape "
                               << aotinfer::ShapeString(scale.shape());
   }
   return {static_cast<char*>(scale.data_ptr()) + scale.byte_offset()};

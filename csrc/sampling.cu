@@ -43,9 +43,18 @@ aotinfer::RowParam<T> RowParamOf(const TensorView& values, double scalar, int64_
   if (values.dtype() != dtype) {
     AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype " << dtype_name << ", got " << values.dtype();
   }
-  if (values.ndim() != 1 || values.size(0) != batch) {
-    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [" << batch << "] (one value per row), got "
-                              << aotinfer::ShapeString(values.shape());
+  // FlashInfer's wording (its tests match it), the argument named first.
+  if (values.ndim() == 0) {
+    AOTINFER_THROW(ValueError) << name << ": Expected a 1D tensor of shape (batch_size,) or scalar for the sampling "
+                              << "parameter, but got a 0-dimensional tensor.";
+  }
+  if (values.ndim() > 1) {
+    AOTINFER_THROW(ValueError) << name << ": Expected a 1D tensor or scalar for the sampling parameter, but got a "
+                              << values.ndim() << "D tensor of shape " << aotinfer::ShapeString(values.shape()) << ".";
+  }
+  if (values.size(0) != batch) {
+    AOTINFER_THROW(ValueError) << name << ": Sampling parameter tensor batch size mismatch: expected length " << batch
+                              << " (one value per row), but got length " << values.size(0) << ".";
   }
   aotinfer::CheckContiguous(values, name);
   on_gpu.push_back({&values, name});
@@ -148,11 +157,15 @@ void sample(TensorView out, TensorView probs, TensorView indices, TensorView top
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
 
 // out = probs with the elements outside the top-k (filter 1) or top-p (filter 2) set zeroed, the
-// rest divided by their sum.
+// rest divided by their sum; top-k in probs' dtype (float32, float16 or bfloat16), top-p float32.
 void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p, int64_t filter, int64_t top_k_val,
             double top_p_val, int64_t enable_pdl) {
   const int64_t in_stride = CheckRows(probs, "probs");
-  CheckFloat32(probs, "probs");
+  if (filter == 1) {
+    aotinfer::CheckDtypeFp32Fp16(probs, "probs");
+  } else {
+    CheckFloat32(probs, "probs");
+  }
   Tensors on_gpu{{&probs, "probs"}};
   const int64_t rows = probs.size(0);
   if (filter != 1 && filter != 2) AOTINFER_THROW(ValueError) << "Expected filter to be 1 or 2, got " << filter;
@@ -170,14 +183,17 @@ void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p
   on_gpu.push_back({&out, "out"});
   CheckOnDevice(on_gpu);
   if (probs.numel() == 0) return;
-  p.input = aotinfer::data_ptr<float>(probs);
   p.in_stride = in_stride;
-  p.out = aotinfer::data_ptr<float>(out);
   p.out_stride = out_stride;
   p.vocab = probs.size(1);
   p.rows = rows;
-  Run(probs, enable_pdl, filter == 1 ? "top_k_renorm_probs" : "top_p_renorm_probs",
-      [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Renorm(p, device, stream, pdl); });
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(probs.dtype(), T, [&] {
+    p.input = aotinfer::data_ptr<T>(probs);
+    p.out = aotinfer::data_ptr<T>(out);
+    Run(probs, enable_pdl, filter == 1 ? "top_k_renorm_probs" : "top_p_renorm_probs",
+        [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Renorm<T>(p, device, stream, pdl); });
+    return true;
+  });
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(renorm, renorm);
 

@@ -2,6 +2,7 @@
 single_decode_with_kv_cache, CUDA graphs, determinism; on the CPU, the plan's work partition, the
 plan driving a float32 model of the kernel's contract, and argument errors."""
 
+import functools
 import math
 import os
 import shutil
@@ -282,16 +283,25 @@ def test_forward_overrides_the_planned_options(layout):
 @gpu
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_cuda_graph_replays_after_a_new_plan(layout, page_size):
+@pytest.mark.parametrize("form", ["wrapper", "cuda_graph_class", "fast_decode_plan"])
+def test_cuda_graph_replays_after_a_new_plan(form, layout, page_size):
+    """FlashInfer's three ways to the same: the wrapper with use_cuda_graph, its CUDA-graph subclass,
+    and fast_decode_plan bound as the wrapper's plan (as multi-step draft decoding does)."""
     batch, heads = 6, (32, 8, 128)
     max_pages = 8192 // page_size + 64
     indptr_buf = torch.empty(batch + 1, dtype=torch.int32, device="cuda")
     indices_buf = torch.empty(max_pages, dtype=torch.int32, device="cuda")
     last_buf = torch.empty(batch, dtype=torch.int32, device="cuda")
-    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(
-        workspace("cuda"), layout, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
-        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf,
-    )  # fmt: skip
+    if form == "cuda_graph_class":
+        wrapper = aotinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), indptr_buf, indices_buf,
+                                                                      last_buf, layout)
+    else:
+        wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace("cuda"), layout, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+            paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf,
+        )  # fmt: skip
+    if form == "fast_decode_plan":
+        wrapper.plan = functools.partial(aotinfer.fast_decode_plan, wrapper)
     # Three steps over one cache: short sequences (no split), then one long sequence (split),
     # then other lengths; the graph is captured at the first.
     steps = [[3, 17, 1, 40, 2, 9], [4000, 5, 0, 33, 700, 1], [60, 61, 2047, 2, 1500, 300]]
@@ -321,6 +331,13 @@ def test_cuda_graph_replays_after_a_new_plan(layout, page_size):
         check(out, want, torch.bfloat16, lse, want_lse)
         if step == 1:
             assert wrapper._plan.partition.num_slots > 0, "the second step should split the long sequence"
+
+
+def test_fast_decode_plan_takes_one_query_token():
+    with pytest.raises(NotImplementedError, match="q_len_per_req=2 is not implemented"):
+        aotinfer.fast_decode_plan(None, None, None, None, 32, 8, 128, 16, q_len_per_req=2)
+    with pytest.raises(ValueError, match="Expected q_len_per_req to be at least 1"):
+        aotinfer.fast_decode_plan(None, None, None, None, 32, 8, 128, 16, q_len_per_req=0)
 
 
 @gpu
@@ -356,7 +373,7 @@ def test_long_sequences_split_and_merge(batch, length):
 
 
 @gpu
-@pytest.mark.parametrize("form", ["tuple", "5d"])
+@pytest.mark.parametrize("form", ["tuple", "5d", "tuple, unequal strides"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_strided_pages(layout, form):
     # K and V as views into a wider pool: more heads, padded head_dim, every other page.
@@ -369,7 +386,13 @@ def test_strided_pages(layout, form):
         view = torch.randn(2 * pool, 2, 7, page_size, 160, device="cuda").half()[::2, :, 2:6, :, 16:144]
     assert not view.is_contiguous() and view.shape[-1] == 128 and view.stride(-1) == 1
     k, v = view[:, 0], view[:, 1]
-    cache = (k, v) if form == "tuple" else view
+    if form == "tuple, unequal strides":  # V from a pool padded otherwise: its own strides throughout
+        if layout == "NHD":
+            v = torch.randn(3 * pool, page_size + 1, 9, 192, device="cuda").half()[::3, 1:, 3:7, 40:168]
+        else:
+            v = torch.randn(3 * pool, 9, page_size + 1, 192, device="cuda").half()[::3, 3:7, 1:, 40:168]
+        assert v.shape == k.shape and v.stride() != k.stride()
+    cache = view if form == "5d" else (k, v)
     q = torch.randn(len(lengths), 16, 128, device="cuda").to(torch.float16)
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), layout)
     wrapper.plan(indptr, indices, last, *heads, page_size)

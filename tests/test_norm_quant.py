@@ -98,11 +98,19 @@ def case(kind, tokens, hidden, dtype, fp8, strided=False):
 # ---- GPU --------------------------------------------------------------------------------------------
 
 
+def test_flashinfer_module_layout():
+    """FlashInfer keeps the FP8-output norms in flashinfer.norm; aotinfer.norm has them too."""
+    import aotinfer.norm
+
+    for name in ("rmsnorm_quant", "fused_add_rmsnorm_quant", "layernorm_quant"):
+        assert getattr(aotinfer.norm, name) is getattr(aotinfer, name)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", INPUTS, ids=str)
 @pytest.mark.parametrize("fp8", FP8, ids=str)
-@pytest.mark.parametrize("scale_kind", ["float", "tensor"])
+@pytest.mark.parametrize("scale_kind", ["float", "tensor", "0-d tensor"])
 @pytest.mark.parametrize("hidden, strided", [(4096, False), (4096, True), (1001, False), (1001, True), (16384, False),
                                              (128, False), (16392, False), (3001, False)])
 def test_matches_reference(kind, dtype, fp8, scale_kind, hidden, strided):
@@ -111,7 +119,8 @@ def test_matches_reference(kind, dtype, fp8, scale_kind, hidden, strided):
     scale = 3.0 / FP8_MAX[fp8]  # values past 3 standard deviations saturate at the format's maximum
     y, terms = prequantized(kind, x, residual, weight, bias, scale)
     expected_residual = (x.float() + residual.float()).to(dtype)
-    run(kind, out, x, residual, weight, bias, torch.tensor([scale], device="cuda") if scale_kind == "tensor" else scale)
+    scale_arg = {"float": scale, "tensor": torch.tensor([scale], device="cuda"), "0-d tensor": torch.tensor(scale, device="cuda")}
+    run(kind, out, x, residual, weight, bias, scale_arg[scale_kind])
     assert_fp8_matches(out, y, terms)
     assert (out.float().abs() == FP8_MAX[fp8]).any(), "the case exercises the clamp"
     if kind == "fused_add_rmsnorm":
@@ -236,7 +245,8 @@ def cpu_case(**changes):
     ({"weight": torch.randn(64, dtype=torch.float16)}, TypeError, "weight to have dtype"),
     ({"out": torch.empty(4, 64, dtype=torch.uint8)}, TypeError, "out to have dtype float8_e4m3fn or float8_e5m2"),
     ({"out": torch.empty(4, 32, dtype=torch.float8_e4m3fn)}, ValueError, "out and input to have the same shape"),
-    ({"scale": torch.ones(2)}, ValueError, "scale to be a float or a float32 tensor of shape \\[1\\]"),
+    ({"scale": torch.ones(2)}, ValueError, "scale to be a float or a float32 tensor of one element"),
+    ({"scale": torch.ones(1, 1)}, ValueError, "scale to be a float or a float32 tensor of one element"),
     ({"scale": torch.ones(1, dtype=torch.float16)}, TypeError, "scale to have dtype float32"),
     ({"scale": "1"}, TypeError, "scale to be a real number"),
     ({"scale": True}, TypeError, "scale to be a real number"),

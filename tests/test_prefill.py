@@ -517,6 +517,8 @@ def test_single_prefill(backend, lengths, heads, layout, causal):
     out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, return_lse=True, backend=backend)
     check(out, want, torch.float16, lse, want_lse)
     check(aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, kv_layout=layout, backend=backend), want, torch.float16)
+    out, lse = aotinfer.single_prefill_with_kv_cache_return_lse(q, k, v, causal=causal, kv_layout=layout, backend=backend)
+    check(out, want, torch.float16, lse, want_lse)
 
 
 @gpu

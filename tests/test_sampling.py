@@ -53,10 +53,16 @@ def test_tensors_are_checked_by_name():
         aotinfer.top_k_sampling_from_probs(probs[0], 3)
     with pytest.raises(TypeError, match="Expected indices to have dtype int32 or int64"):
         aotinfer.sampling_from_probs(probs, indices=torch.zeros(3))
-    with pytest.raises(ValueError, match=r"Expected top_p to have shape \[4\]"):
+    # Per-row parameters: FlashInfer's messages (its tests match them), the argument named first.
+    with pytest.raises(ValueError, match="top_p: Sampling parameter tensor batch size mismatch: expected length 4"):
         aotinfer.top_p_sampling_from_probs(probs, torch.full((5,), 0.5))
-    with pytest.raises(ValueError, match=r"Expected top_k to have shape \[2\]"):
+    with pytest.raises(ValueError, match="top_k: Sampling parameter tensor batch size mismatch: expected length 2"):
         aotinfer.top_k_sampling_from_probs(probs, torch.full((4,), 3), indices=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"min_p: Expected a 1D tensor or scalar .* got a 2D tensor"):
+        aotinfer.min_p_sampling_from_probs(probs, torch.full((4, 1), 0.5))
+    with pytest.raises(ValueError, match=r"top_k: Expected a 1D tensor of shape \(batch_size,\) or scalar .* "
+                                         r"got a 0-dimensional tensor"):
+        aotinfer.top_k_renorm_probs(probs, torch.tensor(3))
     with pytest.raises(TypeError, match="Expected seed to have dtype int64 or uint64, got int32"):
         aotinfer.sampling_from_probs(probs, seed=torch.zeros(1, dtype=torch.int32), offset=0)
     with pytest.raises(ValueError, match=r"Expected offset to have shape \[1\] or \[4\]"):
@@ -305,6 +311,29 @@ def test_renorm(vocab):
         want = renormalized(probs, kept_mask(probs, top_p=top_p)).float()
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(out.double().sum(-1), torch.ones(5, device="cuda", dtype=torch.float64), rtol=1e-5, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [50, 1001, 50000, 128256])  # 50000 and up: the sampled floor's path
+def test_top_k_renorm_16_bit(dtype, vocab):
+    """16-bit rows come back in their dtype (as FlashInfer's do): the kept set exactly the float64
+    reference's on the same 16-bit values, each kept value within one rounding of p / kept mass."""
+    # Rows of mass 1/2, not 1: a kept value is scaled up, so none underflows to 0 (nor leaves the kept set).
+    probs = (llm_like(5, vocab, seed=vocab + 1) / 2).to(dtype)
+    for top_k in (1, 7, vocab // 3, vocab, torch.tensor([1, 3, 0, vocab, 40], device="cuda", dtype=torch.int32)):
+        out = aotinfer.top_k_renorm_probs(probs, top_k)
+        assert out.dtype == dtype and out.shape == probs.shape
+        keep = kept_mask(probs, top_k=top_k)
+        assert torch.equal(out != 0, keep), f"top_k {top_k}: another kept set"
+        want = renormalized(probs, keep)
+        # Two roundings of the value; float16's subnormals (below 2^-14) round to steps of 2^-24.
+        rounding, step = (2.0 ** -8, 2.0 ** -24) if dtype == torch.float16 else (2.0 ** -5, 0.0)
+        torch.testing.assert_close(out.double(), want, rtol=rounding, atol=step)
+    # top-p's renorm takes float32 rows (top_p_renorm_probs converts others, as FlashInfer does)
+    with pytest.raises(TypeError, match="Expected probs to have dtype float32, got"):
+        aotinfer.sampling._renorm.fn(torch.empty_like(probs), probs, probs.new_empty(0), probs.new_empty(0).float(),
+                                     2, 0, 0.5, -1)
 
 
 @gpu

@@ -150,3 +150,14 @@ def test_backend_checks_need_a_backend_parameter():
         backend_requirement(backend_checks={"cuda": _everywhere})(lambda x: x)
     with pytest.raises(ValueError, match="'auto' is not a backend name"):
         backend_requirement(backend_checks={"auto": _everywhere})
+
+
+def test_device_support_pdl():
+    """FlashInfer's utility: True exactly where ops launch with PDL by default (sm90 and up)."""
+    import torch
+
+    from aotinfer.utils import device_support_pdl
+
+    assert device_support_pdl("cpu") is False
+    if torch.cuda.is_available():
+        assert device_support_pdl("cuda") == (torch.cuda.get_device_capability()[0] >= 9)

@@ -1791,38 +1791,41 @@ __device__ __forceinline__ void WriteKeptCandidates(SamplingShared& sh, T* out, 
   }
 }
 
-// out = p / (kept mass) where the filter keeps p, else 0.
-template <int kVec>
+// out = p / (kept mass) where the filter keeps p, else 0, in the input's type T: top-k takes
+// float32, float16 and bfloat16 rows (the sums in float32 and fixed point whatever T), top-p float32
+// only (the binding refuses others).
+template <typename T, int kVec>
 __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
   const int64_t r = blockIdx.x / RowParts();
   WaitForPriorGrids();
-  const float* row = static_cast<const float*>(p.input) + r * p.in_stride;
-  float* out = static_cast<float*>(p.out) + r * p.out_stride;
+  const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
+  T* out = static_cast<T*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
   const float sampled = p.filter == Filter::kTopK ? SampledValue(row, n, kRenormFloorMinVocab) : 0.f;
   auto prob_key = [](float v) { return ProbKey(v); };
-  Threshold t;
+  Threshold t{1u, 0.0};
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
     if (k > 0 && k < n) {
       const TopKGathered g =
-          GatherTopK<float, kVec>(row, out, n, sh, prob_key, k, 0.f, true, sampled, kRenormFloorMinVocab);
+          GatherTopK<T, kVec>(row, out, n, sh, prob_key, k, 0.f, true, sampled, kRenormFloorMinVocab);
       if (g.ok) {  // every kept element is a candidate: the mass is theirs
         const double kept = CandidateMassFrom(sh, g.key, g.hi, true);
         const float scale = kept > 0 ? float(1.0 / kept) : 0.f;
-        WriteKeptCandidates<kVec>(sh, out, n, g.key, [&](uint32_t key) { return __uint_as_float(key) * scale; });
+        WriteKeptCandidates<kVec>(sh, out, n, g.key,
+                                  [&](uint32_t key) { return from_float<T>(__uint_as_float(key) * scale); });
         AllowDependentGrids();
         return;
       }
     }
-    t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kCount, k > 0 ? double(k) : INFINITY, false, 1u, true);
-  } else {
+    t = FindThreshold<T, kVec>(row, n, sh, prob_key, Need::kCount, k > 0 ? double(k) : INFINITY, false, 1u, true);
+  } else if constexpr (std::is_same_v<T, float>) {
     // Top-p: the level-0 histogram with masses gives the threshold's bin and the exact mass above
     // it; that bin's elements, gathered (and shared across the row's blocks), give t.
     const float top_p = p.top_p.at(r);
-    Level0Histogram<float, kVec>(row, n, sh, [](float x) { return ProbKey(x); }, true);
+    Level0Histogram<T, kVec>(row, n, sh, [](float x) { return ProbKey(x); }, true);
     const double total = sh.cum_mass[0];
     const double target = double(top_p) * total;
     const int p_bin = top_p < 1.f ? CrossingBin(sh, kSamplingBins, Need::kMass, target) : -1;
@@ -1836,29 +1839,26 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
       __syncthreads();
       if (in_bin <= uint32_t(kCandidates)) {
         const uint32_t lo = uint32_t(p_bin) << 20, hi = lo | 0xFFFFFu;
-        GatherCandidates<float, kVec>(row, n, sh, prob_key, lo, hi);
+        GatherCandidates<T, kVec>(row, n, sh, prob_key, lo, hi);
         ShareCandidates(sh);
         const uint32_t tc = CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, lo, hi, true);
         const uint32_t key = tc == 0u ? lo : tc;
         t = Threshold{key, above_mass + CandidateMassFrom(sh, key, hi, true)};
       } else {
-        t = FindThreshold<float, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
+        t = FindThreshold<T, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
       }
     }
   }
   const float scale = t.kept_mass > 0 ? float(1.0 / t.kept_mass) : 0.f;
-  ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
     auto renormed = [&](float v) {
       const uint32_t key = ProbKey(v);
       return (key >= t.key && key != 0u) ? v * scale : 0.f;
     };
     if (count == kVec) {
-      Vec<float, kVec> v;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) v[e] = renormed(x[e]);
-      v.store(out + first);
+      Vec<T, kVec>::from_floats([&](int e) { return renormed(x[e]); }).store(out + first);
     } else {
-      for (int e = 0; e < count; ++e) out[first + e] = renormed(x[e]);
+      for (int e = 0; e < count; ++e) out[first + e] = from_float<T>(renormed(x[e]));
     }
   });
   AllowDependentGrids();
@@ -2225,10 +2225,11 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
                                                                        max_parts, min_parts);
 }
 
-inline cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
-  const bool aligned = RowsAligned<float>(p.input, p.in_stride) && RowsAligned<float>(p.out, p.out_stride);
-  return LaunchRows<RenormKernel<4>, RenormKernel<1>>(p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl,
-                                                      kThresholdRowParts, kSearchMinRowParts);
+template <typename T>
+cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
+  const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
+  return LaunchRows<RenormKernel<T, kVec16<T>>, RenormKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared), device,
+                                                                     stream, pdl, kThresholdRowParts, kSearchMinRowParts);
 }
 
 template <typename T>

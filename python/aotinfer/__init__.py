@@ -11,13 +11,19 @@ from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cascade import merge_state, merge_state_in_place, merge_states
-from .decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from .decode import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
+    fast_decode_plan,
+    single_decode_with_kv_cache,
+)
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache,
+    single_prefill_with_kv_cache_return_lse,
 )
 from .sampling import (
     min_p_sampling_from_probs,
@@ -40,8 +46,10 @@ __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "NoCompatibleBuild",
     "__version__",
+    "fast_decode_plan",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_quant",
     "gelu_and_mul",
@@ -62,6 +70,7 @@ __all__ = [
     "silu_and_mul",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",
+    "single_prefill_with_kv_cache_return_lse",
     "softmax",
     "top_k_mask_logits",
     "top_k_renorm_probs",

@@ -898,6 +898,88 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         r"""Deprecated and does nothing (FlashInfer's)."""
 
 
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    r"""FlashInfer's CUDA-graph form of the decode wrapper: ``BatchDecodeWithPagedKVCacheWrapper``
+    with ``use_cuda_graph=True`` and the caller's fixed index buffers (``plan`` cannot be captured;
+    ``run`` can)."""
+
+    def __init__(
+        self,
+        workspace_buffer: torch.Tensor,
+        indptr_buffer: torch.Tensor,
+        indices_buffer: torch.Tensor,
+        last_page_len_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None:
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
+
+
+def fast_decode_plan(
+    self: BatchDecodeWithPagedKVCacheWrapper,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    pos_encoding_mode: str = "NONE",
+    window_left: int = -1,
+    logits_soft_cap: Optional[float] = None,
+    q_data_type: Optional[Union[str, torch.dtype]] = None,
+    kv_data_type: Optional[Union[str, torch.dtype]] = None,
+    data_type: Optional[Union[str, torch.dtype]] = None,
+    sm_scale: Optional[float] = None,
+    rope_scale: Optional[float] = None,
+    rope_theta: Optional[float] = None,
+    non_blocking: bool = True,
+    fixed_split_size: Optional[int] = None,
+    disable_split_kv: bool = False,
+    q_len_per_req: int = 1,
+    global_override_indptr_cpu: Optional[torch.Tensor] = None,
+) -> None:
+    r"""FlashInfer's plan for multi-step draft decoding, used as ``wrapper.plan = partial(fast_decode_plan,
+    wrapper)``. It plans exactly as ``self.plan`` does (which copies nothing it need not): the same
+    arguments, ``global_override_indptr_cpu`` taken as the host copy of ``indptr`` where given.
+    ``q_len_per_req`` > 1 (several query tokens a request) is not implemented."""
+    check_int(q_len_per_req, "q_len_per_req", 1)
+    if q_len_per_req > 1:
+        raise NotImplementedError(
+            f"q_len_per_req={q_len_per_req} is not implemented: decode takes one query token a request"
+        )
+    BatchDecodeWithPagedKVCacheWrapper.plan(
+        self,
+        indptr if global_override_indptr_cpu is None else global_override_indptr_cpu,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        q_data_type=q_data_type,
+        kv_data_type=kv_data_type,
+        data_type=data_type,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        non_blocking=non_blocking,
+        fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv,
+    )
+
+
 # ---- single request ----------------------------------------------------------------------------
 
 

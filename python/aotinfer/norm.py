@@ -150,3 +150,8 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
     out = torch.empty_like(input)
     _layernorm.fn(out, input, gemma, beta, eps, -1)
     return out
+
+
+# FlashInfer's module flashinfer.norm holds the FP8-output norms too (aotinfer's build them from
+# CuTeDSL, in their own module).
+from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant  # noqa: E402,F401

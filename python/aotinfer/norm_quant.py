@@ -4,8 +4,9 @@ fused_add_rmsnorm_quant and layernorm_quant. ``out`` comes first and sets the fo
 format's finite range and rounded to it. Inputs are 2-D ``[tokens, hidden]`` float16 or bfloat16
 with a contiguous last dimension; rows may be slices of wider tensors. Statistics are float32.
 
-``scale`` is a float, or a float32 tensor of shape ``(1,)`` that the kernel reads on the GPU (no
-host synchronization: the op stays capturable in a CUDA graph while the scale changes).
+``scale`` is a float, or a float32 tensor of one element (shape ``()`` or ``(1,)``) that the kernel
+reads on the GPU (no host synchronization: the op stays capturable in a CUDA graph while the scale
+changes).
 
 The kernels are written in CuTeDSL (``cutedsl/norm_quant.py`` in the source tree) and were
 compiled when this wheel was built: running them needs neither the DSL nor a compile. They run on
@@ -98,7 +99,7 @@ def rmsnorm_quant(
     weight : torch.Tensor
         ``[hidden]``, input's dtype.
     scale : float or torch.Tensor
-        The quantization scale: a float, or a float32 tensor of shape ``(1,)`` read on the GPU.
+        The quantization scale: a float, or a float32 tensor of one element read on the GPU.
     eps : float
         Added to the mean square.
     enable_pdl : Optional[bool]

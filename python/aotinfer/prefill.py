@@ -1347,3 +1347,8 @@ def single_prefill_with_kv_cache(
         -1,
     )
     return (out, lse) if return_lse else out
+
+
+def single_prefill_with_kv_cache_return_lse(*args: Any, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""``single_prefill_with_kv_cache(..., return_lse=True)``: (output, LSE) (FlashInfer's name)."""
+    return single_prefill_with_kv_cache(*args, **kwargs, return_lse=True)

@@ -360,14 +360,12 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> 
     """Zero all but the ``top_k`` largest probabilities of each row (ties with the k-th kept) and
     divide the rest by their sum.
 
-    probs : float32 ``[batch_size, vocab_size]``. top_k : an int >= 1 or int32 ``[batch_size]``
-    (<= 0 keeps the row). Returns float32 ``[batch_size, vocab_size]``.
+    probs : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 or int32
+    ``[batch_size]`` (<= 0 keeps the row). Returns probs' dtype and shape (the sums in float32).
     """
     import torch
 
     check_tensor(probs, "probs")
-    if probs.dtype in (torch.float16, torch.bfloat16):
-        probs = probs.float()
     out = torch.empty_like(probs)
     top_k, top_k_val = _per_row(top_k, torch.int32, -1, probs.new_empty(0))
     _renorm.fn(out, probs, top_k, top_k, _TOP_K, top_k_val, 1.0, -1)

@@ -74,6 +74,15 @@ def check_enable_pdl(enable_pdl: Any) -> None:
 # ---- requirements -------------------------------------------------------------------------------
 
 
+def device_support_pdl(device: Any) -> bool:
+    """Whether ops launch with programmatic dependent launch on ``device`` when their ``enable_pdl`` is
+    None: CUDA devices of compute capability 9.0 and up (FlashInfer's utility of the same name)."""
+    import torch
+
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def supported_compute_capability(ccs: Iterable[Any]) -> Callable:
     """Mark a check function with the compute capabilities (e.g. 80, 90, 100) it allows."""
     allowed = tuple(sorted({_op.cc_int(c) for c in ccs}))

@@ -105,8 +105,9 @@ def _top_k_top_p_sampling_from_logits_reference(logits, top_k, top_p):
 def _top_k_renorm_reference(probs, top_k):
     import torch
 
-    kept = torch.where(probs >= _top_k_threshold(probs, top_k)[:, None], probs, 0.0)
-    return kept / kept.sum(-1, keepdim=True)
+    x = probs.float()
+    kept = torch.where(x >= _top_k_threshold(x, top_k)[:, None], x, 0.0)
+    return (kept / kept.sum(-1, keepdim=True)).to(probs.dtype)
 
 
 def _top_p_renorm_reference(probs, top_p):
@@ -168,8 +169,8 @@ top_k_top_p_sampling_from_logits_trace = _template(
     {"logits": _LOGITS, "top_k": _TOP_K, "top_p": _TOP_P}, _SAMPLES, _top_k_top_p_sampling_from_logits_reference)
 top_k_renorm_probs_trace = _template(
     "top_k_renorm_probs", "Zero all but the k largest probabilities of each row and renormalize.",
-    {"probs": Tensor(_ROWS, dtype="float32", example=_softmax_probs), "top_k": _TOP_K},
-    {"renorm_probs": Tensor(_ROWS, dtype="float32")}, _top_k_renorm_reference, op_type="sampling_renorm")
+    {"probs": Tensor(_ROWS, example=_softmax_probs), "top_k": _TOP_K},
+    {"renorm_probs": Tensor(_ROWS, dtype_from="probs")}, _top_k_renorm_reference, op_type="sampling_renorm")
 top_p_renorm_probs_trace = _template(
     "top_p_renorm_probs", "Zero the probabilities outside the top-p set of each row and renormalize.",
     {"probs": Tensor(_ROWS, dtype="float32", example=_softmax_probs), "top_p": _TOP_P},

@@ -1,0 +1,285 @@
+"""FlashInfer's own tests, run against aotinfer: the check that a server switches by changing an import.
+
+    python ci/flashinfer_tests.py CHECKOUT [--shard I/N] [--deadline SECONDS] [--report FILE.json]
+                                  [TEST_PATH ...] [-- PYTEST_ARGS]
+    python ci/flashinfer_tests.py --merge FILE.json ...
+
+TEST_PATHs are relative to the checkout (default: the tests of the ops aotinfer ships). --shard runs
+every N-th test from the I-th (0-based), so that N processes share a GPU's machine; --merge prints
+the bins of several shards' reports together. Tests that would start after --deadline seconds
+are skipped. The tests
+import `flashinfer`; here that name is aotinfer, through a module finder installed before pytest
+starts: `flashinfer.X` is `aotinfer.X` where aotinfer has it, and any name aotinfer does not ship
+(a module, a function, a class) is a placeholder that raises NotShipped when it is used. The tests'
+own helpers (`tests.test_helpers`) come from the checkout; its conftest.py does not load (it
+wraps FlashInfer's internals in torch.compile).
+
+Every test ends in one of four bins, counted per test function in the report:
+- passed;
+- not shipped: it used a FlashInfer name aotinfer does not have (NotShipped), or passed a keyword
+  argument aotinfer's function does not take;
+- declined: aotinfer refused the arguments with its documented error for what it does not support
+  (NotImplementedError, BackendSupportedError, or a ValueError/TypeError whose message names the
+  supported set) -- the message is in the report, to be read, since a refusal is only right where
+  the op's docs say so;
+- failed: anything else, a wrong result or an error FlashInfer's op would not raise.
+Exit status 0 only where nothing failed.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+
+import pytest
+
+_DEFAULT_TESTS = [
+    "tests/utils/test_sampling.py",
+    "tests/utils/test_norm.py",
+    "tests/utils/test_activation.py",
+    "tests/attention/test_batch_decode_kernels.py",
+    "tests/attention/test_batch_prefill_kernels.py",
+    "tests/attention/test_single_prefill.py",
+    "tests/attention/test_hopper.py",
+    "tests/attention/test_decode_prefill_lse.py",
+    "tests/attention/test_non_contiguous_decode.py",
+    "tests/attention/test_non_contiguous_prefill.py",
+]
+
+
+class NotShipped(NotImplementedError):
+    """A FlashInfer name that aotinfer does not ship was used."""
+
+
+def _placeholder(qualname: str):
+    """Stands for a name aotinfer lacks: importable (tests import helpers they may not call), raising
+    NotShipped when called, subclassed, or read further."""
+
+    class Placeholder:
+        def __init__(self, *args, **kwargs):
+            raise NotShipped(qualname)
+
+        def __init_subclass__(cls, **kwargs):
+            raise NotShipped(qualname)
+
+        def __class_getitem__(cls, item):
+            return cls
+
+    Placeholder.__name__ = Placeholder.__qualname__ = qualname.rsplit(".", 1)[-1]
+    return Placeholder
+
+
+# FlashInfer's utilities that its tests call to decide what to run: real answers, not placeholders.
+def _capability(device=None):
+    import torch
+
+    return torch.cuda.get_device_capability(device)
+
+
+def _utils_overrides():
+    return {
+        "get_compute_capability": _capability,
+        "is_sm90a_supported": lambda device=None: _capability(device) == (9, 0),
+        "is_sm100a_supported": lambda device=None: False,
+        "is_sm110a_supported": lambda device=None: False,
+        "is_sm120a_supported": lambda device=None: False,
+        "is_sm121a_supported": lambda device=None: False,
+        # The tests build FlashInfer's JIT modules in a fixture unless a prebuilt cache is there;
+        # aotinfer's kernels are prebuilt.
+        "has_flashinfer_jit_cache": lambda: True,
+        "GPUArchitectureError": type("GPUArchitectureError", (Exception,), {}),
+    }
+
+
+class _Shim(types.ModuleType):
+    """`flashinfer.<name>`: aotinfer's module of that name (if any), then overrides, then placeholders."""
+
+    def __init__(self, name: str, target, overrides: dict):
+        super().__init__(name)
+        self.__path__ = []  # a package: every submodule resolves through the finder
+        self._target = target
+        self._overrides = overrides
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if attr in self._overrides:
+            return self._overrides[attr]
+        submodule = f"{self.__name__}.{attr}"
+        value = getattr(self._target, attr, None)
+        if isinstance(value, types.ModuleType):  # aotinfer's module, seen through its own shim
+            return importlib.import_module(submodule)
+        if value is not None:
+            return value
+        return _placeholder(submodule)
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "flashinfer" or fullname.startswith("flashinfer."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        name = spec.name
+        aot_name = "aotinfer" + name[len("flashinfer") :]
+        try:
+            target = importlib.import_module(aot_name)
+        except ImportError:
+            target = None
+        overrides = _utils_overrides() if name == "flashinfer.utils" else {}
+        return _Shim(name, target, overrides)
+
+    def exec_module(self, module):
+        pass
+
+
+def _unknown_keyword(excinfo) -> bool:
+    """A keyword argument of FlashInfer's that aotinfer's function does not take (a feature not shipped)."""
+    return excinfo.errisinstance(TypeError) and "got an unexpected keyword argument" in str(excinfo.value)
+
+
+def _declined(excinfo) -> bool:
+    """aotinfer's documented refusal of what it does not support (see the module docstring)."""
+    import aotinfer
+
+    if excinfo.errisinstance(NotShipped):
+        return False
+    if excinfo.errisinstance((NotImplementedError, aotinfer.BackendSupportedError)):
+        return True
+    message = str(excinfo.value)
+    return excinfo.errisinstance((ValueError, TypeError)) and "supported" in message
+
+
+class _Bins:
+    def __init__(self, shard=(0, 1), deadline=None):
+        self.shard = shard
+        self.deadline = deadline
+        self.counts = collections.defaultdict(collections.Counter)  # test function -> bin -> count
+        self.messages = collections.defaultdict(collections.Counter)  # "function|bin" -> message -> count
+        self.examples = {}  # "function|message" -> a test id
+
+    def pytest_runtest_setup(self, item):
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            pytest.skip("past the run's deadline")
+
+    def pytest_collection_modifyitems(self, config, items):
+        index, count = self.shard
+        if count > 1:
+            items[:] = items[index::count]
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call" and not (report.when == "setup" and not report.passed):
+            return
+        function = report.nodeid.split("[")[0]
+        if report.passed:
+            self.counts[function]["passed"] += 1
+            return
+        if report.skipped:
+            bin_ = "skipped"
+            message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        else:
+            bin_ = getattr(report, "aot_bin", "failed")
+            message = getattr(report, "aot_message", "") or report.longreprtext.strip().splitlines()[-1]
+        message = " ".join(message.split())[:300]
+        self.counts[function][bin_] += 1
+        self.messages[f"{function}|{bin_}"][message] += 1
+        self.examples.setdefault(f"{function}|{message}", report.nodeid)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if call.excinfo is None or report.passed or report.skipped:
+            return
+        excinfo = call.excinfo
+        if excinfo.errisinstance(NotShipped) or _unknown_keyword(excinfo):
+            report.aot_bin = "not shipped"
+        elif _declined(excinfo):
+            report.aot_bin = "declined"
+        else:
+            report.aot_bin = "failed"
+        text = str(excinfo.value).strip()
+        report.aot_message = f"{excinfo.typename}: {text.splitlines()[0] if text else ''}"
+
+    def to_json(self):
+        return {"counts": self.counts, "messages": self.messages, "examples": self.examples}
+
+    def add_json(self, data):
+        for function, counts in data["counts"].items():
+            self.counts[function].update(counts)
+        for key, messages in data["messages"].items():
+            self.messages[key].update(messages)
+        for key, example in data["examples"].items():
+            self.examples.setdefault(key, example)
+
+    def write(self, out):
+        totals = collections.Counter()
+        for function in sorted(self.counts):
+            counts = self.counts[function]
+            totals.update(counts)
+            print(f"{function}: " + ", ".join(f"{n} {b}" for b, n in sorted(counts.items())), file=out)
+            for bin_ in ("failed", "declined", "not shipped", "skipped"):
+                for message, n in self.messages.get(f"{function}|{bin_}", collections.Counter()).most_common(8):
+                    print(f"    {bin_} x{n}: {message}", file=out)
+                    print(f"        e.g. {self.examples[f'{function}|{message}']}", file=out)
+        print("total: " + ", ".join(f"{n} {b}" for b, n in sorted(totals.items())), file=out)
+        return totals
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--merge"]:
+        bins = _Bins()
+        for path in argv[1:]:
+            with open(path) as f:
+                bins.add_json(json.load(f))
+        return 1 if bins.write(sys.stdout)["failed"] else 0
+    pytest_args = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, pytest_args = argv[:at], argv[at + 1 :]
+    if not argv or argv[0].startswith("-"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    checkout, argv = os.path.abspath(argv[0]), argv[1:]
+    shard, report_path = (0, 1), None
+    deadline = None
+    while argv and argv[0] in ("--shard", "--report", "--deadline"):
+        if argv[0] == "--deadline":
+            deadline = time.monotonic() + float(argv[1])
+        elif argv[0] == "--shard":
+            index, count = argv[1].split("/")
+            shard = (int(index), int(count))
+        else:
+            report_path = os.path.abspath(argv[1])
+        argv = argv[2:]
+    tests = argv or _DEFAULT_TESTS
+
+    if importlib.util.find_spec("flashinfer") is not None:
+        print("a real flashinfer is importable here: run this where only aotinfer is", file=sys.stderr)
+        return 2
+    sys.meta_path.insert(0, _Finder())
+    sys.path.insert(0, checkout)  # the tests import tests.test_helpers
+    os.chdir(checkout)
+    bins = _Bins(shard, deadline)
+    args = ["--noconftest", "-p", "no:cacheprovider", "-q", "--tb=no", "-rN", *tests, *pytest_args]
+    pytest_status = pytest.main(args, plugins=[bins])
+    if report_path:
+        with open(report_path, "w") as f:
+            json.dump(bins.to_json(), f)
+    totals = bins.write(sys.stdout)
+    if pytest_status not in (0, 1):  # 1: some tests failed (the bins say which); else pytest itself failed
+        return int(pytest_status)
+    return 1 if totals["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
