@@ -1805,7 +1805,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   const int64_t n = p.vocab;
   const float sampled = p.filter == Filter::kTopK ? SampledValue(row, n, kRenormFloorMinVocab) : 0.f;
   auto prob_key = [](float v) { return ProbKey(v); };
-  Threshold t{1u, 0.0};
+  Threshold t;
   if (p.filter == Filter::kTopK) {
     const int k = p.top_k.at(r);
     if (k > 0 && k < n) {
@@ -1848,6 +1848,8 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
         t = FindThreshold<T, kVec>(row, n, sh, prob_key, Need::kMass, double(top_p), true, 1u, true);
       }
     }
+  } else {
+    t = Threshold{1u, 0.0};  // not reached: the binding sends 16-bit rows to top-k only
   }
   const float scale = t.kept_mass > 0 ? float(1.0 / t.kept_mass) : 0.f;
   ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {

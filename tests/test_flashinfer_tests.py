@@ -1,0 +1,68 @@
+"""ci/flashinfer_tests.py, on a stand-in checkout: the name flashinfer resolves to aotinfer, names
+aotinfer lacks are placeholders, and each test lands in its bin."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STAND_IN_TESTS = '''
+import pytest
+import flashinfer
+from flashinfer.utils import has_flashinfer_jit_cache
+from flashinfer.quantization.fp4 import some_helper  # a module aotinfer lacks: importable, a placeholder
+
+
+def test_same_function():
+    assert flashinfer.sampling.softmax is __import__("aotinfer").sampling.softmax
+    assert flashinfer.norm.rmsnorm_quant is __import__("aotinfer").rmsnorm_quant
+    assert has_flashinfer_jit_cache()
+
+
+def test_not_shipped_name():
+    flashinfer.sampling.chain_speculative_sampling(None, None, None)
+
+
+def test_not_shipped_keyword():
+    flashinfer.single_prefill_with_kv_cache(None, None, None, not_an_argument=1)
+
+
+def test_declined():
+    flashinfer.decode._check_pos_encoding_mode("ROPE_LLAMA")
+
+
+def test_limit_test_not_named():
+    raise AssertionError("stands for a FlashInfer limit test")
+
+
+def test_layernorm_quant_invalid_inputs():
+    raise AssertionError("did not raise")
+
+
+def test_failed():
+    assert flashinfer.sampling.softmax is None
+'''
+
+
+def test_bins(tmp_path):
+    checkout = tmp_path / "checkout"
+    (checkout / "tests").mkdir(parents=True)
+    (checkout / "tests" / "__init__.py").write_text("")
+    (checkout / "tests" / "test_stand_in.py").write_text(STAND_IN_TESTS)
+    report = tmp_path / "report.json"
+    run = subprocess.run([sys.executable, str(ROOT / "ci" / "flashinfer_tests.py"), str(checkout), "--report", str(report),
+                          "tests/test_stand_in.py"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr  # one test failed
+    counts = {name.split("::")[-1]: bins for name, bins in json.loads(report.read_text())["counts"].items()}
+    assert counts == {
+        "test_same_function": {"passed": 1},
+        "test_not_shipped_name": {"not shipped": 1},
+        "test_not_shipped_keyword": {"not shipped": 1},
+        "test_declined": {"declined": 1},
+        "test_limit_test_not_named": {"failed": 1},  # only the functions _DIFFERS names are binned "differs"
+        "test_layernorm_quant_invalid_inputs": {"differs": 1},
+        "test_failed": {"failed": 1},
+    }, run.stdout
+    assert "NotShipped: flashinfer.sampling.chain_speculative_sampling" in run.stdout
