@@ -950,7 +950,8 @@ def fast_decode_plan(
     r"""FlashInfer's plan for multi-step draft decoding, used as ``wrapper.plan = partial(fast_decode_plan,
     wrapper)``. It plans exactly as ``self.plan`` does (which copies nothing it need not): the same
     arguments, ``global_override_indptr_cpu`` taken as the host copy of ``indptr`` where given.
-    ``q_len_per_req`` > 1 (several query tokens a request) is not implemented."""
+    ``q_len_per_req`` > 1 (several query tokens a request) is not implemented. The parameters are
+    spelled out, not forwarded: FlashInfer's order here has no ``o_data_type``, unlike ``plan``'s."""
     check_int(q_len_per_req, "q_len_per_req", 1)
     if q_len_per_req > 1:
         raise NotImplementedError(
