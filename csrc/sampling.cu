@@ -94,8 +94,10 @@ void Run(const TensorView& on, int64_t enable_pdl, const char* op, Launch&& laun
 
 // out[i] = a token drawn from row indices[i] (i without indices) of probs (or of softmax(logits)
 // where from_logits), after the filter: 0 none, 1 top-k, 2 top-p, 3 min-p, 4 top-k then top-p,
-// 5 top-k and top-p jointly.
-void sample(TensorView out, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p, TensorView min_p,
+// 5 top-k and top-p jointly. valid (bool [batch], or no elements: not wanted)[i] = whether a token
+// was drawn: false where the filtered row holds no positive probability (NaN rows too; out[i] is 0)
+// or indices[i] names no row of probs (out[i] is -1).
+void sample(TensorView out, TensorView valid, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p, TensorView min_p,
             TensorView seed, TensorView offset, int64_t filter, bool from_logits, int64_t top_k_val, double top_p_val,
             double min_p_val, int64_t seed_val, int64_t offset_val, int64_t enable_pdl) {
   const char* probs_name = from_logits ? "logits" : "probs";
@@ -133,6 +135,17 @@ void sample(TensorView out, TensorView probs, TensorView indices, TensorView top
   }
   aotinfer::CheckContiguous(out, "out");
   on_gpu.push_back({&out, "out"});
+  if (valid.numel() > 0) {
+    if (valid.dtype() != DLDataType{kDLBool, 8, 1}) {
+      AOTINFER_THROW(TypeError) << "Expected valid to have dtype bool, got " << valid.dtype();
+    }
+    if (valid.ndim() != 1 || valid.size(0) != batch) {
+      AOTINFER_THROW(ValueError) << "Expected valid to have shape [" << batch << "], got "
+                                << aotinfer::ShapeString(valid.shape());
+    }
+    aotinfer::CheckContiguous(valid, "valid");
+    on_gpu.push_back({&valid, "valid"});
+  }
   CheckOnDevice(on_gpu);
   if (batch == 0) return;
   if (probs.size(1) == 0 || probs.size(1) > 0x7FFFFFFF) {
@@ -147,6 +160,7 @@ void sample(TensorView out, TensorView probs, TensorView indices, TensorView top
   p.indices_int64 = indices.numel() > 0 && IsInt(indices, 64);
   p.out = aotinfer::data_ptr<char>(out);
   p.out_int64 = IsInt(out, 64);
+  p.valid = valid.numel() > 0 ? aotinfer::data_ptr<bool>(valid) : nullptr;
   p.filter = static_cast<aotinfer::Filter>(filter);
   p.from_logits = from_logits;
   p.seed = seed_val;

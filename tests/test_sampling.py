@@ -41,6 +41,8 @@ def test_scalar_parameters_are_checked():
         aotinfer.sampling_from_probs(probs, seed=1.5, offset=0)
     with pytest.raises(TypeError, match="Expected check_nan to be a bool"):
         aotinfer.sampling_from_probs(probs, check_nan=1)
+    with pytest.raises(TypeError, match="Expected return_valid to be a bool"):
+        aotinfer.top_k_sampling_from_probs(probs, 3, return_valid=1)
     with pytest.raises(TypeError, match="Expected enable_pdl to be None, True or False"):
         aotinfer.softmax(probs, enable_pdl="no")
 
@@ -311,6 +313,36 @@ def test_renorm(vocab):
         want = renormalized(probs, kept_mask(probs, top_p=top_p)).float()
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(out.double().sum(-1), torch.ones(5, device="cuda", dtype=torch.float64), rtol=1e-5, atol=0)
+
+
+@gpu
+@pytest.mark.parametrize("vocab", [1000, 70000])  # 70000: top-k's sampled floor, split rows
+def test_return_valid(vocab):
+    """valid is False exactly where nothing can be drawn (a NaN, zero or -inf row: token 0) or an
+    index names no row (token -1); the tokens are those of the same call without it."""
+    probs = llm_like(6, vocab, seed=vocab)
+    probs[1] = float("nan")
+    probs[3] = 0.0
+    logits = torch.log(probs)  # row 1 NaN, row 3 all -inf
+    indices = torch.tensor([0, 1, 2, 3, 4, 5, 6, -1], device="cuda", dtype=torch.int32)
+    want_valid = [True, False, True, False, True, True, False, False]
+    cases = [
+        lambda **kw: aotinfer.sampling_from_probs(probs, **kw),
+        lambda **kw: aotinfer.sampling_from_logits(logits, **kw),
+        lambda **kw: aotinfer.top_k_sampling_from_probs(probs, 5, **kw),
+        lambda **kw: aotinfer.top_p_sampling_from_probs(probs, 0.9, **kw),
+        lambda **kw: aotinfer.min_p_sampling_from_probs(probs, 0.1, **kw),
+        lambda **kw: aotinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, **kw),
+        lambda **kw: aotinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, filter_apply_order="joint", **kw),
+        lambda **kw: aotinfer.top_k_top_p_sampling_from_logits(logits, 50, 0.9, **kw),
+    ]
+    for case, op in enumerate(cases):
+        tokens, valid = op(indices=indices, seed=7, offset=case, return_valid=True)
+        assert valid.dtype == torch.bool and valid.tolist() == want_valid, case
+        assert tokens[[1, 3]].tolist() == [0, 0] and tokens[6:].tolist() == [-1, -1], case
+        assert torch.equal(tokens, op(indices=indices, seed=7, offset=case)), case
+    tokens, valid = aotinfer.top_k_sampling_from_probs(probs[:0], 5, return_valid=True)
+    assert tokens.shape == valid.shape == (0,)
 
 
 @gpu

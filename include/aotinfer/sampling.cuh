@@ -937,6 +937,7 @@ struct SamplingParams {
   bool indices_int64;
   void* out;            // int32 or int64 [batch]
   bool out_int64;
+  bool* valid;          // null, or [batch]: whether a token was drawn
   Filter filter;
   bool from_logits;     // Gumbel-max over logits, no filter
   RowParam<int> top_k;
@@ -1478,6 +1479,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     if (threadIdx.x == 0) {
       if (p.out_int64) static_cast<int64_t*>(p.out)[out_row] = -1;
       else static_cast<int32_t*>(p.out)[out_row] = -1;
+      if (p.valid) p.valid[out_row] = false;
     }
     return;
   }
@@ -1667,12 +1669,16 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
   }
   if (!decided) best = RowBest(best, sh);
   if (threadIdx.x == 0 && RowPart() == 0) {
-    const int64_t token = best.index == INT32_MAX ? 0 : best.index;  // nothing to sample: token 0
+    // Nothing to sample (no kept positive probability; logits all -inf, whose race keys tie at -inf,
+    // or NaN): token 0.
+    const bool drawn = best.index != INT32_MAX && best.key > -INFINITY;
+    const int64_t token = drawn ? best.index : 0;
     if (p.out_int64) {
       static_cast<int64_t*>(p.out)[out_row] = token;
     } else {
       static_cast<int32_t*>(p.out)[out_row] = int32_t(token);
     }
+    if (p.valid) p.valid[out_row] = drawn;
   }
   AllowDependentGrids();
 }

@@ -26,7 +26,9 @@ Filters:
   ``"joint"``: both filters over the original row, a token kept where both keep it.
 
 Probabilities <= 0 (and NaN) are never drawn. A row with nothing to draw gives token 0; an index in
-``indices`` outside probs' rows gives -1.
+``indices`` outside probs' rows gives -1. With ``return_valid=True`` a sampler returns ``(tokens,
+valid)``, ``valid`` bool ``[batch_size]``: False exactly for those two cases (FlashInfer's flag for
+rows without a valid distribution, NaN rows among them).
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ from .utils import backend_requirement, check_enable_pdl, check_int, check_real,
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Union
+    from typing import Optional, Tuple, Union
 
     import torch
+
+    _Tokens = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]  # tokens, or (tokens, valid)
 
 _sample = kernel("sampling", "sample")
 _renorm = kernel("sampling", "renorm")
@@ -88,12 +92,12 @@ def _check_fraction(value, name: str, low_open: bool) -> None:
         raise ValueError(f"Expected {name} to be in {'(0' if low_open else '[0'}, 1], got {value}")
 
 
-def _check_random(indices, deterministic, generator, check_nan, seed, offset) -> None:
+def _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid) -> None:
     import torch
 
     if indices is not None:
         check_tensor(indices, "indices")
-    for value, name in ((deterministic, "deterministic"), (check_nan, "check_nan")):
+    for value, name in ((deterministic, "deterministic"), (check_nan, "check_nan"), (return_valid, "return_valid")):
         if type(value) is not bool:
             raise TypeError(f"Expected {name} to be a bool, got {type(value).__name__}")
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -105,45 +109,47 @@ def _check_random(indices, deterministic, generator, check_nan, seed, offset) ->
                 raise ValueError(f"Expected {name} to fit in 64 bits, got {value}")
 
 
-def _check_sampling(probs, indices=None, deterministic=True, generator=None, check_nan=False, seed=None, offset=None):
-    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+def _check_sampling(probs, indices=None, deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
+                    return_valid=False):
+    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
     return True
 
 
 def _check_logits_sampling(logits, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                           offset=None):
-    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+                           offset=None, return_valid=False):
+    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
     return True
 
 
 def _check_top_p_sampling(probs, top_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                          offset=None):
+                          offset=None, return_valid=False):
     _check_fraction(top_p, "top_p", low_open=True)
-    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
     return True
 
 
 def _check_top_k_sampling(probs, top_k, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                          offset=None):
+                          offset=None, return_valid=False):
     _check_top_k(top_k)
-    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
     return True
 
 
 def _check_min_p_sampling(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                          offset=None):
+                          offset=None, return_valid=False):
     _check_fraction(min_p, "min_p", low_open=False)
-    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
     return True
 
 
 def _check_top_k_top_p_sampling(probs, top_k, top_p, indices=None, filter_apply_order="top_k_first",
-                                deterministic=True, generator=None, check_nan=False, seed=None, offset=None):
+                                deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
+                                return_valid=False):
     _check_top_k(top_k)
     _check_fraction(top_p, "top_p", low_open=True)
     if filter_apply_order not in _ORDERS:
         raise ValueError(f"Expected filter_apply_order to be 'top_k_first' or 'joint', got {filter_apply_order!r}")
-    _check_random(indices, deterministic, generator, check_nan, seed, offset)
+    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
     return True
 
 
@@ -198,7 +204,7 @@ def _random_state(device, generator, seed, offset):
 
 
 def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, check_nan, seed, offset,
-          from_logits=False):
+          return_valid, from_logits=False):
     """One sampling call: output allocation, per-row parameters, random state, the binding."""
     import torch
 
@@ -219,9 +225,10 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
     seed, offset = _random_state(probs.device, generator, seed, offset)
     seed, seed_val = (seed, 0) if _is_tensor(seed) else (none, seed - 2**64 if seed >= 2**63 else seed)
     offset, offset_val = (offset, 0) if _is_tensor(offset) else (none, offset - 2**64 if offset >= 2**63 else offset)
-    sample.fn(out, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset, filter, from_logits,
-              top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
-    return out
+    valid = torch.empty(batch if return_valid else 0, dtype=torch.bool, device=probs.device)
+    sample.fn(out, valid, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset, filter,
+              from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
+    return (out, valid) if return_valid else out
 
 
 @aotinfer_api(trace=sampling_from_probs_trace)
@@ -229,13 +236,15 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
 def sampling_from_probs(probs: torch.Tensor, indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                         generator: Optional[torch.Generator] = None, check_nan: bool = False,
                         seed: Optional[Union[int, torch.Tensor]] = None,
-                        offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                        offset: Optional[Union[int, torch.Tensor]] = None,
+                        return_valid: bool = False) -> _Tokens:
     """Draw one token per row with probability ``probs[i, j] / sum(probs[i])``.
 
     probs : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted), last dimension
     contiguous. Returns the tokens, ``[batch_size]``. Other parameters: see the module doc.
     """
-    return _draw(_sample, probs, "probs", _NONE, None, None, None, indices, generator, check_nan, seed, offset)
+    return _draw(_sample, probs, "probs", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
+                 return_valid)
 
 
 @aotinfer_api(trace=sampling_from_logits_trace)
@@ -243,14 +252,15 @@ def sampling_from_probs(probs: torch.Tensor, indices: Optional[torch.Tensor] = N
 def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                          generator: Optional[torch.Generator] = None, check_nan: bool = False,
                          seed: Optional[Union[int, torch.Tensor]] = None,
-                         offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                         offset: Optional[Union[int, torch.Tensor]] = None,
+                         return_valid: bool = False) -> _Tokens:
     """Draw one token per row from ``softmax(logits[i])``, as ``argmax(logits + Gumbel noise)`` in one
     pass (no softmax is written).
 
     logits : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted). Returns the tokens.
     """
     return _draw(_sample, logits, "logits", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
-                 from_logits=True)
+                 return_valid, from_logits=True)
 
 
 @aotinfer_api(trace=top_p_sampling_trace)
@@ -259,13 +269,15 @@ def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, fl
                               indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
-                              offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                              offset: Optional[Union[int, torch.Tensor]] = None,
+                              return_valid: bool = False) -> _Tokens:
     """Top-p (nucleus) sampling: draw from the smallest set of most probable tokens whose mass
     reaches ``top_p`` of the row's.
 
     top_p : a float in (0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
     """
-    return _draw(_sample, probs, "probs", _TOP_P, None, top_p, None, indices, generator, check_nan, seed, offset)
+    return _draw(_sample, probs, "probs", _TOP_P, None, top_p, None, indices, generator, check_nan, seed, offset,
+                 return_valid)
 
 
 @aotinfer_api(trace=top_k_sampling_trace)
@@ -274,12 +286,14 @@ def top_k_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, in
                               indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
-                              offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                              offset: Optional[Union[int, torch.Tensor]] = None,
+                              return_valid: bool = False) -> _Tokens:
     """Top-k sampling: draw from the ``top_k`` most probable tokens, renormalized.
 
     top_k : an int >= 1, or int32 ``[batch_size]`` per output row. Returns the tokens.
     """
-    return _draw(_sample, probs, "probs", _TOP_K, top_k, None, None, indices, generator, check_nan, seed, offset)
+    return _draw(_sample, probs, "probs", _TOP_K, top_k, None, None, indices, generator, check_nan, seed, offset,
+                 return_valid)
 
 
 @aotinfer_api(trace=min_p_sampling_trace)
@@ -288,13 +302,15 @@ def min_p_sampling_from_probs(probs: torch.Tensor, min_p: Union[torch.Tensor, fl
                               indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
-                              offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                              offset: Optional[Union[int, torch.Tensor]] = None,
+                              return_valid: bool = False) -> _Tokens:
     """Min-p sampling: draw from the tokens whose probability is at least ``min_p`` times the
     row's largest.
 
     min_p : a float in [0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
     """
-    return _draw(_sample, probs, "probs", _MIN_P, None, None, min_p, indices, generator, check_nan, seed, offset)
+    return _draw(_sample, probs, "probs", _MIN_P, None, None, min_p, indices, generator, check_nan, seed, offset,
+                 return_valid)
 
 
 @aotinfer_api(trace=top_k_top_p_sampling_trace)
@@ -304,14 +320,15 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tens
                                     filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                     generator: Optional[torch.Generator] = None, check_nan: bool = False,
                                     seed: Optional[Union[int, torch.Tensor]] = None,
-                                    offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                                    offset: Optional[Union[int, torch.Tensor]] = None,
+                                    return_valid: bool = False) -> _Tokens:
     """Top-k and top-p sampling in one kernel.
 
     filter_apply_order : "top_k_first" (top-p over the renormalized top-k set) or "joint" (a token
     kept where both filters, applied to the original row, keep it). Returns the tokens.
     """
     return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
-                 check_nan, seed, offset)
+                 check_nan, seed, offset, return_valid)
 
 
 @aotinfer_api(trace=top_k_top_p_sampling_from_logits_trace)
@@ -321,7 +338,8 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
                                      filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                      generator: Optional[torch.Generator] = None, check_nan: bool = False,
                                      seed: Optional[Union[int, torch.Tensor]] = None,
-                                     offset: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+                                     offset: Optional[Union[int, torch.Tensor]] = None,
+                                     return_valid: bool = False) -> _Tokens:
     """``softmax(logits)`` (float32, one kernel), then ``top_k_top_p_sampling_from_probs``. Top-k
     first over the softmax is top-k over the logits, softmax, then top-p, as FlashInfer does it."""
     import torch
@@ -332,7 +350,7 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     _softmax.fn(probs, logits, probs.new_empty(0), 1.0, -1)
     return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
-                 False, seed, offset)
+                 False, seed, offset, return_valid)
 
 
 @aotinfer_api(trace=top_p_renorm_probs_trace)
