@@ -61,6 +61,16 @@ aotinfer::RowParam<T> RowParamOf(const TensorView& values, double scalar, int64_
   return aotinfer::RowParam<T>{aotinfer::data_ptr<T>(values), T(0)};
 }
 
+// A tensor of one element an output row (indices, valid): shape [batch], contiguous, on the GPU.
+void CheckOneARow(const TensorView& values, int64_t batch, const char* name, Tensors& on_gpu) {
+  if (values.ndim() != 1 || values.size(0) != batch) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [" << batch << "], got "
+                              << aotinfer::ShapeString(values.shape());
+  }
+  aotinfer::CheckContiguous(values, name);
+  on_gpu.push_back({&values, name});
+}
+
 // seed or offset: no elements (the scalar), or 1 or batch 64-bit integers.
 const int64_t* RandomStateOf(const TensorView& values, int64_t batch, const char* name, int* stride, Tensors& on_gpu) {
   *stride = 0;
@@ -110,12 +120,7 @@ void sample(TensorView out, TensorView valid, TensorView probs, TensorView indic
     if (!IsInt(indices, 32) && !IsInt(indices, 64)) {
       AOTINFER_THROW(TypeError) << "Expected indices to have dtype int32 or int64, got " << indices.dtype();
     }
-    if (indices.ndim() != 1 || indices.size(0) != batch) {
-      AOTINFER_THROW(ValueError) << "Expected indices to have shape [" << batch << "], got "
-                                << aotinfer::ShapeString(indices.shape());
-    }
-    aotinfer::CheckContiguous(indices, "indices");
-    on_gpu.push_back({&indices, "indices"});
+    CheckOneARow(indices, batch, "indices", on_gpu);
   } else if (batch != 0 && batch != probs.size(0)) {  // (indices with no elements: batch 0)
     AOTINFER_THROW(ValueError) << "Expected out to have shape [" << probs.size(0) << "] (the rows of " << probs_name
                               << "), got " << aotinfer::ShapeString(out.shape());
@@ -139,12 +144,7 @@ void sample(TensorView out, TensorView valid, TensorView probs, TensorView indic
     if (valid.dtype() != DLDataType{kDLBool, 8, 1}) {
       AOTINFER_THROW(TypeError) << "Expected valid to have dtype bool, got " << valid.dtype();
     }
-    if (valid.ndim() != 1 || valid.size(0) != batch) {
-      AOTINFER_THROW(ValueError) << "Expected valid to have shape [" << batch << "], got "
-                                << aotinfer::ShapeString(valid.shape());
-    }
-    aotinfer::CheckContiguous(valid, "valid");
-    on_gpu.push_back({&valid, "valid"});
+    CheckOneARow(valid, batch, "valid", on_gpu);
   }
   CheckOnDevice(on_gpu);
   if (batch == 0) return;

@@ -69,6 +69,12 @@ def test_tensors_are_checked_by_name():
         aotinfer.sampling_from_probs(probs, seed=torch.zeros(1, dtype=torch.int32), offset=0)
     with pytest.raises(ValueError, match=r"Expected offset to have shape \[1\] or \[4\]"):
         aotinfer.sampling_from_probs(probs, seed=0, offset=torch.zeros(3, dtype=torch.int64))
+    none, no_state = torch.empty(0), torch.empty(0, dtype=torch.int64)
+    for valid, error, message in ((torch.empty(4, dtype=torch.int32), TypeError, "Expected valid to have dtype bool"),
+                                  (torch.empty(3, dtype=torch.bool), ValueError, r"Expected valid to have shape \[4\]")):
+        with pytest.raises(error, match=message):  # the binding's own check of return_valid's tensor
+            aotinfer.sampling._sample.fn(torch.empty(4, dtype=torch.int32), valid, probs, none, none, none, none,
+                                         no_state, no_state, 0, False, 0, 0.0, 0.0, 0, 0, -1)
     with pytest.raises(ValueError, match="Expected the last dimension of probs to be contiguous"):
         aotinfer.top_p_renorm_probs(probs.t(), 0.5)
     with pytest.raises(TypeError, match="Expected logits to have dtype float32, float16 or bfloat16"):
