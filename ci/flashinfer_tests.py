@@ -5,13 +5,15 @@
     python ci/flashinfer_tests.py --merge FILE.json ...
 
 TEST_PATHs are relative to the checkout (default: the tests of the ops aotinfer ships). --shard runs
-every N-th test from the I-th (0-based), so that N processes share a GPU's machine; --merge prints
-the bins of several shards' reports together. Tests that would start after --deadline seconds
-are skipped. The tests
-import `flashinfer`; here that name is aotinfer, through a module finder installed before pytest
-starts: `flashinfer.X` is `aotinfer.X` where aotinfer has it, and any name aotinfer does not ship
-(a module, a function, a class) is a placeholder that raises NotShipped when it is used. The tests'
-own helpers (`tests.test_helpers`) come from the checkout; its conftest.py does not load (it
+every N-th test from the I-th (0-based), so that N processes share a GPU's machine (FlashInfer's
+large attention cases take 16-32 GB each: two processes at a time for those); --merge prints the
+bins of several shards' reports together. Tests that would start after --deadline seconds are
+skipped.
+
+The tests import `flashinfer`; here that name is aotinfer, through a module finder installed before
+pytest starts: `flashinfer.X` is `aotinfer.X` where aotinfer has it, and any name aotinfer does not
+ship (a module, a function, a class) is a placeholder that raises NotShipped when it is used. The
+tests' own helpers (`tests.test_helpers`) come from the checkout; its conftest.py does not load (it
 wraps FlashInfer's internals in torch.compile).
 
 Every test ends in one of these bins, counted per test function in the report:
