@@ -129,7 +129,8 @@ def _default_check(reference_outputs, actual_outputs, *, rtol=None, atol=None, m
             name = str(actual.dtype if actual.is_floating_point() else ref.dtype).replace("torch.", "")
             tolerance = 0.1 if name.startswith("float8") else _CHECK_TOLERANCE.get(name, 0.0)
             a, r = actual.float(), ref.float()
-            close = torch.isclose(a, r, rtol=tolerance if rtol is None else rtol, atol=tolerance if atol is None else atol)
+            close = torch.isclose(a, r, rtol=tolerance if rtol is None else rtol,
+                                  atol=tolerance if atol is None else atol)
         else:
             a, r = actual, ref
             close = actual == ref

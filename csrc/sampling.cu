@@ -107,8 +107,8 @@ void Run(const TensorView& on, int64_t enable_pdl, const char* op, Launch&& laun
 // 5 top-k and top-p jointly. valid (bool [batch], or no elements: not wanted)[i] = whether a token
 // was drawn: false where the filtered row holds no positive probability (NaN rows too; out[i] is 0)
 // or indices[i] names no row of probs (out[i] is -1).
-void sample(TensorView out, TensorView valid, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p, TensorView min_p,
-            TensorView seed, TensorView offset, int64_t filter, bool from_logits, int64_t top_k_val, double top_p_val,
+void sample(TensorView out, TensorView valid, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p,
+            TensorView min_p, TensorView seed, TensorView offset, int64_t filter, bool from_logits, int64_t top_k_val, double top_p_val,
             double min_p_val, int64_t seed_val, int64_t offset_val, int64_t enable_pdl) {
   const char* probs_name = from_logits ? "logits" : "probs";
   const int64_t row_stride = CheckRows(probs, probs_name);

@@ -119,8 +119,9 @@ def test_matches_reference(kind, dtype, fp8, scale_kind, hidden, strided):
     scale = 3.0 / FP8_MAX[fp8]  # values past 3 standard deviations saturate at the format's maximum
     y, terms = prequantized(kind, x, residual, weight, bias, scale)
     expected_residual = (x.float() + residual.float()).to(dtype)
-    scale_arg = {"float": scale, "tensor": torch.tensor([scale], device="cuda"), "0-d tensor": torch.tensor(scale, device="cuda")}
-    run(kind, out, x, residual, weight, bias, scale_arg[scale_kind])
+    scale_arg = {"float": scale, "tensor": torch.tensor([scale], device="cuda"),
+                 "0-d tensor": torch.tensor(scale, device="cuda")}[scale_kind]
+    run(kind, out, x, residual, weight, bias, scale_arg)
     assert_fp8_matches(out, y, terms)
     assert (out.float().abs() == FP8_MAX[fp8]).any(), "the case exercises the clamp"
     if kind == "fused_add_rmsnorm":

@@ -225,6 +225,8 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
     seed, offset = _random_state(probs.device, generator, seed, offset)
     seed, seed_val = (seed, 0) if _is_tensor(seed) else (none, seed - 2**64 if seed >= 2**63 else seed)
     offset, offset_val = (offset, 0) if _is_tensor(offset) else (none, offset - 2**64 if offset >= 2**63 else offset)
+    # No elements: not wanted. Its own tensor, not `none`: the op's schema marks valid as written, and
+    # a written argument may not alias the others under torch.compile.
     valid = torch.empty(batch if return_valid else 0, dtype=torch.bool, device=probs.device)
     sample.fn(out, valid, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset, filter,
               from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)

@@ -80,7 +80,9 @@ def device_support_pdl(device: Any) -> bool:
     import torch
 
     device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    if device.type != "cuda":
+        return False
+    return _loader.device_capability(torch.cuda.current_device() if device.index is None else device.index)[0] >= 9
 
 
 def supported_compute_capability(ccs: Iterable[Any]) -> Callable:
