@@ -619,6 +619,13 @@ def test_top_p_renorm_of_heavy_values_over_a_floor(heavy):
         assert not big.isnan().any()
 
 
+def sample_positions(vocab):
+    """The kernel's sample positions (SamplePosition): 128 runs of 8 adjacent elements, spread evenly."""
+    spacing = vocab // 128 // 8 * 8
+    t = torch.arange(1024, device="cuda")
+    return (t // 8) * spacing + t % 8
+
+
 def rows_around_the_floor(vocab, g):
     """Rows of `vocab` whose last column is 0, and the same without it (one column under the floor's
     minimum row length): dropping the column changes no kept set and no random number. Rows 0-1
@@ -630,7 +637,7 @@ def rows_around_the_floor(vocab, g):
     probs[0:2] = 1.0 / vocab
     probs[2:4] = 0
     probs[2:4, torch.randperm(vocab - 1, device="cuda", generator=g)[:10]] = 0.1
-    sampled = torch.arange(1024, device="cuda") * vocab // 1024  # the kernel's sample positions
+    sampled = sample_positions(vocab)
     probs[4:6, sampled] = probs[4:6].max(-1, keepdim=True).values * (2 + torch.rand(2, 1024, device="cuda", generator=g))
     probs[:, -1] = 0
     probs /= probs.sum(-1, keepdim=True)

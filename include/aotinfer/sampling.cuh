@@ -717,7 +717,7 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
 // kCandidates. So one pass gathers them, with no histogram of the row; where the gather misses (too
 // few, or too many to hold), the caller takes its histogram path instead, so the result never
 // depends on the sample, only the time.
-constexpr int kFloorSample = kSamplingThreads;  // elements sampled, one a thread, at i * n / kFloorSample
+constexpr int kFloorSample = kSamplingThreads;  // elements sampled, one a thread (SamplePosition)
 constexpr int kMaxFloorRank = 32;               // ranks the merge below takes
 // Shorter rows keep the histogram path. The samplers take the floor from 16384 (vocab 32000 and
 // 50000: 5-21% faster at 256-1024 rows, within 1-3% at 16-64; H100, NOTES), the top-k renorm from
@@ -736,11 +736,22 @@ __device__ __forceinline__ int SampledFloorRank(int k, int64_t n, int64_t min_vo
   return rank <= kMaxFloorRank && fits ? int(rank) : 0;
 }
 
+// This thread's position in the sample: runs of kSampleRun adjacent elements (32 bytes of float32,
+// one DRAM sector), spread evenly over the row, so that a row's sample reads kFloorSample /
+// kSampleRun sectors, not kFloorSample. Rows too short for that many runs are sampled an element
+// at a time.
+constexpr int kSampleRun = 8;
+__device__ __forceinline__ int64_t SamplePosition(int64_t n) {
+  const int64_t spacing = n / (kFloorSample / kSampleRun) / kSampleRun * kSampleRun;
+  if (spacing == 0) return int64_t(threadIdx.x) * n / kFloorSample;
+  return int64_t(threadIdx.x / kSampleRun) * spacing + threadIdx.x % kSampleRun;
+}
+
 // This thread's element of the sample (0 where the row is shorter than min_vocab: no floor). Kernels
 // load it first, before the filter's parameters: the floor then waits for one round trip, not two.
 template <typename T>
 __device__ __forceinline__ float SampledValue(const T* row, int64_t n, int64_t min_vocab) {
-  return n >= min_vocab ? to_float(row[int64_t(threadIdx.x) * n / kFloorSample]) : 0.f;
+  return n >= min_vocab ? to_float(row[SamplePosition(n)]) : 0.f;
 }
 
 // The r-th largest key of the sample (at least 1: key 0 is never kept), in every thread, from each
@@ -1188,7 +1199,7 @@ __device__ __forceinline__ Best TopKRace(SamplingShared& sh, int k, float top_p,
 template <int kVec>
 __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, const RowRandom& rng,
                          SamplingShared& sh) {
-  const float sample = row[int64_t(threadIdx.x) * n / kSamplingThreads];
+  const float sample = row[SamplePosition(n)];
   uint32_t floor_key = 0xFFFFFFFFu;
   if (gather) {
     floor_key = max(1u, ProbKey(min_p * BlockMax(sample, sh)));
