@@ -959,6 +959,7 @@ struct SamplingParams {
   int seed_stride, offset_stride;
   int64_t seed, offset;
   bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
+  int ahead;           // blocks that run at once (unsplit rows, one an SM): this SM's next row is likely row + ahead
 };
 
 __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
@@ -966,6 +967,25 @@ __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int6
   return p.indices_int64 ? static_cast<const int64_t*>(p.indices)[row] : static_cast<const int32_t*>(p.indices)[row];
 }
 
+
+// The first kNextRowPrefetch bytes of the row this SM will likely take next (blocks start in order,
+// one an SM), asked of the L2 by the top-k samplers once their one pass over their own row ends:
+// the search and race that follow leave the SM's share of DRAM idle, and the next block's sample
+// and pass then start in L2. On an H100 at 256-1024 rows: top_k_top_p and joint 0-3% faster on flat
+// rows, 2-9% on peaked ones; 128 KB gained a little less. The renorm and the mask, whose pass also
+// writes the row, ran 1-8% slower with it (NOTES).
+constexpr int kNextRowPrefetch = 256 * 1024;
+__device__ __forceinline__ void PrefetchNextRow(const float* next, int64_t n) {
+  constexpr int kChunk = 16384;  // bytes a thread asks for
+  const int64_t size = min(n * int64_t(sizeof(float)), int64_t(kNextRowPrefetch)) & ~int64_t(15);
+  const int64_t at = int64_t(threadIdx.x) * kChunk;
+  if (at >= size || (reinterpret_cast<uintptr_t>(next) & 15)) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int chunk = int(min(int64_t(kChunk), size - at));
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<const char*>(next) + at), "r"(chunk)
+               : "memory");
+#endif
+}
 
 // ---- sampling ---------------------------------------------------------------------------------------
 
@@ -1547,6 +1567,10 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
       const bool gathered = row_mass_needed
                                 ? GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, sum_mass)
                                 : GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, [](const float*, int, int64_t) {});
+      if (RowParts() == 1 && out_row + p.ahead < p.batch) {
+        const int64_t next = DistributionRow(p, out_row + p.ahead);
+        if (next >= 0 && next < p.num_dist_rows) PrefetchNextRow(p.probs + next * p.row_stride, n);
+      }
       if (gathered) {
         if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
         const uint32_t top_end = CandidateTopBinEnd(sh);
@@ -2219,6 +2243,7 @@ constexpr int kThresholdRowParts = kSearchRowParts;
 constexpr int kSearchMinRowParts = 1;
 
 inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
+  p.ahead = GetDeviceFacts(device).sms;
   const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
   const bool aligned = RowsAligned<float>(p.probs, p.row_stride);
   const int max_parts = race_only ? kMaxRowParts : kSearchRowParts, min_parts = race_only ? 1 : kSearchMinRowParts;
