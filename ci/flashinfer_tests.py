@@ -12,8 +12,9 @@ skipped.
 
 The tests import `flashinfer`; here that name is aotinfer, through a module finder installed before
 pytest starts: `flashinfer.X` is `aotinfer.X` where aotinfer has it, and any name aotinfer does not
-ship (a module, a function, a class) is a placeholder that raises NotShipped when it is used. The
-tests' own helpers (`tests.test_helpers`) come from the checkout; its conftest.py does not load (it
+ship (a module, a function, a class) is a placeholder that raises NotShipped when it is used. Python
+processes the tests start get the same finder, through a `flashinfer` package put first on their
+PYTHONPATH. The tests' own helpers (`tests.test_helpers`) come from the checkout; its conftest.py does not load (it
 wraps FlashInfer's internals in torch.compile).
 
 Every test ends in one of these bins, counted per test function in the report:
@@ -31,6 +32,7 @@ Exit status 0 only where nothing failed.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import importlib
 import importlib.abc
@@ -38,7 +40,9 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import types
 
@@ -192,6 +196,30 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+# A `flashinfer` package for the Python processes the tests start (FlashInfer's torch.compile tests
+# run their script in a subprocess): on PYTHONPATH, it installs this module's finder in the child and
+# replaces itself with the shim, so the child's `flashinfer` is aotinfer as the parent's is.
+_CHILD_PACKAGE = """\
+import importlib.machinery, importlib.util, sys
+_spec = importlib.util.spec_from_file_location("_flashinfer_tests_harness", {harness!r})
+_harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_harness)
+_finder = _harness._Finder()
+sys.meta_path.insert(0, _finder)
+sys.modules[__name__] = _finder.create_module(importlib.machinery.ModuleSpec(__name__, _finder, is_package=True))
+"""
+
+
+def _resolve_in_children(directory: str) -> None:
+    """Puts the child package under `directory` first on the PYTHONPATH that started processes inherit."""
+    package = os.path.join(directory, "flashinfer")
+    os.makedirs(package, exist_ok=True)
+    with open(os.path.join(package, "__init__.py"), "w") as f:
+        f.write(_CHILD_PACKAGE.format(harness=os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, os.environ.get("PYTHONPATH")]))
+    atexit.register(shutil.rmtree, directory, True)
+
+
 # Tests that check a limit of FlashInfer's kernels which aotinfer's do not have: a failure of one of
 # these is binned as "differs", with the reason. Nothing else is.
 _DIFFERS = {
@@ -334,6 +362,7 @@ def main(argv: list[str]) -> int:
         print("a real flashinfer is importable here: run this where only aotinfer is", file=sys.stderr)
         return 2
     sys.meta_path.insert(0, _Finder())
+    _resolve_in_children(tempfile.mkdtemp(prefix="flashinfer_tests_"))
     sys.path.insert(0, checkout)  # the tests import tests.test_helpers
     os.chdir(checkout)
     bins = _Bins(shard, deadline)

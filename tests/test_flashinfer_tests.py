@@ -1,5 +1,5 @@
-"""ci/flashinfer_tests.py, on a stand-in checkout: the name flashinfer resolves to aotinfer, names
-aotinfer lacks are placeholders, and each test lands in its bin."""
+"""ci/flashinfer_tests.py, on a stand-in checkout: the name flashinfer resolves to aotinfer (in the
+processes the tests start too), names aotinfer lacks are placeholders, and each test lands in its bin."""
 
 import json
 import subprocess
@@ -19,6 +19,13 @@ def test_same_function():
     assert flashinfer.sampling.softmax is __import__("aotinfer").sampling.softmax
     assert flashinfer.norm.rmsnorm_quant is __import__("aotinfer").rmsnorm_quant
     assert has_flashinfer_jit_cache()
+
+
+def test_child_process():  # FlashInfer's torch.compile tests run their script in a subprocess
+    import subprocess, sys
+    code = "import flashinfer, aotinfer; assert flashinfer.sampling.softmax is aotinfer.sampling.softmax"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
 
 
 def test_not_shipped_name():
@@ -58,6 +65,7 @@ def test_bins(tmp_path):
     counts = {name.split("::")[-1]: bins for name, bins in json.loads(report.read_text())["counts"].items()}
     assert counts == {
         "test_same_function": {"passed": 1},
+        "test_child_process": {"passed": 1},
         "test_not_shipped_name": {"not shipped": 1},
         "test_not_shipped_keyword": {"not shipped": 1},
         "test_declined": {"declined": 1},
