@@ -256,6 +256,7 @@ class _Bins:
         self.counts = collections.defaultdict(collections.Counter)  # test function -> bin -> count
         self.messages = collections.defaultdict(collections.Counter)  # "function|bin" -> message -> count
         self.examples = {}  # "function|message" -> a test id
+        self.failed_ids = []  # every failed test, to run again by id
 
     def pytest_runtest_setup(self, item):
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -281,6 +282,8 @@ class _Bins:
             message = getattr(report, "aot_message", "") or report.longreprtext.strip().splitlines()[-1]
         message = " ".join(message.split())[:300]
         self.counts[function][bin_] += 1
+        if bin_ == "failed":
+            self.failed_ids.append(report.nodeid)
         self.messages[f"{function}|{bin_}"][message] += 1
         self.examples.setdefault(f"{function}|{message}", report.nodeid)
 
@@ -306,7 +309,7 @@ class _Bins:
         report.aot_message = f"{excinfo.typename}: {text.splitlines()[0] if text else ''}"
 
     def to_json(self):
-        return {"counts": self.counts, "messages": self.messages, "examples": self.examples}
+        return {"counts": self.counts, "messages": self.messages, "examples": self.examples, "failed_ids": self.failed_ids}
 
     def add_json(self, data):
         for function, counts in data["counts"].items():
@@ -315,6 +318,7 @@ class _Bins:
             self.messages[key].update(messages)
         for key, example in data["examples"].items():
             self.examples.setdefault(key, example)
+        self.failed_ids += data.get("failed_ids", [])
 
     def write(self, out):
         totals = collections.Counter()

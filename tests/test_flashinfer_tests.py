@@ -62,7 +62,8 @@ def test_bins(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "ci" / "flashinfer_tests.py"), str(checkout), "--report", str(report),
                           "tests/test_stand_in.py"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stdout + run.stderr  # one test failed
-    counts = {name.split("::")[-1]: bins for name, bins in json.loads(report.read_text())["counts"].items()}
+    data = json.loads(report.read_text())
+    counts = {name.split("::")[-1]: bins for name, bins in data["counts"].items()}
     assert counts == {
         "test_same_function": {"passed": 1},
         "test_child_process": {"passed": 1},
@@ -73,4 +74,5 @@ def test_bins(tmp_path):
         "test_layernorm_quant_invalid_inputs": {"differs": 1},
         "test_failed": {"failed": 1},
     }, run.stdout
+    assert sorted(data["failed_ids"]) == ["tests/test_stand_in.py::test_failed", "tests/test_stand_in.py::test_limit_test_not_named"]
     assert "NotShipped: flashinfer.sampling.chain_speculative_sampling" in run.stdout
