@@ -53,7 +53,8 @@ wide = wide[:, None].expand(2, 128, 65536).reshape(256, 65536)
 aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9)
 aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9, filter_apply_order="joint")
 # More rows than SMs through indices: each block prefetches the row its SM likely takes next.
-aotinfer.top_k_top_p_sampling_from_probs(wide[::128], 50, 0.9, indices=torch.arange(300, device="cuda", dtype=torch.int32) % 2)
+two_rows = torch.arange(300, device="cuda", dtype=torch.int32) % 2
+aotinfer.top_k_top_p_sampling_from_probs(wide[::128], 50, 0.9, indices=two_rows)
 aotinfer.top_k_renorm_probs(wide, 50)
 aotinfer.top_k_renorm_probs(wide.bfloat16(), 50)
 aotinfer.top_k_mask_logits(torch.log(wide), 50)

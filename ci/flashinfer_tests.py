@@ -14,8 +14,8 @@ The tests import `flashinfer`; here that name is aotinfer, through a module find
 pytest starts: `flashinfer.X` is `aotinfer.X` where aotinfer has it, and any name aotinfer does not
 ship (a module, a function, a class) is a placeholder that raises NotShipped when it is used. Python
 processes the tests start get the same finder, through a `flashinfer` package put first on their
-PYTHONPATH. The tests' own helpers (`tests.test_helpers`) come from the checkout; its conftest.py does not load (it
-wraps FlashInfer's internals in torch.compile).
+PYTHONPATH. The tests' own helpers (`tests.test_helpers`) come from the checkout; its conftest.py
+does not load (it wraps FlashInfer's internals in torch.compile).
 
 Every test ends in one of these bins, counted per test function in the report:
 - passed;
@@ -309,7 +309,8 @@ class _Bins:
         report.aot_message = f"{excinfo.typename}: {text.splitlines()[0] if text else ''}"
 
     def to_json(self):
-        return {"counts": self.counts, "messages": self.messages, "examples": self.examples, "failed_ids": self.failed_ids}
+        return {"counts": self.counts, "messages": self.messages, "examples": self.examples,
+                "failed_ids": self.failed_ids}
 
     def add_json(self, data):
         for function, counts in data["counts"].items():

@@ -74,5 +74,6 @@ def test_bins(tmp_path):
         "test_layernorm_quant_invalid_inputs": {"differs": 1},
         "test_failed": {"failed": 1},
     }, run.stdout
-    assert sorted(data["failed_ids"]) == ["tests/test_stand_in.py::test_failed", "tests/test_stand_in.py::test_limit_test_not_named"]
+    assert sorted(data["failed_ids"]) == ["tests/test_stand_in.py::test_failed",
+                                          "tests/test_stand_in.py::test_limit_test_not_named"]
     assert "NotShipped: flashinfer.sampling.chain_speculative_sampling" in run.stdout

@@ -959,7 +959,7 @@ struct SamplingParams {
   int seed_stride, offset_stride;
   int64_t seed, offset;
   bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
-  int ahead;           // blocks that run at once (unsplit rows, one an SM): this SM's next row is likely row + ahead
+  int ahead;           // blocks that run at once (one an SM): an unsplit row's SM likely takes row + ahead next
 };
 
 __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int64_t row) {
@@ -971,9 +971,9 @@ __device__ __forceinline__ int64_t DistributionRow(const SamplingParams& p, int6
 // The first kNextRowPrefetch bytes of the row this SM will likely take next (blocks start in order,
 // one an SM), asked of the L2 by the top-k samplers once their one pass over their own row ends:
 // the search and race that follow leave the SM's share of DRAM idle, and the next block's sample
-// and pass then start in L2. On an H100 at 256-1024 rows: top_k_top_p and joint 0-3% faster on flat
-// rows, 2-9% on peaked ones; 128 KB gained a little less. The renorm and the mask, whose pass also
-// writes the row, ran 1-8% slower with it (NOTES).
+// and pass then start in L2. On an H100 at 256-1024 rows: top_k, top_k_top_p and joint 0-4% faster on
+// flat rows, 1-8% on peaked ones; 128 KB gained a little less. The renorm and the mask, whose pass
+// also writes the row, ran 1-8% slower with it (NOTES).
 constexpr int kNextRowPrefetch = 256 * 1024;
 __device__ __forceinline__ void PrefetchNextRow(const float* next, int64_t n) {
   constexpr int kChunk = 16384;  // bytes a thread asks for
