@@ -52,6 +52,8 @@ def ops(probs, logits, batch):
     return {
         "top_k_top_p": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, TOP_K, TOP_P, **r),
         "top_k_top_p rows": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, k_rows, p_rows, **r),
+        # vLLM's default call: the logits' softmax (one kernel), then the probabilities' sampler.
+        "top_k_top_p logits rows": lambda: aotinfer.top_k_top_p_sampling_from_logits(logits, k_rows, p_rows, **r),
         "joint": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, TOP_K, TOP_P, filter_apply_order="joint", **r),
         "joint rows": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, k_rows, p_rows, filter_apply_order="joint", **r),
         "top_p": lambda: aotinfer.top_p_sampling_from_probs(probs, TOP_P, **r),
@@ -88,7 +90,7 @@ def main():
             read_once = t_copy / 2
             # Check before timing: the draws lie in the kept set.
             keep = kept_by_top_k_top_p(probs, TOP_K, TOP_P)
-            for name in ("top_k_top_p", "top_k_top_p rows"):
+            for name in ("top_k_top_p", "top_k_top_p rows", "top_k_top_p logits rows"):
                 drawn = ops(probs, logits, batch)[name]().long()
                 assert keep[torch.arange(batch, device="cuda"), drawn].all(), f"{name}: a filtered token"
             k_rows = torch.full((batch,), TOP_K, device="cuda")
