@@ -2,7 +2,7 @@
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
 16-bit logits and top-k renorm rows, softmax held in registers (both block sizes) and read twice (misaligned), draws by
 rejection (top-p's dense bins, min-p's large kept sets), top-p's verified draws and their misses,
-the top-p renormalization of peaked rows."""
+the top-p renormalization of peaked rows, top-k first from logits in one kernel."""
 import torch
 
 import aotinfer
@@ -53,6 +53,13 @@ wide = wide[:, None].expand(2, 128, 65536).reshape(256, 65536)
 aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9)
 aotinfer.top_k_top_p_sampling_from_probs(wide, 50, 0.9, filter_apply_order="joint")
 # More rows than SMs through indices: each block prefetches the row its SM likely takes next.
+# From logits in one kernel: the floor (split rows and whole ones), the probabilities written in
+# the kernel where top-k keeps the row or the floor gathers too many, a NaN row.
+wide_logits = torch.log(wide)
+wide_logits[128, 5] = float("nan")
+aotinfer.top_k_top_p_sampling_from_logits(wide_logits[::128], 50, 0.9)
+aotinfer.top_k_top_p_sampling_from_logits(wide_logits, 50, 0.9)
+aotinfer.top_k_top_p_sampling_from_logits(wide_logits[::128], 65536, 0.9)
 two_rows = torch.arange(300, device="cuda", dtype=torch.int32) % 2
 aotinfer.top_k_top_p_sampling_from_probs(wide[::128], 50, 0.9, indices=two_rows)
 aotinfer.top_k_renorm_probs(wide, 50)

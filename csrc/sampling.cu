@@ -104,10 +104,13 @@ void Run(const TensorView& on, int64_t enable_pdl, const char* op, Launch&& laun
 
 // out[i] = a token drawn from row indices[i] (i without indices) of probs (or of softmax(logits)
 // where from_logits), after the filter: 0 none, 1 top-k, 2 top-p, 3 min-p, 4 top-k then top-p,
-// 5 top-k and top-p jointly. valid (bool [batch], or no elements: not wanted)[i] = whether a token
-// was drawn: false where the filtered row holds no positive probability (NaN rows too; out[i] is 0)
-// or indices[i] names no row of probs (out[i] is -1).
-void sample(TensorView out, TensorView valid, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p,
+// 5 top-k and top-p jointly (from logits: 0 or 4). valid (bool [batch], or no elements: not
+// wanted)[i] = whether a token was drawn: false where the filtered row holds no positive
+// probability (NaN rows too; out[i] is 0) or indices[i] names no row of probs (out[i] is -1).
+// scratch: from logits with filter 4, float32 [rows of logits, >= vocab] with 16-byte aligned rows
+// (a row's probabilities where the kernel's floor does not apply; logits rows 16-byte aligned too),
+// else no elements.
+void sample(TensorView out, TensorView valid, TensorView scratch, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p,
             TensorView min_p, TensorView seed, TensorView offset, int64_t filter, bool from_logits, int64_t top_k_val, double top_p_val,
             double min_p_val, int64_t seed_val, int64_t offset_val, int64_t enable_pdl) {
   const char* probs_name = from_logits ? "logits" : "probs";
@@ -125,8 +128,23 @@ void sample(TensorView out, TensorView valid, TensorView probs, TensorView indic
     AOTINFER_THROW(ValueError) << "Expected out to have shape [" << probs.size(0) << "] (the rows of " << probs_name
                               << "), got " << aotinfer::ShapeString(out.shape());
   }
-  if (filter < 0 || filter > 5 || (from_logits && filter != 0)) {
-    AOTINFER_THROW(ValueError) << "Expected filter to be 0 to 5 (0 from logits), got " << filter;
+  if (filter < 0 || filter > 5 || (from_logits && filter != 0 && filter != 4)) {
+    AOTINFER_THROW(ValueError) << "Expected filter to be 0 to 5 (0 or 4 from logits), got " << filter;
+  }
+  const bool logits_filter = from_logits && filter == 4;
+  int64_t scratch_stride = 0;
+  if (logits_filter) {  // the kernel reads 16-byte vectors of both
+    scratch_stride = CheckRows(scratch, "scratch");
+    CheckFloat32(scratch, "scratch");
+    if (scratch.size(0) != probs.size(0) || scratch.size(1) < probs.size(1)) {
+      AOTINFER_THROW(ValueError) << "Expected scratch to have shape [" << probs.size(0) << ", >= " << probs.size(1) << "], got "
+                                << aotinfer::ShapeString(scratch.shape());
+    }
+    if (!aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(scratch), scratch_stride) ||
+        !aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(probs), row_stride)) {
+      AOTINFER_THROW(ValueError) << "Expected logits and scratch rows to start 16-byte aligned";
+    }
+    on_gpu.push_back({&scratch, "scratch"});
   }
   aotinfer::SamplingParams p{};
   p.top_k = RowParamOf<int>(top_k, double(top_k_val), batch, "top_k", DLDataType{kDLInt, 32, 1}, "int32", on_gpu);
@@ -163,6 +181,10 @@ void sample(TensorView out, TensorView valid, TensorView probs, TensorView indic
   p.valid = valid.numel() > 0 ? aotinfer::data_ptr<bool>(valid) : nullptr;
   p.filter = static_cast<aotinfer::Filter>(filter);
   p.from_logits = from_logits;
+  if (logits_filter) {
+    p.scratch = aotinfer::data_ptr<float>(scratch);
+    p.scratch_stride = scratch_stride;
+  }
   p.seed = seed_val;
   p.offset = offset_val;
   Run(probs, enable_pdl, from_logits ? "sampling_from_logits" : "sampling",

@@ -73,8 +73,8 @@ def test_tensors_are_checked_by_name():
     for valid, error, message in ((torch.empty(4, dtype=torch.int32), TypeError, "Expected valid to have dtype bool"),
                                   (torch.empty(3, dtype=torch.bool), ValueError, r"Expected valid to have shape \[4\]")):
         with pytest.raises(error, match=message):  # the binding's own check of return_valid's tensor
-            aotinfer.sampling._sample.fn(torch.empty(4, dtype=torch.int32), valid, probs, none, none, none, none,
-                                         no_state, no_state, 0, False, 0, 0.0, 0.0, 0, 0, -1)
+            aotinfer.sampling._sample.fn(torch.empty(4, dtype=torch.int32), valid, none, probs, none, none, none,
+                                         none, no_state, no_state, 0, False, 0, 0.0, 0.0, 0, 0, -1)
     with pytest.raises(ValueError, match="Expected the last dimension of probs to be contiguous"):
         aotinfer.top_p_renorm_probs(probs.t(), 0.5)
     with pytest.raises(TypeError, match="Expected logits to have dtype float32, float16 or bfloat16"):
@@ -206,6 +206,33 @@ def test_distribution_from_logits(order):
     samples = draw_many(lambda x, **kw: aotinfer.top_k_top_p_sampling_from_logits(x, 12, 0.8, filter_apply_order=order, **kw),
                         logits)
     assert_draws_match(samples, renormalized(probs, kept_mask(probs, top_k=12, top_p=0.8, order=order))[0])
+
+
+@gpu
+def test_top_k_top_p_from_logits_in_one_kernel():
+    """Top-k first from float32 logits of 16384 or more runs in one kernel (the floor gathers the top
+    logits). Its draws must follow the softmax's kept set, renormalized, on each of its paths: the
+    floor (a peaked row), top-k keeping the whole row (k = vocab: the row's probabilities written
+    in the kernel, then the probabilities' path), and a floor that gathers too many to hold (equal
+    logits); a row with a NaN draws nothing, as the softmax's NaN row does."""
+    vocab = 20000
+    g = torch.Generator(device="cuda").manual_seed(11)
+    logits = torch.randn(4, vocab, device="cuda", generator=g) * 3.0
+    logits[2] = 0.25  # equal logits: every token kept by top-k (ties), top-p keeps them all too
+    logits[3, 123] = float("nan")
+    probs = torch.softmax(logits.double(), -1)
+    per_call = DRAWS // SEEDS
+    for row, k, top_p in ((0, 50, 0.9), (0, 7, 0.5), (1, vocab, 0.8), (2, 50, 0.9)):
+        k_rows = torch.full((per_call,), k, device="cuda", dtype=torch.int32)
+        p_rows = torch.full((per_call,), top_p, device="cuda")
+        samples = draw_many(lambda x, **kw: aotinfer.top_k_top_p_sampling_from_logits(x, k_rows, p_rows, **kw),
+                            logits[row:row + 1])
+        expected = renormalized(probs[row:row + 1], kept_mask(probs[row:row + 1], top_k=k, top_p=top_p))[0]
+        assert_draws_match(samples, expected)
+    tokens, valid = aotinfer.top_k_top_p_sampling_from_logits(logits, 50, 0.9, seed=3, offset=0, return_valid=True)
+    assert valid.tolist() == [True, True, True, False] and tokens[3].item() == 0
+    tokens, valid = aotinfer.top_k_top_p_sampling_from_logits(logits, vocab, 0.9, seed=3, offset=0, return_valid=True)
+    assert valid.tolist() == [True, True, True, False] and tokens[3].item() == 0
 
 
 @gpu
@@ -554,7 +581,11 @@ def test_split_rows_draw_what_whole_rows_draw(vocab):
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 1000, 0.5, seed=9, offset=3),
                    lambda p: aotinfer.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint",
-                                                                      seed=9, offset=3)):
+                                                                      seed=9, offset=3),
+                   # from logits in one kernel: the floor's path, and the probabilities written in the kernel
+                   lambda p: aotinfer.top_k_top_p_sampling_from_logits(torch.log(p), 50, 0.9, seed=9, offset=3),
+                   lambda p: aotinfer.top_k_top_p_sampling_from_logits(torch.log(p), p.shape[1], 0.9, seed=9,
+                                                                       offset=3)):
             for step in range(4):  # other rows: the vocabulary rolled
                 small = op(probs)
                 assert torch.equal(small, op(big)[:2])

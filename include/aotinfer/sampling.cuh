@@ -960,6 +960,8 @@ struct SamplingParams {
   int seed_stride, offset_stride;
   int64_t seed, offset;
   bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
+  float* scratch;      // from logits with a filter: rows as probs', a row's probabilities where the floor misses
+  int64_t scratch_stride;
   int ahead;           // blocks that run at once (one an SM): an unsplit row's SM likely takes row + ahead next
 };
 
@@ -1494,13 +1496,66 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
   return false;
 }
 
+// ---- top-k first from logits --------------------------------------------------------------------
+
+// Top-k first needs only the top-k logits: their softmax among themselves is the top-k set's
+// renormalized distribution, whatever the row's normalizer. So the floor's kernel gathers by
+// LogitKey straight from the logits, and the gathered candidates (every block of the row holding
+// all of them) become probabilities relative to the largest, keys ProbKey(exp(x - largest)), in
+// place: exp keeps their order, and the search and race then run as on probabilities. Returns the
+// floor's key turned the same way (every candidate's new key is at least it).
+__device__ uint32_t CandidatesToProbabilities(SamplingShared& sh, uint32_t floor) {
+  uint32_t top = 0u;
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) top = max(top, sh.cand_key[i]);
+  top = BlockReduce(top, reinterpret_cast<uint32_t*>(sh.scratch_i), [](uint32_t a, uint32_t b) { return max(a, b); });
+  const float largest = LogitFromKey(top);
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+    sh.cand_key[i] = ProbKey(expf(LogitFromKey(sh.cand_key[i]) - largest));
+  }
+  if (threadIdx.x == 0) sh.sorted_count = -1;
+  __syncthreads();
+  return ProbKey(expf(LogitFromKey(floor) - largest));
+}
+
+// Where the floor does not apply (it misses, or top-k does not decide the row): the row's
+// probabilities relative to its largest logit, exp(x - largest), written to `out` (this block's
+// slice) for the probabilities' path to read, every block's writes visible to the row's blocks on
+// return. Samplers take unnormalized rows, so no sum is needed. False where the row holds a NaN:
+// its softmax would be NaN throughout, and nothing is drawn (as from the probabilities of the
+// softmax kernel).
+template <int kVec>
+__device__ bool LogitsToProbabilities(const float* logits, float* out, int64_t n, SamplingShared& sh) {
+  float m = -INFINITY, nan = 0.f;
+  ForEachGroup<float, kVec>(logits, n, [&](const float* x, int count, int64_t) {
+    for (int e = 0; e < count; ++e) {
+      m = fmaxf(m, x[e]);
+      if (x[e] != x[e]) nan = 1.f;
+    }
+  });
+  const float largest = RowMax(m, sh);
+  if (RowMax(nan, sh) > 0.f) return false;
+  ForEachGroup<float, kVec>(logits, n, [&](const float* x, int count, int64_t first) {
+    if (count == kVec) {
+      Vec<float, kVec>::from_floats([&](int e) { return expf(x[e] - largest); }).store(out + first);
+    } else {
+      for (int e = 0; e < count; ++e) out[first + e] = expf(x[e] - largest);
+    }
+  });
+  __threadfence();
+  SyncRow();
+  return true;
+}
+
 // The shortcuts a sampling kernel is built with: template parameters rather than flags, because
 // their code costs the kernel's other paths (beside the sampled floor, top-p alone ran 5-11% slower
 // on the H200; NOTES). The launcher chooses:
 // - kSampledFloor: top-k gathers its candidates above a sampled floor in its first pass (the top-k
 //   filters on rows of kSampledFloorMinVocab or more; see SampledFloorRank);
-// - kTopPDraws: top-p alone draws from the whole row and verifies (DrawTopP).
-enum class Shortcut { kNone, kSampledFloor, kTopPDraws };
+// - kTopPDraws: top-p alone draws from the whole row and verifies (DrawTopP);
+// - kLogitsFloor: kSampledFloor's kernel reading logits, top-k first (CandidatesToProbabilities),
+//   its own instance so that the probabilities' kernel keeps its registers (with the logits' code
+//   in it, its spills grew from 32 to 40 bytes and top_k_top_p ran 2-4% slower at batch 64).
+enum class Shortcut { kNone, kSampledFloor, kTopPDraws, kLogitsFloor };
 
 template <int kVec, Shortcut kShortcut>
 __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
@@ -1528,7 +1583,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
   bool decided = false;  // every block of the row knows the token (part 0 holds it): no race to merge
   const Filter filter = p.filter;
 
-  if (p.from_logits) {
+  if (kShortcut != Shortcut::kLogitsFloor && p.from_logits) {  // Gumbel-max over the logits, no filter
     ForEachGroup<float, kVec, true>(row, n, [&](const float* x, int count, int64_t first) {
       Race<true>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
@@ -1542,7 +1597,8 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const bool use_k = filter != Filter::kTopP;
     const bool use_p = filter != Filter::kTopK;
     // The floor's sample is loaded ahead of k and top_p (SampledValue).
-    const float sampled = kShortcut == Shortcut::kSampledFloor ? SampledValue(row, n, kSampledFloorMinVocab) : 0.f;
+    constexpr bool kFloor = kShortcut == Shortcut::kSampledFloor || kShortcut == Shortcut::kLogitsFloor;
+    const float sampled = kFloor ? SampledValue(row, n, kSampledFloorMinVocab) : 0.f;
     const int k = use_k ? p.top_k.at(out_row) : 0;
     const float top_p = use_p ? p.top_p.at(out_row) : 1.f;
     const bool p_active = use_p && top_p < 1.f;
@@ -1555,32 +1611,55 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
     const bool k_decides = use_k && k > 0 && int64_t(k) < n;
     const bool with_mass = use_p && !k_decides;
     const bool row_mass_needed = k_decides && joint && p_active;
+    // Logits with top-k first (kLogitsFloor's kernel): the floor and the gather by LogitKey, then
+    // CandidatesToProbabilities; where the floor does not apply, LogitsToProbabilities and the
+    // probabilities' path below.
+    constexpr bool from_logits = kShortcut == Shortcut::kLogitsFloor;
+    auto logit_key = [](float v) { return LogitKey(v); };
     // Where the launcher chose it and a sample puts a floor under the k-th largest, one pass
     // gathers every element from the floor up, and the search and race run among them; where that
     // misses, the histogram's passes below.
     const int floor_rank =
-        kShortcut == Shortcut::kSampledFloor && k_decides ? SampledFloorRank(k, n, kSampledFloorMinVocab) : 0;
+        kFloor && k_decides ? SampledFloorRank(k, n, kSampledFloorMinVocab) : 0;
     bool raced = false;
     if (floor_rank > 0) {
-      const uint32_t floor = SampledFloor(sampled, floor_rank, prob_key, sh);
+      uint32_t floor = from_logits ? SampledFloor(sampled, floor_rank, logit_key, sh)
+                                   : SampledFloor(sampled, floor_rank, prob_key, sh);
       double row_mass = 0;  // this thread's elements, in a fixed order
       auto sum_mass = [&](const float* x, int count, int64_t) {
         for (int e = 0; e < count; ++e) row_mass += ProbKey(x[e]) != 0u ? x[e] : 0.f;
       };
-      const bool gathered = row_mass_needed
-                                ? GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, sum_mass)
-                                : GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, [](const float*, int, int64_t) {});
+      float nan = 0.f;  // from logits: a NaN in the row
+      auto find_nan = [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) nan = x[e] != x[e] ? 1.f : nan;
+      };
+      const bool gathered =
+          from_logits ? GatherAtOrAbove<float, kVec, true>(row, n, sh, logit_key, floor, k, find_nan)
+          : row_mass_needed ? GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, sum_mass)
+                            : GatherAtOrAbove<float, kVec, true>(row, n, sh, prob_key, floor, k, [](const float*, int, int64_t) {});
       if (RowParts() == 1 && out_row + p.ahead < p.batch) {
         const int64_t next = DistributionRow(p, out_row + p.ahead);
         if (next >= 0 && next < p.num_dist_rows) PrefetchNextRow(p.probs + next * p.row_stride, n);
       }
-      if (gathered) {
+      if (from_logits && RowMax(nan, sh) > 0.f) {
+        raced = decided = true;  // nothing drawn: best stays empty in every block
+      } else if (gathered) {
+        if (from_logits) floor = CandidatesToProbabilities(sh, floor);
         if (row_mass_needed) row_mass = RowSumDouble(row_mass, sh);
         const uint32_t top_end = CandidateTopBinEnd(sh);
         const uint32_t range_lo = NarrowToKthBin(sh, k, floor, top_end);
         best = TopKRace<true>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, p_active ? top_end : 0xFFFFFFFFu, rng,
                               decided);
         raced = true;
+      }
+    }
+    if (from_logits && !raced) {
+      // Draws from one row (indices) may write its probabilities at once: the same values.
+      float* probs = p.scratch + dist_row * p.scratch_stride;
+      if (LogitsToProbabilities<kVec>(row, probs, n, sh)) {
+        row = probs;
+      } else {
+        raced = decided = true;  // a NaN: nothing drawn
       }
     }
     if constexpr (kShortcut == Shortcut::kTopPDraws) {
@@ -1624,7 +1703,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         __syncthreads();
         GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
         ShareCandidates(sh);
-        best = TopKRace<kShortcut == Shortcut::kSampledFloor>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo,
+        best = TopKRace<kFloor>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo,
                                                              range_hi, rng, decided);
       } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
         // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
@@ -2247,7 +2326,7 @@ constexpr int kSearchMinRowParts = 1;
 
 inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
   p.ahead = GetDeviceFacts(device).sms;
-  const bool race_only = p.from_logits || p.filter == Filter::kNone || p.filter == Filter::kMinP;
+  const bool race_only = p.filter == Filter::kNone || p.filter == Filter::kMinP;
   const bool aligned = RowsAligned<float>(p.probs, p.row_stride);
   const int max_parts = race_only ? kMaxRowParts : kSearchRowParts, min_parts = race_only ? 1 : kSearchMinRowParts;
   // Min-p's second pass reads the L2 where the rows fit it: there a gather in the first pass costs
@@ -2258,7 +2337,13 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
   const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
   constexpr auto kScalarKernel = SamplingKernel<1, Shortcut::kNone>;
   constexpr size_t kShared = sizeof(SamplingShared);
-  if (top_k_filter && !p.from_logits && p.vocab >= kSampledFloorMinVocab) {
+  // From logits (top-k first; the binding allows no other filter): its own floor kernel at every
+  // vocabulary, which holds the path where the floor does not apply.
+  if (p.from_logits && top_k_filter) {
+    return LaunchRows<SamplingKernel<4, Shortcut::kLogitsFloor>, kScalarKernel>(p, p.batch, aligned, kShared, device,
+                                                                                stream, pdl, max_parts, min_parts);
+  }
+  if (top_k_filter && p.vocab >= kSampledFloorMinVocab) {
     return LaunchRows<SamplingKernel<4, Shortcut::kSampledFloor>, kScalarKernel>(p, p.batch, aligned, kShared, device,
                                                                                  stream, pdl, max_parts, min_parts);
   }

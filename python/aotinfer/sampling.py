@@ -65,6 +65,9 @@ _softmax = kernel("sampling", "softmax")
 
 # The binding's filter codes.
 _NONE, _TOP_K, _TOP_P, _MIN_P, _TOP_K_FIRST, _JOINT = range(6)
+# Rows shorter than the kernel's sampled floor (kSampledFloorMinVocab) sample from logits through
+# the softmax kernel: below it the floor never applies.
+_FROM_LOGITS_MIN_VOCAB = 16384
 _ORDERS = {"top_k_first": _TOP_K_FIRST, "joint": _JOINT}
 _PHILOX_OFFSETS_PER_CALL = 4  # a call's draws use one offset; 4 keeps the generator's offset a multiple of 4
 
@@ -228,8 +231,12 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
     # No elements: not wanted. Its own tensor, not `none`: the op's schema marks valid as written, and
     # a written argument may not alias the others under torch.compile.
     valid = torch.empty(batch if return_valid else 0, dtype=torch.bool, device=probs.device)
-    sample.fn(out, valid, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset, filter,
-              from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
+    # From logits with a filter: where the kernel's floor does not apply, a row's probabilities go
+    # here (as many rows as the logits', padded to 16 bytes).
+    scratch = (torch.empty(probs.shape[0], (probs.shape[-1] + 3) // 4 * 4, dtype=torch.float32, device=probs.device)
+               if from_logits and filter != _NONE else none)
+    sample.fn(out, valid, scratch, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset,
+              filter, from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
     return (out, valid) if return_valid else out
 
 
@@ -342,13 +349,24 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
                                      seed: Optional[Union[int, torch.Tensor]] = None,
                                      offset: Optional[Union[int, torch.Tensor]] = None,
                                      return_valid: bool = False) -> _Tokens:
-    """``softmax(logits)`` (float32, one kernel), then ``top_k_top_p_sampling_from_probs``. Top-k
-    first over the softmax is top-k over the logits, softmax, then top-p, as FlashInfer does it."""
+    """``top_k_top_p_sampling_from_probs(softmax(logits))``. Top-k first over the softmax is top-k
+    over the logits, softmax, then top-p, as FlashInfer does it.
+
+    Top-k first on float32 rows of at least 16384 logits (16-byte aligned) runs in one kernel, from
+    the logits: its floor gathers the top logits in one pass and their softmax among themselves is
+    the top-k set's distribution (rows where top-k keeps the whole row, or the floor misses, take
+    their probabilities inside the kernel). Elsewhere: the softmax kernel, then the probabilities'
+    sampler."""
     import torch
 
     check_tensor(logits, "logits")
     if check_nan and bool(torch.isnan(logits).any()):
         raise ValueError("Input logits contains NaN.")
+    if (filter_apply_order == "top_k_first" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.shape[1] >= _FROM_LOGITS_MIN_VOCAB and logits.stride(1) == 1
+            and logits.data_ptr() % 16 == 0 and (logits.shape[0] <= 1 or logits.stride(0) % 4 == 0)):
+        return _draw(_sample, logits, "logits", _TOP_K_FIRST, top_k, top_p, None, indices, generator, False, seed,
+                     offset, return_valid, from_logits=True)
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     _softmax.fn(probs, logits, probs.new_empty(0), 1.0, -1)
     return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
