@@ -110,9 +110,10 @@ void Run(const TensorView& on, int64_t enable_pdl, const char* op, Launch&& laun
 // scratch: from logits with filter 4, float32 [rows of logits, >= vocab] with 16-byte aligned rows
 // (a row's probabilities where the kernel's floor does not apply; logits rows 16-byte aligned too),
 // else no elements.
-void sample(TensorView out, TensorView valid, TensorView scratch, TensorView probs, TensorView indices, TensorView top_k, TensorView top_p,
-            TensorView min_p, TensorView seed, TensorView offset, int64_t filter, bool from_logits, int64_t top_k_val, double top_p_val,
-            double min_p_val, int64_t seed_val, int64_t offset_val, int64_t enable_pdl) {
+void sample(TensorView out, TensorView valid, TensorView scratch, TensorView probs, TensorView indices, TensorView top_k,
+            TensorView top_p, TensorView min_p, TensorView seed, TensorView offset, int64_t filter, bool from_logits,
+            int64_t top_k_val, double top_p_val, double min_p_val, int64_t seed_val, int64_t offset_val,
+            int64_t enable_pdl) {
   const char* probs_name = from_logits ? "logits" : "probs";
   const int64_t row_stride = CheckRows(probs, probs_name);
   CheckFloat32(probs, probs_name);
@@ -137,8 +138,8 @@ void sample(TensorView out, TensorView valid, TensorView scratch, TensorView pro
     scratch_stride = CheckRows(scratch, "scratch");
     CheckFloat32(scratch, "scratch");
     if (scratch.size(0) != probs.size(0) || scratch.size(1) < probs.size(1)) {
-      AOTINFER_THROW(ValueError) << "Expected scratch to have shape [" << probs.size(0) << ", >= " << probs.size(1) << "], got "
-                                << aotinfer::ShapeString(scratch.shape());
+      AOTINFER_THROW(ValueError) << "Expected scratch to have shape [" << probs.size(0) << ", >= " << probs.size(1)
+                                << "], got " << aotinfer::ShapeString(scratch.shape());
     }
     if (!aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(scratch), scratch_stride) ||
         !aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(probs), row_stride)) {

@@ -960,7 +960,7 @@ struct SamplingParams {
   int seed_stride, offset_stride;
   int64_t seed, offset;
   bool gather_min_p;  // min-p gathers its kept set in its first pass (rows too many for the L2)
-  float* scratch;      // from logits with a filter: rows as probs', a row's probabilities where the floor misses
+  float* scratch;      // from logits with a filter: [rows of logits, >= vocab], for the rows the floor misses
   int64_t scratch_stride;
   int ahead;           // blocks that run at once (one an SM): an unsplit row's SM likely takes row + ahead next
 };
@@ -1554,7 +1554,7 @@ __device__ bool LogitsToProbabilities(const float* logits, float* out, int64_t n
 // - kTopPDraws: top-p alone draws from the whole row and verifies (DrawTopP);
 // - kLogitsFloor: kSampledFloor's kernel reading logits, top-k first (CandidatesToProbabilities),
 //   its own instance so that the probabilities' kernel keeps its registers (with the logits' code
-//   in it, its spills grew from 32 to 40 bytes and top_k_top_p ran 2-4% slower at batch 64).
+//   in it, its spills grew from 32 to 40 bytes and top_k_top_p ran 1-4% slower at batch 64).
 enum class Shortcut { kNone, kSampledFloor, kTopPDraws, kLogitsFloor };
 
 template <int kVec, Shortcut kShortcut>
@@ -1703,8 +1703,7 @@ __global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParam
         __syncthreads();
         GatherCandidates<float, kVec>(row, n, sh, prob_key, range_lo, range_hi);
         ShareCandidates(sh);
-        best = TopKRace<kFloor>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo,
-                                                             range_hi, rng, decided);
+        best = TopKRace<kFloor>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, range_hi, rng, decided);
       } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
         // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
         // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
