@@ -232,9 +232,9 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
     # a written argument may not alias the others under torch.compile.
     valid = torch.empty(batch if return_valid else 0, dtype=torch.bool, device=probs.device)
     # From logits with a filter: where the kernel's floor does not apply, a row's probabilities go
-    # here (as many rows as the logits', padded to 16 bytes).
+    # here (as many rows as the logits', padded to 16 bytes). Written, so its own tensor, as valid.
     scratch = (torch.empty(probs.shape[0], (probs.shape[-1] + 3) // 4 * 4, dtype=torch.float32, device=probs.device)
-               if from_logits and filter != _NONE else none)
+               if from_logits and filter != _NONE else probs.new_empty(0))
     sample.fn(out, valid, scratch, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset,
               filter, from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
     return (out, valid) if return_valid else out
