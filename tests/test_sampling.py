@@ -75,6 +75,14 @@ def test_tensors_are_checked_by_name():
         with pytest.raises(error, match=message):  # the binding's own check of return_valid's tensor
             aotinfer.sampling._sample.fn(torch.empty(4, dtype=torch.int32), valid, none, probs, none, none, none,
                                          none, no_state, no_state, 0, False, 0, 0.0, 0.0, 0, 0, -1)
+    # From logits, top-k first in one kernel: the binding's checks of its filter and scratch rows.
+    logits, out4, no_valid = torch.rand(4, 16), torch.empty(4, dtype=torch.int32), torch.empty(0, dtype=torch.bool)
+    for scratch, filter, message in ((torch.empty(4, 16), 5, r"Expected filter to be 0 to 5 \(0 or 4 from logits\)"),
+                                     (torch.empty(3, 16), 4, r"Expected scratch to have shape \[4, >= 16\]"),
+                                     (torch.empty(4, 17)[:, 1:], 4, "Expected logits and scratch rows to start 16-byte")):
+        with pytest.raises(ValueError, match=message):
+            aotinfer.sampling._sample.fn(out4, no_valid, scratch, logits, none, none, none, none, no_state, no_state,
+                                         filter, True, 5, 0.5, 0.0, 0, 0, -1)
     with pytest.raises(ValueError, match="Expected the last dimension of probs to be contiguous"):
         aotinfer.top_p_renorm_probs(probs.t(), 0.5)
     with pytest.raises(TypeError, match="Expected logits to have dtype float32, float16 or bfloat16"):
