@@ -2,7 +2,7 @@
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
 16-bit logits and top-k renorm rows, softmax held in registers (both block sizes) and read twice (misaligned), draws by
 rejection (top-p's dense bins, min-p's large kept sets), top-p's verified draws and their misses,
-the top-p renormalization of peaked rows, top-k first from logits in one kernel."""
+the top-p renormalization of peaked rows and its window, top-k first from logits in one kernel."""
 import torch
 
 import aotinfer
@@ -65,5 +65,11 @@ aotinfer.top_k_top_p_sampling_from_probs(wide[::128], 50, 0.9, indices=two_rows)
 aotinfer.top_k_renorm_probs(wide, 50)
 aotinfer.top_k_renorm_probs(wide.bfloat16(), 50)
 aotinfer.top_k_mask_logits(torch.log(wide), 50)
+# The top-p renormalization of rows beyond the L2: the window gathered in the first pass, where it
+# holds the threshold's bin (peaked rows) and where it overflows (the equal values), whole and split.
+beyond = torch.cuda.get_device_properties(0).L2_cache_size // (65536 * 4) // 2 + 1
+aotinfer.top_p_renorm_probs(wide[::128].repeat(beyond, 1), 0.9)
+spread = torch.softmax(torch.randn(2, 262144, device="cuda"), -1)
+aotinfer.top_p_renorm_probs(spread.repeat(beyond // 4 + 1, 1), 0.9)
 torch.cuda.synchronize()
 print("sanitize_sampling: done")

@@ -658,6 +658,41 @@ def test_top_p_renorm_of_heavy_values_over_a_floor(heavy):
         assert not big.isnan().any()
 
 
+@gpu
+@pytest.mark.parametrize("vocab, batch", [(128256, 300), (262144, 66)])  # whole rows; rows split over two blocks
+def test_top_p_renorm_window_hits_misses_and_overflows(vocab, batch):
+    """Where a batch's rows exceed the L2, the top-p renormalization's first pass gathers a window
+    of bins that the sample predicts around the threshold; the result must not depend on whether
+    the window holds the threshold's bin. Rows where it does (softmax(randn): the sample predicts
+    the bin), where it cannot (the heavy values all off the sampled positions, so the sample sees
+    only the floor), and where the window overflows (the unsampled elements all equal, in the one
+    bin the sample puts its mass in but expects a twentieth of them in). The batch of 3 (no window)
+    against float64, the large batch bit for bit equal to it, the output poisoned first."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    sampled = torch.zeros(vocab, dtype=torch.bool, device="cuda")
+    sampled[sample_positions(vocab)] = True
+    flat = torch.softmax(torch.randn(vocab, device="cuda", generator=g), -1)
+    hidden = torch.rand(vocab, device="cuda", generator=g) * 1e-9
+    heavy = (~sampled).nonzero()[:, 0]
+    heavy = heavy[torch.randperm(len(heavy), device="cuda", generator=g)[:500]]
+    hidden[heavy] = 0.5 + torch.rand(500, device="cuda", generator=g)
+    crowded = torch.full((vocab,), 3e-6, device="cuda")  # 50 sampled ones predict a twentieth of this bin
+    crowded[sample_positions(vocab)[50:]] = 1e-9
+    probs = torch.stack([flat, hidden, crowded])
+    probs /= probs.sum(-1, keepdim=True)
+    rows = probs.repeat(batch // 3, 1)
+    assert rows.numel() * 4 > torch.cuda.get_device_properties(0).L2_cache_size
+    for top_p in (0.3, 0.9, 0.99):
+        want = renormalized(probs, kept_mask(probs, top_p=top_p)).float()
+        torch.full_like(rows, float("nan"))  # freed at once: the allocator hands its block to the output
+        big = aotinfer.top_p_renorm_probs(rows, top_p)
+        torch.full_like(probs, float("nan"))
+        small = aotinfer.top_p_renorm_probs(probs, top_p)
+        torch.testing.assert_close(small, want, rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(big[-3:], small, rtol=0, atol=0)
+        assert not big.isnan().any()
+
+
 def sample_positions(vocab):
     """The kernel's sample positions (SamplePosition): 128 runs of 8 adjacent elements, spread evenly."""
     spacing = vocab // 128 // 8 * 8

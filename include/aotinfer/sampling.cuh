@@ -71,6 +71,7 @@ constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
 constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
 constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
 constexpr int kTopPDraws = 4;          // top-p's draws from the whole row, verified (DrawTopP)
+constexpr int kWindowKeys = 2 * kCandidates;  // keys the top-p renorm's first pass may gather (TopPWindow)
 
 // ---- the blocks of a row ----------------------------------------------------------------------------
 
@@ -206,8 +207,13 @@ struct SamplingShared {
   uint32_t mass_lo[kSamplingBins];         // bits (32-bit atomics: 64-bit ones are loops); after the scan:
   uint32_t cum_count[kSamplingBins];       // elements in this bin and above
   double cum_mass[kSamplingBins];          // mass of this bin and above
-  uint32_t cand_key[kCandidates];
-  int cand_index[kCandidates];
+  union {
+    struct {
+      uint32_t cand_key[kCandidates];
+      int cand_index[kCandidates];
+    };
+    uint32_t window_keys[kWindowKeys];     // the top-p renormalization's keys gathered beside its histogram
+  };
   double scratch_d[kSamplingWarps];
   float scratch_f[kSamplingWarps];
   int scratch_i[kSamplingWarps];
@@ -1913,10 +1919,169 @@ __device__ __forceinline__ void WriteKeptCandidates(SamplingShared& sh, T* out, 
   }
 }
 
+// The top-p renormalization reads its row three times: the level-0 histogram with masses (which
+// bin holds the threshold, and the exact mass above it), the gather of that bin's elements (which
+// key is the threshold, and the kept mass), and the pass that writes. Where the sample predicts
+// the threshold's bin, the first pass gathers a window of bins around it as well, and where the
+// histogram then puts the threshold inside the window, the window's keys of that bin are the
+// gather's candidates, and the second pass is saved. The candidates are the same either way (every
+// key of the row in the bin), so the output does not depend on the sample, only the time.
+//
+// The window: the sample's own level-0 histogram with masses predicts the bin where the row's
+// upper set reaches top_p of its mass; the window is that bin and the bins around it that lie
+// inside the budget's elements (expected from the sample) centred on its middle, counted from the
+// top; none where the predicted bin alone is expected to hold more. On flat rows a sampled bin
+// stands for thousands of elements and the window is the predicted bin and its neighbours; on
+// peaked ones the bins are sparse and the window spans many of them, up to the top where fewer
+// than half the budget lie above. (On an H100, top_p 0.9, the window held the threshold's bin for
+// 83-93% of the rows of 128256, softmax(randn) and softmax(3 randn), and 46-60% of those of 262144.)
+constexpr int64_t kTopPWindowMinVocab = 64 * kFloorSample;
+constexpr float kTopPWindowBudget = 12000.f;  // elements expected in the window (at most an eighth of the row)
+
+struct KeyWindow {
+  uint32_t lo, hi;  // keys [lo, hi]; empty where lo > hi
+};
+
+// Every thread of the row's blocks calls it with its SampledValue; each block computes the same
+// window from the whole sample, alone. The sample's histogram takes one level-0 bin a thread, from
+// the sample's largest bin down (a 4096-bin histogram and its scan cost a row 5.7 us on an H100).
+__device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingShared& sh) {
+  const uint32_t key = ProbKey(sampled);
+  const int top = int(__float_as_uint(BlockMax(key ? sampled : 0.f, sh)) >> 20);
+  const int t = int(threadIdx.x);  // this thread's bin: top - t
+  sh.count[t] = 0;
+  sh.mass_hi[t] = 0;
+  sh.mass_lo[t] = 0;
+  __syncthreads();
+  if (key != 0u && top - int(key >> 20) < kSamplingThreads) {  // 128 octaves below the largest: no mass to speak of
+    const int b = top - int(key >> 20);
+    const uint32_t mantissa = MantissaOf(key);
+    atomicAdd(&sh.count[b], 1u);
+    atomicAdd(&sh.mass_hi[b], mantissa >> 12);
+    atomicAdd(&sh.mass_lo[b], mantissa & 0xFFFu);
+  }
+  __syncthreads();
+  const float count = float(sh.count[t]);
+  const double mass = top - t >= 0 && count > 0.f ? MassOf(sh.mass_hi[t], sh.mass_lo[t], uint32_t(top - t) << 20) : 0.0;
+  const float above = float(BlockExclusiveSum(double(count), sh));  // sampled in the bins above this one
+  const double mass_above = BlockExclusiveSum(mass, sh);
+  if (t == kSamplingThreads - 1) sh.part_double = mass_above + mass;  // the sample's mass
+  __syncthreads();
+  const double target = double(top_p) * sh.part_double;
+  int& predicted = sh.found;
+  int& first = sh.scratch_i[0];
+  int& last = sh.scratch_i[1];
+  if (t == 0) predicted = -1;
+  __syncthreads();
+  if (count > 0.f && mass_above < target && mass_above + mass >= target) predicted = t;  // one thread at most
+  __syncthreads();
+  const int p = predicted;
+  if (p < 0) return KeyWindow{1u, 0u};  // every thread: p is the block's
+  if (t == p) sh.part_value = above + 0.5f * count;  // the predicted bin's middle, counted from the top
+  if (t == 0) first = last = p;
+  __syncthreads();
+  const float per_sampled = float(n) / float(kFloorSample);  // the row's elements a sampled one stands for
+  const float budget = fminf(kTopPWindowBudget, float(n) / 8.f);
+  const float half = 0.5f * budget / per_sampled, middle = sh.part_value;
+  // This bin spans [above, above + count] from the top; the bins inside (middle - half, middle +
+  // half) are contiguous. (Bins that merely overlap it made the window too wide for the budget
+  // on flat rows, and it then shrank to the predicted bin alone: in NumPy, the threshold's bin held
+  // for 55% of flat rows of 128256, against 95%.)
+  if (above > middle - half && above + count < middle + half) {
+    atomicMin(&first, t);
+    atomicMax(&last, t);
+  }
+  __syncthreads();
+  float* const edges = sh.scratch_f;  // the window's first sampled element and one past its last, from the top
+  if (t == first) edges[0] = above;
+  if (t == last) edges[1] = above + count;
+  __syncthreads();
+  const bool fits = (edges[1] - edges[0]) * per_sampled <= budget;  // only the predicted bin alone can exceed it
+  // Up to the top where the window reaches the sample's largest bin (the bins above it hold no
+  // sampled element, so the sample puts them inside the window too).
+  const KeyWindow window{uint32_t(top - last) << 20, first == 0 ? 0xFFFFFFFFu : (uint32_t(top - first) << 20) | 0xFFFFFu};
+  __syncthreads();
+  return fits ? window : KeyWindow{1u, 0u};
+}
+
+// Level0Histogram with masses over float32 probabilities, gathering the keys in `window` into
+// window_keys on the way. False where a block of the row met more than kWindowKeys of them.
+template <int kVec>
+__device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingShared& sh, KeyWindow window) {
+  ClearBins(sh, kSamplingBins);
+  if (threadIdx.x == 0) sh.num_candidates = 0;
+  __syncthreads();
+  ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
+    uint32_t keys[kVec];
+    int held = 0;  // this group's keys in the window, 0 to kVec
+    for (int e = 0; e < count; ++e) {
+      keys[e] = ProbKey(x[e]);
+      AddToBins(sh, keys[e], 1u, 0xFFFFFFFFu, 20, true);
+      held += keys[e] >= window.lo && keys[e] <= window.hi && keys[e] != 0u;
+    }
+    // The warp's groups take their slots with one atomic: each lane's offset from the bits of
+    // the lanes' counts below it (a group of kVec fits in 3 bits).
+    static_assert(kVec <= 7, "a group's count in 3 bits");
+    const unsigned active = __activemask();
+    if (__ballot_sync(active, held > 0) == 0u) return;
+    const int lane = int(threadIdx.x % 32);
+    const unsigned below = (1u << lane) - 1u;
+    int offset = 0, total = 0;
+#pragma unroll
+    for (int bit = 0; bit < 3; ++bit) {
+      const unsigned lanes = __ballot_sync(active, (held >> bit) & 1);
+      offset += __popc(lanes & below) << bit;
+      total += __popc(lanes) << bit;
+    }
+    const int leader = __ffs(active) - 1;
+    int first = 0;
+    if (lane == leader) first = atomicAdd(&sh.num_candidates, total);
+    int slot = __shfl_sync(active, first, leader) + offset;
+    for (int e = 0; e < count; ++e) {
+      if (keys[e] >= window.lo && keys[e] <= window.hi && keys[e] != 0u) {
+        if (slot < kWindowKeys) sh.window_keys[slot] = keys[e];
+        ++slot;
+      }
+    }
+  });
+  __syncthreads();
+  const bool held = sh.num_candidates <= kWindowKeys;
+  ScanBinsFromTop(sh, kSamplingBins, 0, 20, true);
+  return RowSum(held ? 0.f : 1.f, sh) == 0.f;
+}
+
+// The gathered window's keys in [lo, hi] become this block's candidates, as GatherCandidates
+// would have gathered them (in another order). Each thread reads its slots (one in every
+// kSamplingThreads: no bank conflicts) and keeps their keys in registers across the block's scan,
+// so the keys move down in place.
+__device__ void KeepWindowKeys(SamplingShared& sh, uint32_t lo, uint32_t hi) {
+  constexpr int kPer = kWindowKeys / kSamplingThreads;
+  const int held = sh.num_candidates;
+  uint32_t keys[kPer];
+  int kept = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int slot = j * kSamplingThreads + int(threadIdx.x);
+    keys[j] = slot < held ? sh.window_keys[slot] : 0u;
+    kept += keys[j] >= lo && keys[j] <= hi && keys[j] != 0u;
+  }
+  int at = int(BlockExclusiveSum(double(kept), sh));  // its barriers: every slot read before any written
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (keys[j] >= lo && keys[j] <= hi && keys[j] != 0u) sh.cand_key[at++] = keys[j];
+  }
+  if (threadIdx.x == kSamplingThreads - 1) {
+    sh.num_candidates = at;
+    sh.sorted_count = -1;
+  }
+  __syncthreads();
+}
+
 // out = p / (kept mass) where the filter keeps p, else 0, in the input's type T: top-k takes
 // float32, float16 and bfloat16 rows (the sums in float32 and fixed point whatever T), top-p float32
-// only (the binding refuses others).
-template <typename T, int kVec>
+// only (the binding refuses others). kTopPWindow: top-p rows whose first pass gathers the sample's
+// window (its own kernel, so that the others keep their code as it was).
+template <typename T, int kVec, bool kTopPWindow = false>
 __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
@@ -1925,7 +2090,9 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
   const T* row = static_cast<const T*>(p.input) + r * p.in_stride;
   T* out = static_cast<T*>(p.out) + r * p.out_stride;
   const int64_t n = p.vocab;
-  const float sampled = p.filter == Filter::kTopK ? SampledValue(row, n, kRenormFloorMinVocab) : 0.f;
+  const float sampled = kTopPWindow                ? SampledValue(row, n, kTopPWindowMinVocab)
+                        : p.filter == Filter::kTopK ? SampledValue(row, n, kRenormFloorMinVocab)
+                                                    : 0.f;
   auto prob_key = [](float v) { return ProbKey(v); };
   Threshold t;
   if (p.filter == Filter::kTopK) {
@@ -1945,9 +2112,19 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
     t = FindThreshold<T, kVec>(row, n, sh, prob_key, Need::kCount, k > 0 ? double(k) : INFINITY, false, 1u, true);
   } else if constexpr (std::is_same_v<T, float>) {
     // Top-p: the level-0 histogram with masses gives the threshold's bin and the exact mass above
-    // it; that bin's elements, gathered (and shared across the row's blocks), give t.
+    // it; that bin's elements, gathered (in the histogram's pass where the sample's window holds
+    // the bin; shared across the row's blocks), give t.
     const float top_p = p.top_p.at(r);
-    Level0Histogram<T, kVec>(row, n, sh, [](float x) { return ProbKey(x); }, true);
+    KeyWindow window{1u, 0u};
+    bool windowed = false;
+    if constexpr (kTopPWindow) {
+      if (top_p < 1.f) window = TopPWindow(sampled, top_p, n, sh);
+    }
+    if (window.lo <= window.hi) {
+      windowed = Level0HistogramGathering<kVec>(row, n, sh, window);
+    } else {
+      Level0Histogram<T, kVec>(row, n, sh, prob_key, true);
+    }
     const double total = sh.cum_mass[0];
     const double target = double(top_p) * total;
     const int p_bin = top_p < 1.f ? CrossingBin(sh, kSamplingBins, Need::kMass, target) : -1;
@@ -1961,7 +2138,11 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
       __syncthreads();
       if (in_bin <= uint32_t(kCandidates)) {
         const uint32_t lo = uint32_t(p_bin) << 20, hi = lo | 0xFFFFFu;
-        GatherCandidates<T, kVec>(row, n, sh, prob_key, lo, hi);
+        if (windowed && lo >= window.lo && hi <= window.hi) {
+          KeepWindowKeys(sh, lo, hi);
+        } else {
+          GatherCandidates<T, kVec>(row, n, sh, prob_key, lo, hi);
+        }
         ShareCandidates(sh);
         const uint32_t tc = CandidateThreshold(sh, Need::kMass, target, above_count, above_mass, lo, hi, true);
         const uint32_t key = tc == 0u ? lo : tc;
@@ -2356,9 +2537,18 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
                                                                        max_parts, min_parts);
 }
 
+// The top-p renormalization's window saves a pass where the rows miss the L2 between passes; where
+// they fit it, and at vocabularies under 65536, it cost more than the pass it saves (H100, NOTES).
 template <typename T>
 cudaError_t Renorm(const RenormParams& p, int device, cudaStream_t stream, bool pdl) {
   const bool aligned = RowsAligned<T>(p.input, p.in_stride) && RowsAligned<T>(p.out, p.out_stride);
+  if constexpr (std::is_same_v<T, float>) {
+    if (p.filter == Filter::kTopP && p.vocab >= kTopPWindowMinVocab &&
+        p.rows * p.vocab * int64_t(sizeof(float)) > int64_t(GetDeviceFacts(device).l2_bytes)) {
+      return LaunchRows<RenormKernel<float, 4, true>, RenormKernel<float, 1, true>>(
+          p, p.rows, aligned, sizeof(SamplingShared), device, stream, pdl, kThresholdRowParts, kSearchMinRowParts);
+    }
+  }
   return LaunchRows<RenormKernel<T, kVec16<T>>, RenormKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared), device,
                                                                      stream, pdl, kThresholdRowParts, kSearchMinRowParts);
 }
