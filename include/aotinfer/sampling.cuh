@@ -519,32 +519,86 @@ __device__ __forceinline__ int BlockMinInt(int v, SamplingShared& sh) {
 // Sorts the gathered candidates by key, largest first, ties by index (a bitonic sort over the next
 // power of two, padded with key 0, which no element has).
 __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
+  static_assert(2 * kSortedCandidates <= kCandidates, "the sort's second buffer lies past its first");
   const int n = sh.num_candidates;
   if (sh.sorted_count == n) return;  // sorted by the search before, since the last gather
-  int size = 1;
+  int size = 32;
   while (size < n) size <<= 1;
-  for (int i = n + threadIdx.x; i < size; i += kSamplingThreads) {
-    sh.cand_key[i] = 0u;
-    sh.cand_index[i] = INT32_MAX;
+  // A bitonic sort with the elements in registers: position threadIdx.x + m * kSamplingThreads in
+  // thread threadIdx.x, m < per. Steps between positions less than 32 apart exchange by shuffles,
+  // the others through shared memory, in two buffers taken in turn (one barrier a step). Only the
+  // warps that hold positions work (size is a multiple of 32): at 1024 threads a step costs every
+  // warp's instructions, and in shared memory with all the block it took ~0.2 us a step whatever
+  // the size (H100, NOTES). Padded past n with key 0, index INT32_MAX (last in the order).
+  constexpr int kPer = kSortedCandidates / kSamplingThreads;
+  const int per = (size + kSamplingThreads - 1) / kSamplingThreads;
+  const bool holds = int(threadIdx.x) < size;
+  uint32_t key[kPer];
+  int index[kPer];
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int i = int(threadIdx.x) + m * kSamplingThreads;
+    key[m] = i < n ? sh.cand_key[i] : 0u;
+    index[m] = i < n ? sh.cand_index[i] : INT32_MAX;
   }
-  __syncthreads();
+  // Position i keeps the first in the order of itself and `other` where it is the pair's lower
+  // position in a run that ascends, or the upper one in a run that descends; else the second.
+  auto exchange = [&](int m, int k, int j, uint32_t other_key, int other_index) {
+    const int i = int(threadIdx.x) + m * kSamplingThreads;
+    const bool want_first = ((i & j) == 0) == ((i & k) == 0);
+    const bool other_first = other_key > key[m] || (other_key == key[m] && other_index < index[m]);
+    if (other_first == want_first) {
+      key[m] = other_key;
+      index[m] = other_index;
+    }
+  };
+  int buffer = 0;
   for (int k = 2; k <= size; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < size; i += kSamplingThreads) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const uint32_t ki = sh.cand_key[i], kp = sh.cand_key[partner];
-          const int ii = sh.cand_index[i], ip = sh.cand_index[partner];
-          const bool i_first = ki > kp || (ki == kp && ii < ip);  // i precedes partner in the order
-          if (i_first == ((i & k) != 0)) {
-            sh.cand_key[i] = kp;
-            sh.cand_key[partner] = ki;
-            sh.cand_index[i] = ip;
-            sh.cand_index[partner] = ii;
+      if (j < 32) {
+        if (holds) {
+#pragma unroll
+          for (int m = 0; m < kPer; ++m) {
+            if (m < per) {
+              const uint32_t other_key = __shfl_xor_sync(0xffffffffu, key[m], j);
+              const int other_index = __shfl_xor_sync(0xffffffffu, index[m], j);
+              exchange(m, k, j, other_key, other_index);
+            }
+          }
+        }
+        continue;
+      }
+      uint32_t* const keys = sh.cand_key + buffer * kSortedCandidates;
+      int* const indices = sh.cand_index + buffer * kSortedCandidates;
+      buffer ^= 1;
+      if (holds) {
+#pragma unroll
+        for (int m = 0; m < kPer; ++m) {
+          if (m < per) {
+            keys[threadIdx.x + m * kSamplingThreads] = key[m];
+            indices[threadIdx.x + m * kSamplingThreads] = index[m];
           }
         }
       }
       __syncthreads();
+      if (holds) {
+#pragma unroll
+        for (int m = 0; m < kPer; ++m) {
+          if (m < per) {
+            const int partner = (int(threadIdx.x) + m * kSamplingThreads) ^ j;
+            exchange(m, k, j, keys[partner], indices[partner]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // every read of the buffers done
+#pragma unroll
+  for (int m = 0; m < kPer; ++m) {
+    const int i = int(threadIdx.x) + m * kSamplingThreads;
+    if (i < n) {
+      sh.cand_key[i] = key[m];
+      sh.cand_index[i] = index[m];
     }
   }
   if (threadIdx.x == 0) sh.sorted_count = n;
