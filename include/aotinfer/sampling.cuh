@@ -71,7 +71,9 @@ constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
 constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
 constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
 constexpr int kTopPDraws = 4;          // top-p's draws from the whole row, verified (DrawTopP)
-constexpr int kWindowKeys = 2 * kCandidates;  // keys the top-p renorm's first pass may gather (TopPWindow)
+constexpr int kWindowKeys = 2 * kCandidates;  // keys the top-p renorm's first pass may gather (TopPWindow) ...
+constexpr int kOwnWindowKeys = 14;             // ... in each thread's own slots, then in a pool the block shares
+constexpr int kPooledWindowKeys = kWindowKeys - kOwnWindowKeys * kSamplingThreads;
 
 // ---- the blocks of a row ----------------------------------------------------------------------------
 
@@ -2059,70 +2061,64 @@ __device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingS
 }
 
 // Level0Histogram with masses over float32 probabilities, gathering the keys in `window` into
-// window_keys on the way. False where a block of the row met more than kWindowKeys of them.
+// window_keys on the way. Each thread puts its first kOwnWindowKeys keys in its own slots
+// (window_keys[j * kSamplingThreads + thread]) and the rest in the pool after them, through one
+// shared counter: the window's expected 12000 keys make about 12 a thread, so the pool takes a few
+// hundred a block. Its counting is a register's, where slots taken by the warps' groups through
+// ballots and one atomic a warp cost the pass 10-14% on an H100 (NOTES). `own`: this thread's keys.
+// False where a block of the row overflowed the pool.
 template <int kVec>
-__device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingShared& sh, KeyWindow window) {
+__device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingShared& sh, KeyWindow window, int& own) {
   ClearBins(sh, kSamplingBins);
-  if (threadIdx.x == 0) sh.num_candidates = 0;
+  if (threadIdx.x == 0) sh.num_candidates = 0;  // the pool's keys
   __syncthreads();
+  uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kSamplingThreads;
+  own = 0;
   ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
-    uint32_t keys[kVec];
-    int held = 0;  // this group's keys in the window, 0 to kVec
     for (int e = 0; e < count; ++e) {
-      keys[e] = ProbKey(x[e]);
-      AddToBins(sh, keys[e], 1u, 0xFFFFFFFFu, 20, true);
-      held += keys[e] >= window.lo && keys[e] <= window.hi && keys[e] != 0u;
-    }
-    // The warp's groups take their slots with one atomic: each lane's offset from the bits of
-    // the lanes' counts below it (a group of kVec fits in 3 bits).
-    static_assert(kVec <= 7, "a group's count in 3 bits");
-    const unsigned active = __activemask();
-    if (__ballot_sync(active, held > 0) == 0u) return;
-    const int lane = int(threadIdx.x % 32);
-    const unsigned below = (1u << lane) - 1u;
-    int offset = 0, total = 0;
-#pragma unroll
-    for (int bit = 0; bit < 3; ++bit) {
-      const unsigned lanes = __ballot_sync(active, (held >> bit) & 1);
-      offset += __popc(lanes & below) << bit;
-      total += __popc(lanes) << bit;
-    }
-    const int leader = __ffs(active) - 1;
-    int first = 0;
-    if (lane == leader) first = atomicAdd(&sh.num_candidates, total);
-    int slot = __shfl_sync(active, first, leader) + offset;
-    for (int e = 0; e < count; ++e) {
-      if (keys[e] >= window.lo && keys[e] <= window.hi && keys[e] != 0u) {
-        if (slot < kWindowKeys) sh.window_keys[slot] = keys[e];
-        ++slot;
+      const uint32_t key = ProbKey(x[e]);
+      AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, true);
+      if (key >= window.lo && key <= window.hi && key != 0u) {
+        if (own < kOwnWindowKeys) {
+          sh.window_keys[own * kSamplingThreads + int(threadIdx.x)] = key;
+        } else {
+          const int slot = atomicAdd(&sh.num_candidates, 1);
+          if (slot < kPooledWindowKeys) pool[slot] = key;
+        }
+        ++own;
       }
     }
   });
   __syncthreads();
-  const bool held = sh.num_candidates <= kWindowKeys;
+  const bool held = sh.num_candidates <= kPooledWindowKeys;
   ScanBinsFromTop(sh, kSamplingBins, 0, 20, true);
   return RowSum(held ? 0.f : 1.f, sh) == 0.f;
 }
 
 // The gathered window's keys in [lo, hi] become this block's candidates, as GatherCandidates
-// would have gathered them (in another order). Each thread reads its slots (one in every
-// kSamplingThreads: no bank conflicts) and keeps their keys in registers across the block's scan,
-// so the keys move down in place.
-__device__ void KeepWindowKeys(SamplingShared& sh, uint32_t lo, uint32_t hi) {
-  constexpr int kPer = kWindowKeys / kSamplingThreads;
-  const int held = sh.num_candidates;
-  uint32_t keys[kPer];
+// would have gathered them (in another order). Each thread reads its own slots and its share of
+// the pool (one slot in every kSamplingThreads: no bank conflicts) and keeps their keys in
+// registers across the block's scan, so the keys move down in place.
+__device__ void KeepWindowKeys(SamplingShared& sh, uint32_t lo, uint32_t hi, int own) {
+  constexpr int kPooledPer = kPooledWindowKeys / kSamplingThreads;
+  static_assert(kPooledPer * kSamplingThreads == kPooledWindowKeys, "the pool in whole rounds of the block");
+  const int pooled = sh.num_candidates;
+  const uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kSamplingThreads;
+  uint32_t keys[kOwnWindowKeys + kPooledPer];
+#pragma unroll
+  for (int j = 0; j < kOwnWindowKeys; ++j) keys[j] = j < own ? sh.window_keys[j * kSamplingThreads + int(threadIdx.x)] : 0u;
+#pragma unroll
+  for (int j = 0; j < kPooledPer; ++j) {
+    const int slot = j * kSamplingThreads + int(threadIdx.x);
+    keys[kOwnWindowKeys + j] = slot < pooled ? pool[slot] : 0u;
+  }
   int kept = 0;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int slot = j * kSamplingThreads + int(threadIdx.x);
-    keys[j] = slot < held ? sh.window_keys[slot] : 0u;
-    kept += keys[j] >= lo && keys[j] <= hi && keys[j] != 0u;
-  }
+  for (uint32_t key : keys) kept += key >= lo && key <= hi && key != 0u;
   int at = int(BlockExclusiveSum(double(kept), sh));  // its barriers: every slot read before any written
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    if (keys[j] >= lo && keys[j] <= hi && keys[j] != 0u) sh.cand_key[at++] = keys[j];
+  for (uint32_t key : keys) {
+    if (key >= lo && key <= hi && key != 0u) sh.cand_key[at++] = key;
   }
   if (threadIdx.x == kSamplingThreads - 1) {
     sh.num_candidates = at;
@@ -2171,11 +2167,12 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
     const float top_p = p.top_p.at(r);
     KeyWindow window{1u, 0u};
     bool windowed = false;
+    int own_window_keys = 0;
     if constexpr (kTopPWindow) {
       if (top_p < 1.f) window = TopPWindow(sampled, top_p, n, sh);
     }
     if (window.lo <= window.hi) {
-      windowed = Level0HistogramGathering<kVec>(row, n, sh, window);
+      windowed = Level0HistogramGathering<kVec>(row, n, sh, window, own_window_keys);
     } else {
       Level0Histogram<T, kVec>(row, n, sh, prob_key, true);
     }
@@ -2193,7 +2190,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
       if (in_bin <= uint32_t(kCandidates)) {
         const uint32_t lo = uint32_t(p_bin) << 20, hi = lo | 0xFFFFFu;
         if (windowed && lo >= window.lo && hi <= window.hi) {
-          KeepWindowKeys(sh, lo, hi);
+          KeepWindowKeys(sh, lo, hi, own_window_keys);
         } else {
           GatherCandidates<T, kVec>(row, n, sh, prob_key, lo, hi);
         }
