@@ -2062,11 +2062,11 @@ __device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingS
 
 // Level0Histogram with masses over float32 probabilities, gathering the keys in `window` into
 // window_keys on the way. Each thread puts its first kOwnWindowKeys keys in its own slots
-// (window_keys[j * kSamplingThreads + thread]) and the rest in the pool after them, through one
-// shared counter: the window's expected 12000 keys make about 12 a thread, so the pool takes a few
-// hundred a block. Its counting is a register's, where slots taken by the warps' groups through
-// ballots and one atomic a warp cost the pass 10-14% on an H100 (NOTES). `own`: this thread's keys.
-// False where a block of the row overflowed the pool.
+// (window_keys[j * kSamplingThreads + thread]), counted in a register, and the rest in the pool
+// after them, through one shared counter: the window's expected 12000 keys make about 12 a
+// thread, so the pool takes a few hundred a block. (Slots taken by each warp's groups through
+// ballots and one atomic made the pass 10-14% slower on an H100, NOTES.) `own`: this thread's
+// keys. False where a block of the row overflowed the pool.
 template <int kVec>
 __device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingShared& sh, KeyWindow window, int& own) {
   ClearBins(sh, kSamplingBins);
