@@ -52,7 +52,7 @@ def ops(probs, logits, batch):
     return {
         "top_k_top_p": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, TOP_K, TOP_P, **r),
         "top_k_top_p rows": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, k_rows, p_rows, **r),
-        # vLLM's default call: the logits' softmax (one kernel), then the probabilities' sampler.
+        # vLLM's default call (top-k first from float32 logits: one kernel from the logits).
         "top_k_top_p logits rows": lambda: aotinfer.top_k_top_p_sampling_from_logits(logits, k_rows, p_rows, **r),
         "joint": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, TOP_K, TOP_P, filter_apply_order="joint", **r),
         "joint rows": lambda: aotinfer.top_k_top_p_sampling_from_probs(probs, k_rows, p_rows, filter_apply_order="joint", **r),
