@@ -441,10 +441,10 @@ __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint
 }
 
 // ScanBinsFromTop's staging of a split row: bins [first, first + 4) summed over the row's blocks
-// in 16-byte loads, one array at a time, into this block's words of them in cum_count (counts)
-// and cum_mass (the masses' high words in its first kSamplingBins words, the low in the next),
-// which are free until the scan writes them. Not inlined: inlined, its code moved the unsplit
-// rows' kernels (top_k_renorm 256 x 32000 +8%; H100, NOTES).
+// in 16-byte loads, one array at a time, into the same bins' words of this block's cum_count (the
+// counts) and cum_mass (the masses' high words in its first kSamplingBins words, the low words in
+// the next), which are free until the scan writes them. Not inlined: inlined, its code moved the
+// kernels of unsplit rows, which never stage (top_k_renorm 256 x 32000 +8%; H100, NOTES).
 __device__ __noinline__ void StageSplitBins(SamplingShared& sh, int first, int parts, bool with_mass) {
   uint32_t* const staged_masses = reinterpret_cast<uint32_t*>(sh.cum_mass);
 #pragma unroll 1
@@ -474,9 +474,10 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   uint32_t count = 0;
   double mass = 0;
   // A split row's thread whose four bins all exist (`first` the lowest, 16-byte aligned) sums the
-  // blocks' bins into its own slots (StageSplitBins) and reads them as a whole row's. The 4-byte
-  // generic loads of the other threads, half of them remote, took a split row's scan 6.2 us
-  // against 0.9 for a whole row (H100, NOTES).
+  // blocks' bins into its own slots (StageSplitBins) and reads them as a whole row's. Read as
+  // 4-byte generic loads (as the other threads still do), half of them remote, they took a split
+  // row's scan 6.2 us against 0.9 for a whole row; staged, top_p_renorm at 64 rows is 4-7% faster
+  // (H100, NOTES).
   static_assert(kPer == 4, "a thread's bins in one 16-byte load");
   const int first = bins - kPer * (int(threadIdx.x) + 1);
   const bool staged = parts > 1 && bins % kPer == 0 && first >= 0;
