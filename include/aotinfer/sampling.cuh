@@ -2122,6 +2122,10 @@ __device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingSh
   __syncthreads();
   uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kSamplingThreads;
   own = 0;
+  // A thread that found the pool full takes no more slots: the count already says it overflowed,
+  // and a crowded window (every key of a row in it) would otherwise cost an atomic on one counter
+  // for each of its keys.
+  bool pool_full = false;
   ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t) {
     for (int e = 0; e < count; ++e) {
       const uint32_t key = ProbKey(x[e]);
@@ -2129,9 +2133,10 @@ __device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingSh
       if (key >= window.lo && key <= window.hi && key != 0u) {
         if (own < kOwnWindowKeys) {
           sh.window_keys[own * kSamplingThreads + int(threadIdx.x)] = key;
-        } else {
+        } else if (!pool_full) {
           const int slot = atomicAdd(&sh.num_candidates, 1);
           if (slot < kPooledWindowKeys) pool[slot] = key;
+          pool_full = slot >= kPooledWindowKeys;
         }
         ++own;
       }
