@@ -3,7 +3,9 @@
     python benchmarks/bench_sampling.py [--batch 1 64] [--vocab 128256] [--ops top_k_top_p ...] [--scale 3]
 
 Inputs: probs = softmax(randn) rows (float32), logits = randn; --scale S takes S * randn instead
-(3 or 4: peaked rows, nearer a language model's). "passes" = time / the time to read the input
+(3 or 4: peaked rows, nearer a language model's). The rows come from --seed (default 0), so that
+two builds timed in turn see the same rows (on unseeded rows, min_p at 256 x 32000 ranged
+29.5-34.5 us between processes of one build; H100, NOTES). "passes" = time / the time to read the input
 once at the bandwidth of torch's copy_ of the same bytes, measured beside each shape (a copy reads
 and writes, so reading once takes half its time); an op that reads its row twice and writes
 nothing scores at least 2, softmax and the renorms (one read, one write) at least 2.
@@ -76,6 +78,7 @@ def main():
     parser.add_argument("--vocab", type=int, nargs="*", default=[32000, 128256, 151936, 262144])
     parser.add_argument("--ops", nargs="*", default=None)
     parser.add_argument("--scale", type=float, default=1.0, help="logits = scale * randn (probs their softmax)")
+    parser.add_argument("--seed", type=int, default=0, help="the rows' random seed")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
     print(f"device-to-device copy bandwidth, this run: {copy_bandwidth() / 1e9:.0f} GB/s (read + written)")
@@ -83,7 +86,8 @@ def main():
     print(f"{'batch':>5} {'vocab':>7} {'op':<18} {'time us':>9} {'passes':>7}   {'torch us':>9} {'torch/ours':>10}")
     for vocab in args.vocab:
         for batch in args.batch:
-            logits = torch.randn(batch, vocab, device="cuda") * args.scale
+            g = torch.Generator(device="cuda").manual_seed(args.seed)
+            logits = torch.randn(batch, vocab, device="cuda", generator=g) * args.scale
             probs = torch.softmax(logits, -1)
             dst = torch.empty_like(probs)
             t_copy, _ = bench_gpu_time(dst.copy_, args=(probs,), use_cuda_graph=True, dry_run_time_ms=10, repeat_time_ms=50)
