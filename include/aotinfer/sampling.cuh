@@ -343,7 +343,8 @@ __device__ __forceinline__ double BlockExclusiveSum(double v, SamplingShared& sh
 }
 
 // The four 32-bit words at `local` (a 16-byte aligned address in this block's shared memory) in
-// block `part`'s shared memory: one 16-byte load through the cluster's shared window.
+// block `part`'s shared memory: one 16-byte load through the cluster's shared window (the form
+// measured; PartShared's generic address would make it a generic load).
 __device__ __forceinline__ uint4 PartShared16(const void* local, int part) {
   uint4 v = make_uint4(0, 0, 0, 0);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -440,13 +441,20 @@ __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint
   }
 }
 
+// Where StageSplitBins leaves a split row's summed mass words until the scan writes cum_mass over
+// them: the high words (half 0) in its first kSamplingBins 32-bit words, the low words (half 1) in
+// the next.
+__device__ __forceinline__ uint32_t* StagedMassWords(SamplingShared& sh, int half) {
+  static_assert(sizeof(SamplingShared::cum_mass) == 2 * kSamplingBins * sizeof(uint32_t), "two words a bin");
+  return reinterpret_cast<uint32_t*>(sh.cum_mass) + half * kSamplingBins;
+}
+
 // ScanBinsFromTop's staging of a split row: bins [first, first + 4) summed over the row's blocks
 // in 16-byte loads, one array at a time, into the same bins' words of this block's cum_count (the
-// counts) and cum_mass (the masses' high words in its first kSamplingBins words, the low words in
-// the next), which are free until the scan writes them. Not inlined: inlined, its code moved the
-// kernels of unsplit rows, which never stage (top_k_renorm 256 x 32000 +8%; H100, NOTES).
+// counts) and StagedMassWords, which are free until the scan writes them. Not inlined: inlined,
+// its code moved the kernels of unsplit rows, which never stage (top_k_renorm 256 x 32000 +8%;
+// H100, NOTES).
 __device__ __noinline__ void StageSplitBins(SamplingShared& sh, int first, int parts, bool with_mass) {
-  uint32_t* const staged_masses = reinterpret_cast<uint32_t*>(sh.cum_mass);
 #pragma unroll 1
   for (int a = 0; a < (with_mass ? 3 : 1); ++a) {
     const uint32_t* const bins = a == 0 ? sh.count : a == 1 ? sh.mass_hi : sh.mass_lo;
@@ -456,7 +464,7 @@ __device__ __noinline__ void StageSplitBins(SamplingShared& sh, int first, int p
       const uint4 v = PartShared16(bins + first, r);
       sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
     }
-    uint32_t* const to = a == 0 ? sh.cum_count : staged_masses + (a - 1) * kSamplingBins;
+    uint32_t* const to = a == 0 ? sh.cum_count : StagedMassWords(sh, a - 1);
     *reinterpret_cast<uint4*>(to + first) = sum;
   }
 }
@@ -482,10 +490,9 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
   const int first = bins - kPer * (int(threadIdx.x) + 1);
   const bool staged = parts > 1 && bins % kPer == 0 && first >= 0;
   if (staged) StageSplitBins(sh, first, parts, with_mass);
-  const uint32_t* const staged_masses = reinterpret_cast<const uint32_t*>(sh.cum_mass);
   const uint32_t* const bin_counts = staged ? sh.cum_count : sh.count;
-  const uint32_t* const bin_his = staged ? staged_masses : sh.mass_hi;
-  const uint32_t* const bin_los = staged ? staged_masses + kSamplingBins : sh.mass_lo;
+  const uint32_t* const bin_his = staged ? StagedMassWords(sh, 0) : sh.mass_hi;
+  const uint32_t* const bin_los = staged ? StagedMassWords(sh, 1) : sh.mass_lo;
   uint32_t c[kPer];
   double m[kPer];
 #pragma unroll
