@@ -469,6 +469,41 @@ __device__ __noinline__ void StageSplitBins(SamplingShared& sh, int first, int p
   }
 }
 
+// A thread's run of keys in one bin, added to the histogram at once. FindThreshold's levels after
+// the first histogram one bin of more than kCandidates elements, whose keys repeat where a row
+// holds many equal values: there AddToBins's atomics all hit one address (rows of one repeated
+// value ran 6.6-7.2x slower than flat rows; H100, NOTES). Exact: the sums are integers.
+struct BinRun {
+  int bin = -1;
+  uint32_t count = 0, mass_hi = 0, mass_lo = 0;
+
+  __device__ __forceinline__ void Add(SamplingShared& sh, uint32_t key, uint32_t lo, uint32_t hi, int shift,
+                                      bool with_mass) {
+    if (key < lo || key > hi || key == 0u) return;
+    const int b = int((key >> shift) - (lo >> shift));
+    if (b != bin) {
+      Flush(sh, with_mass);
+      bin = b;
+    }
+    ++count;
+    if (with_mass) {
+      const uint32_t mantissa = MantissaOf(key);
+      mass_hi += mantissa >> 12;
+      mass_lo += mantissa & 0xFFFu;
+    }
+  }
+
+  __device__ __forceinline__ void Flush(SamplingShared& sh, bool with_mass) {
+    if (count == 0u) return;
+    atomicAdd(&sh.count[bin], count);
+    if (with_mass) {
+      atomicAdd(&sh.mass_hi[bin], mass_hi);
+      atomicAdd(&sh.mass_lo[bin], mass_lo);
+    }
+    count = mass_hi = mass_lo = 0u;
+  }
+};
+
 // Turns the histogram of `bins` bins (lowest key of bin b: (base + b) << shift) into cumulative
 // counts and masses from the top bin down. Every thread calls it.
 // With merge_parts false, the block's own histogram alone (of candidates every block of the row holds).
@@ -1010,9 +1045,17 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
     const int bins = int((hi >> shift) - base) + 1;
     ClearBins(sh, bins);
     __syncthreads();
-    ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
-      for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), lo, hi, shift, with_mass);
-    });
+    if (level == 0) {
+      ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) AddToBins(sh, key_of(x[e]), lo, hi, shift, with_mass);
+      });
+    } else {
+      BinRun run;
+      ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
+        for (int e = 0; e < count; ++e) run.Add(sh, key_of(x[e]), lo, hi, shift, with_mass);
+      });
+      run.Flush(sh, with_mass);
+    }
     __syncthreads();
     ScanBinsFromTop(sh, bins, base, shift, with_mass);
     if (level == 0 && fraction) target *= sh.cum_mass[0];
