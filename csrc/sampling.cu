@@ -1,5 +1,5 @@
 // Bindings of sampling (include/aotinfer/sampling.cuh): sample (every filter, from probabilities or
-// logits), renorm (top-k / top-p renormalization), top_k_mask_logits and softmax.
+// logits), renorm (top-k / top-p renormalization), top_k_mask_logits; and softmax (softmax.cuh).
 //
 // Per-row parameters come as a tensor of one value per output row, or as a scalar: a negative
 // scalar (top_k_val, top_p_val, min_p_val, temperature_val) says "read the tensor", which must then
@@ -7,6 +7,7 @@
 // say "use seed_val / offset_val"; otherwise they hold 1 or batch int64 values, read on the GPU,
 // so that a CUDA graph replays with whatever they hold then.
 #include "aotinfer/sampling.cuh"
+#include "aotinfer/softmax.cuh"
 #include "tvm_ffi_utils.h"
 
 #include <vector>

@@ -1,7 +1,8 @@
 // Sampling from probabilities and logits without sorting the vocabulary: top-k, top-p, min-p and
-// their combinations, the top-k / top-p renormalizations, top-k masking of logits, and softmax.
+// their combinations, the top-k / top-p renormalizations and top-k masking of logits (softmax is
+// in softmax.cuh; the row kernels' blocks, reads and launches in rows.cuh).
 //
-// One block of kSamplingThreads threads per output row. Every filter keeps the elements at or above
+// One block of kRowThreads threads per output row. Every filter keeps the elements at or above
 // one threshold value t (top-k: the k-th largest; top-p: the smallest value whose upper set holds
 // top_p of the mass; min-p: min_p * max; their combinations: the larger threshold), so finding t
 // is a selection, done as a radix search on the floats' bit patterns, which order like the values:
@@ -58,62 +59,20 @@
 
 #include "aotinfer/async_copy.cuh"
 #include "aotinfer/launch.cuh"
+#include "aotinfer/rows.cuh"
 #include "aotinfer/vec.cuh"
 
 namespace aotinfer {
 
-constexpr int kSamplingThreads = 1024;
-constexpr int kSamplingWarps = kSamplingThreads / 32;
+constexpr int kSamplingWarps = kRowThreads / 32;
 static_assert(kSamplingWarps == 32, "block scans give each warp's total to one lane");
 constexpr int kSamplingBins = 4096;    // 12 bits of the key per histogram level
 constexpr int kCandidates = 8192;      // elements of the threshold's bin sorted in shared memory
-constexpr int kSamplingUnroll = 4;     // 16-byte loads in flight per thread
-constexpr int kMaxRowParts = 8;        // blocks a row is split over at most (the portable cluster size)
 constexpr int kSortedCandidates = 2048;  // candidates sorted rather than searched by histograms
 constexpr int kTopPDraws = 4;          // top-p's draws from the whole row, verified (DrawTopP)
 constexpr int kWindowKeys = 2 * kCandidates;  // keys the top-p renorm's first pass may gather (TopPWindow) ...
 constexpr int kOwnWindowKeys = 14;             // ... in each thread's own slots, then in a pool the block shares
-constexpr int kPooledWindowKeys = kWindowKeys - kOwnWindowKeys * kSamplingThreads;
-
-// ---- the blocks of a row ----------------------------------------------------------------------------
-
-// The blocks that share a row: the thread block cluster on sm90+ (one block where launched without
-// one), one block below.
-__device__ __forceinline__ int RowParts() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return int(cooperative_groups::this_cluster().num_blocks());
-#else
-  return 1;
-#endif
-}
-__device__ __forceinline__ int RowPart() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return int(cooperative_groups::this_cluster().block_rank());
-#else
-  return 0;
-#endif
-}
-// A barrier over every thread of the row's blocks (their shared memory writes visible to all).
-__device__ __forceinline__ void SyncRow() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (RowParts() == 1) {
-    __syncthreads();  // cheaper than the cluster barrier of a row that is not split
-  } else {
-    cooperative_groups::this_cluster().sync();
-  }
-#else
-  __syncthreads();
-#endif
-}
-// `ptr` in the shared memory of block `part` of the row.
-template <typename T>
-__device__ __forceinline__ T* PartShared(T* ptr, int part) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cooperative_groups::this_cluster().map_shared_rank(ptr, part);
-#else
-  return ptr;
-#endif
-}
+constexpr int kPooledWindowKeys = kWindowKeys - kOwnWindowKeys * kRowThreads;
 
 // ---- Philox4x32-10 --------------------------------------------------------------------------------
 
@@ -357,56 +316,6 @@ __device__ __forceinline__ uint4 PartShared16(const void* local, int part) {
   return v;
 }
 
-// ---- reading a row --------------------------------------------------------------------------------
-
-// f(values, count, first_index) for consecutive groups of kVec elements (count < kVec only at the
-// row's end), kSamplingUnroll 16-byte loads in flight per thread. kVec == 1 where the row is not
-// 16-byte aligned. kEvictFirst caches the row's lines evict-first in L2: for a kernel's last read
-// of its rows, so that they displace one another rather than what the L2 held (lines that later
-// kernels may read, or dirty ones that would be written back while this kernel reads). Only the
-// samplers' last reads take it (their one-pass reads, top-p's verifying pass): they gained 3-8% at
-// 64-1024 rows of 128256 and 262144 (H100, NOTES); passes that a later pass reads again from L2
-// (the histogram's, the renorms') lost by it.
-template <typename T, int kVec, bool kEvictFirst = false, typename F>
-__device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {
-  const uint64_t policy = kEvictFirst ? L2EvictFirstPolicy() : 0;
-  auto load = [policy](Vec<T, kVec>& v, const T* at) {
-    if constexpr (kEvictFirst) v.load(at, policy);
-    else v.load(at);
-  };
-  const int64_t all_groups = n / kVec;
-  const int parts = RowParts(), part = RowPart();  // this block's slice of the row
-  const int64_t groups = all_groups * (part + 1) / parts;
-  int64_t g = all_groups * part / parts + threadIdx.x;
-  constexpr int kStep = kSamplingThreads * kSamplingUnroll;
-  for (; g + (kSamplingUnroll - 1) * kSamplingThreads < groups; g += kStep) {
-    Vec<T, kVec> v[kSamplingUnroll];
-#pragma unroll
-    for (int u = 0; u < kSamplingUnroll; ++u) load(v[u], row + (g + u * kSamplingThreads) * kVec);
-#pragma unroll
-    for (int u = 0; u < kSamplingUnroll; ++u) {
-      float x[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) x[e] = to_float(v[u][e]);
-      f(x, kVec, (g + u * kSamplingThreads) * kVec);
-    }
-  }
-  for (; g < groups; g += kSamplingThreads) {
-    Vec<T, kVec> v;
-    load(v, row + g * kVec);
-    float x[kVec];
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) x[e] = to_float(v[e]);
-    f(x, kVec, g * kVec);
-  }
-  const int64_t tail = all_groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
-  if (kVec > 1 && part == parts - 1 && tail < n) {
-    float x[kVec];
-    x[0] = to_float(row[tail]);
-    f(x, 1, tail);
-  }
-}
-
 // ---- the threshold search -------------------------------------------------------------------------
 
 // What a filter asks: keep the upper set of the row that holds at least `k` elements (kCount) or at
@@ -418,7 +327,7 @@ __device__ __forceinline__ int LevelShift(int level) { return level == 0 ? 20 : 
 
 // Clear the histogram of `bins` bins.
 __device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
-  for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
+  for (int b = threadIdx.x; b < bins; b += kRowThreads) {
     sh.count[b] = 0;
     sh.mass_hi[b] = 0;
     sh.mass_lo[b] = 0;
@@ -511,7 +420,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
                                                 bool merge_parts = true) {
   // Thread t owns bins [bins - 4(t+1), bins - 4t): the top four are thread 0's.
   // The histograms of every block of the row, summed (integers: any order gives the same).
-  constexpr int kPer = kSamplingBins / kSamplingThreads;
+  constexpr int kPer = kSamplingBins / kRowThreads;
   const int parts = merge_parts ? RowParts() : 1;
   if (parts > 1) SyncRow(); else __syncthreads();
   uint32_t count = 0;
@@ -578,7 +487,7 @@ __device__ __forceinline__ void ScanBinsFromTop(SamplingShared& sh, int bins, ui
 __device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need need, double target) {
   if (threadIdx.x == 0) sh.found = -1;
   __syncthreads();
-  for (int b = threadIdx.x; b < bins; b += kSamplingThreads) {
+  for (int b = threadIdx.x; b < bins; b += kRowThreads) {
     const bool reached = need == Need::kCount ? double(sh.cum_count[b]) >= target : sh.cum_mass[b] >= target;
     if (reached && sh.cum_count[b] > 0) atomicMax(&sh.found, b);
   }
@@ -594,7 +503,7 @@ __device__ __forceinline__ int CrossingBin(SamplingShared& sh, int bins, Need ne
 __device__ __forceinline__ int BinHoldingMass(SamplingShared& sh, double mass) {
   if (threadIdx.x == 0) sh.found = -1;
   __syncthreads();
-  for (int b = threadIdx.x; b < kSamplingBins; b += kSamplingThreads) {
+  for (int b = threadIdx.x; b < kSamplingBins; b += kRowThreads) {
     if (sh.cum_mass[b] > mass) atomicMax(&sh.found, b);
   }
   __syncthreads();
@@ -616,27 +525,27 @@ __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
   if (sh.sorted_count == n) return;  // sorted by the search before, since the last gather
   int size = 32;
   while (size < n) size <<= 1;
-  // A bitonic sort with the elements in registers: position threadIdx.x + m * kSamplingThreads in
+  // A bitonic sort with the elements in registers: position threadIdx.x + m * kRowThreads in
   // thread threadIdx.x, m < per. Steps between positions less than 32 apart exchange by shuffles,
   // the others through shared memory, in two buffers taken in turn (one barrier a step). Only the
   // warps that hold positions work (size is a multiple of 32): at 1024 threads a step costs every
   // warp's instructions, and in shared memory with all the block it took ~0.2 us a step whatever
   // the size (H100, NOTES). Padded past n with key 0, index INT32_MAX (last in the order).
-  constexpr int kPer = kSortedCandidates / kSamplingThreads;
-  const int per = (size + kSamplingThreads - 1) / kSamplingThreads;
+  constexpr int kPer = kSortedCandidates / kRowThreads;
+  const int per = (size + kRowThreads - 1) / kRowThreads;
   const bool holds = int(threadIdx.x) < size;
   uint32_t key[kPer];
   int index[kPer];
 #pragma unroll
   for (int m = 0; m < kPer; ++m) {
-    const int i = int(threadIdx.x) + m * kSamplingThreads;
+    const int i = int(threadIdx.x) + m * kRowThreads;
     key[m] = i < n ? sh.cand_key[i] : 0u;
     index[m] = i < n ? sh.cand_index[i] : INT32_MAX;
   }
   // Position i keeps the first in the order of itself and `other` where it is the pair's lower
   // position in a run that ascends, or the upper one in a run that descends; else the second.
   auto exchange = [&](int m, int k, int j, uint32_t other_key, int other_index) {
-    const int i = int(threadIdx.x) + m * kSamplingThreads;
+    const int i = int(threadIdx.x) + m * kRowThreads;
     const bool want_first = ((i & j) == 0) == ((i & k) == 0);
     const bool other_first = other_key > key[m] || (other_key == key[m] && other_index < index[m]);
     if (other_first == want_first) {
@@ -667,8 +576,8 @@ __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
 #pragma unroll
         for (int m = 0; m < kPer; ++m) {
           if (m < per) {
-            keys[threadIdx.x + m * kSamplingThreads] = key[m];
-            indices[threadIdx.x + m * kSamplingThreads] = index[m];
+            keys[threadIdx.x + m * kRowThreads] = key[m];
+            indices[threadIdx.x + m * kRowThreads] = index[m];
           }
         }
       }
@@ -677,7 +586,7 @@ __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
 #pragma unroll
         for (int m = 0; m < kPer; ++m) {
           if (m < per) {
-            const int partner = (int(threadIdx.x) + m * kSamplingThreads) ^ j;
+            const int partner = (int(threadIdx.x) + m * kRowThreads) ^ j;
             exchange(m, k, j, keys[partner], indices[partner]);
           }
         }
@@ -687,7 +596,7 @@ __device__ __forceinline__ void SortCandidates(SamplingShared& sh) {
   __syncthreads();  // every read of the buffers done
 #pragma unroll
   for (int m = 0; m < kPer; ++m) {
-    const int i = int(threadIdx.x) + m * kSamplingThreads;
+    const int i = int(threadIdx.x) + m * kRowThreads;
     if (i < n) {
       sh.cand_key[i] = key[m];
       sh.cand_index[i] = index[m];
@@ -708,7 +617,7 @@ __device__ __forceinline__ uint32_t SortedThreshold(SamplingShared& sh, Need nee
     return sh.cand_key[int(position) - 1];
   }
   // Mass: prefix sums in a fixed order (each thread a contiguous chunk), so the same on every run.
-  const int chunk = (n + kSamplingThreads - 1) / kSamplingThreads;
+  const int chunk = (n + kRowThreads - 1) / kRowThreads;
   const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
   double local = 0;
   for (int i = begin; i < end; ++i) local += __uint_as_float(sh.cand_key[i]);
@@ -750,7 +659,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
     const int bins = int((hi >> shift) - base) + 1;
     ClearBins(sh, bins);
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
+    for (int i = threadIdx.x; i < n; i += kRowThreads) AddToBins(sh, sh.cand_key[i], lo, hi, shift, with_mass);
     __syncthreads();
     ScanBinsFromTop(sh, bins, base, shift, with_mass, !local);
     const double wanted = with_mass ? target - above_mass : target - double(above_count);
@@ -774,7 +683,7 @@ __device__ __forceinline__ uint32_t CandidateThreshold(SamplingShared& sh, Need 
 __device__ __forceinline__ double CandidateMassFrom(SamplingShared& sh, uint32_t t, uint32_t hi, bool in_block = false) {
   const int top = int((hi >> 23) & 0xFF);
   unsigned long long local = 0;
-  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kRowThreads) {
     const uint32_t key = sh.cand_key[i];
     if (key >= t) {
       const int exponent = max(int((key >> 23) & 0xFF), 1);
@@ -849,7 +758,7 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
     const int count = *PartShared(&sh.num_candidates, r);
     const uint32_t* keys = PartShared(sh.cand_key, r);
     const int* indices = PartShared(sh.cand_index, r);
-    for (int i = threadIdx.x; i < count; i += kSamplingThreads) {
+    for (int i = threadIdx.x; i < count; i += kRowThreads) {
       sh.cand_key[at + i] = keys[i];
       sh.cand_index[at + i] = indices[i];
     }
@@ -870,7 +779,7 @@ __device__ __forceinline__ void ShareCandidates(SamplingShared& sh) {
 // kCandidates. So one pass gathers them, with no histogram of the row; where the gather misses (too
 // few, or too many to hold), the caller takes its histogram path instead, so the result never
 // depends on the sample, only the time.
-constexpr int kFloorSample = kSamplingThreads;  // elements sampled, one a thread (SamplePosition)
+constexpr int kFloorSample = kRowThreads;  // elements sampled, one a thread (SamplePosition)
 constexpr int kMaxFloorRank = 32;               // ranks the merge below takes
 // Shorter rows keep the histogram path. The samplers take the floor from 16384 (vocab 32000 and
 // 50000: 5-21% faster at 256-1024 rows, within 1-3% at 16-64; H100, NOTES), the top-k renorm from
@@ -982,7 +891,7 @@ __device__ uint32_t NarrowToKthBin(SamplingShared& sh, int k, uint32_t floor, ui
   const int bins = int((top_end >> 20) - base) + 1;
   ClearBins(sh, bins);
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += kSamplingThreads) AddToBins(sh, sh.cand_key[i], floor, top_end, 20, false);
+  for (int i = threadIdx.x; i < n; i += kRowThreads) AddToBins(sh, sh.cand_key[i], floor, top_end, 20, false);
   ScanBinsFromTop(sh, bins, base, 20, false, false);
   const int b = CrossingBin(sh, bins, Need::kCount, double(k));
   if (b < 0) return floor;
@@ -990,7 +899,7 @@ __device__ uint32_t NarrowToKthBin(SamplingShared& sh, int k, uint32_t floor, ui
   if (threadIdx.x == 0) sh.found = 0;
   __syncthreads();
   const int lane = int(threadIdx.x % 32);
-  for (int first = 0; first < n; first += kSamplingThreads) {  // warp-uniform trips
+  for (int first = 0; first < n; first += kRowThreads) {  // warp-uniform trips
     const int i = first + int(threadIdx.x);
     const uint32_t key = i < n ? sh.cand_key[i] : 0u;
     const unsigned keep = __ballot_sync(0xffffffffu, i < n && key >= lo);
@@ -1004,7 +913,7 @@ __device__ uint32_t NarrowToKthBin(SamplingShared& sh, int k, uint32_t floor, ui
   }
   __syncthreads();
   const int kept = sh.found;
-  for (int i = threadIdx.x; i < kept; i += kSamplingThreads) {
+  for (int i = threadIdx.x; i < kept; i += kRowThreads) {
     sh.cand_key[i] = sh.mass_hi[i];
     sh.cand_index[i] = int(sh.mass_lo[i]);
   }
@@ -1020,7 +929,7 @@ __device__ uint32_t NarrowToKthBin(SamplingShared& sh, int k, uint32_t floor, ui
 // starts (every block holding every candidate).
 __device__ __forceinline__ uint32_t CandidateTopBinEnd(SamplingShared& sh) {
   uint32_t top = 0u;
-  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) top = max(top, sh.cand_key[i]);
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kRowThreads) top = max(top, sh.cand_key[i]);
   return BlockReduce(top, reinterpret_cast<uint32_t*>(sh.scratch_i), [](uint32_t a, uint32_t b) { return max(a, b); }) |
          0xFFFFFu;
 }
@@ -1090,14 +999,6 @@ __device__ Threshold FindThreshold(const T* row, int64_t n, SamplingShared& sh, 
 // ---- parameters --------------------------------------------------------------------------------------
 
 enum class Filter : int { kNone = 0, kTopK = 1, kTopP = 2, kMinP = 3, kTopKFirst = 4, kJoint = 5 };
-
-// A per-row parameter: the tensor's element for the output row when given, else the scalar.
-template <typename T>
-struct RowParam {
-  const T* values;  // null: the scalar for every row
-  T scalar;
-  __device__ __forceinline__ T at(int64_t row) const { return values ? values[row] : scalar; }
-};
 
 struct SamplingParams {
   const float* probs;  // or logits (from_logits)
@@ -1169,7 +1070,7 @@ constexpr float kMinPAccepts = 2.f;  // accepted proposals a round (estimated) f
 __device__ bool DrawByRejection(const float* row, int64_t n, uint32_t lo, uint32_t hi, float top, const RowRandom& rng,
                                 SamplingShared& sh, int rounds, Best& drawn) {
   for (int round = 0; round < rounds; ++round) {
-    const uint4 r = rng.group(kDrawGroup + 1 + int64_t(round) * kSamplingThreads + threadIdx.x);
+    const uint4 r = rng.group(kDrawGroup + 1 + int64_t(round) * kRowThreads + threadIdx.x);
     const int64_t at = min(int64_t(Uniform53(r.x, r.y) * double(n)), n - 1);
     const float x = row[at];
     const uint32_t key = ProbKey(x);
@@ -1190,7 +1091,7 @@ __device__ bool DrawByRejection(const float* row, int64_t n, uint32_t lo, uint32
 __device__ Best RaceOverRow(const float* row, int64_t n, uint32_t lo, uint32_t hi, const RowRandom& rng,
                             SamplingShared& sh) {
   Best best{-INFINITY, INT32_MAX};
-  for (int64_t i = threadIdx.x; i < n; i += kSamplingThreads) {
+  for (int64_t i = threadIdx.x; i < n; i += kRowThreads) {
     const uint32_t key = ProbKey(row[i]);
     if (key >= lo && key <= hi) best = Better(best, Best{__fdividef(row[i], Exponential(rng.word(i))), int(i)});
   }
@@ -1230,7 +1131,7 @@ __device__ __forceinline__ void Race(const float* x, int count, int64_t first, c
 // keys and random words as Race gives those elements in a pass, so the same winner.
 __device__ __forceinline__ Best RaceOverCandidates(const SamplingShared& sh, uint32_t t, const RowRandom& rng,
                                                    Best best) {
-  for (int i = threadIdx.x; i < min(sh.num_candidates, kCandidates); i += kSamplingThreads) {
+  for (int i = threadIdx.x; i < min(sh.num_candidates, kCandidates); i += kRowThreads) {
     const uint32_t key = sh.cand_key[i];
     if (key >= t) {
       const int index = sh.cand_index[i];
@@ -1387,7 +1288,7 @@ __device__ Best MinPDraw(const float* row, int64_t n, float min_p, bool gather, 
   if (gather) {
     floor_key = max(1u, ProbKey(min_p * BlockMax(sample, sh)));
     const int64_t sampled_above = __syncthreads_count(ProbKey(sample) >= floor_key);
-    gather = sampled_above * n <= int64_t(kCandidates / 2) * kSamplingThreads;  // the count it predicts
+    gather = sampled_above * n <= int64_t(kCandidates / 2) * kRowThreads;  // the count it predicts
   }
   if (threadIdx.x == 0) {
     sh.num_candidates = 0;
@@ -1517,14 +1418,14 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
   // 1. The chunks' masses, each chunk a warp's load; this block's share of the chunks.
   const int64_t own_begin = chunks * part / parts, own_end = chunks * (part + 1) / parts;
   const int64_t own_full_end = min(own_end, n / kDrawChunk);  // chunks wholly inside the row
-  constexpr int kStep = kSamplingWarps * kSamplingUnroll;
+  constexpr int kStep = kSamplingWarps * kRowUnroll;
   int64_t c = own_begin + warp;
-  for (; c + (kSamplingUnroll - 1) * kSamplingWarps < own_full_end; c += kStep) {
-    Vec<float, 4> v[kSamplingUnroll];
+  for (; c + (kRowUnroll - 1) * kSamplingWarps < own_full_end; c += kStep) {
+    Vec<float, 4> v[kRowUnroll];
 #pragma unroll
-    for (int u = 0; u < kSamplingUnroll; ++u) v[u].load(row + ((c + u * kSamplingWarps) * 32 + lane) * 4);
+    for (int u = 0; u < kRowUnroll; ++u) v[u].load(row + ((c + u * kSamplingWarps) * 32 + lane) * 4);
 #pragma unroll
-    for (int u = 0; u < kSamplingUnroll; ++u) {
+    for (int u = 0; u < kRowUnroll; ++u) {
       const float m = ChunkMass(v[u]);
       if (lane == 0) chunk_mass[c + u * kSamplingWarps] = m;
     }
@@ -1544,12 +1445,12 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
     while (c >= chunks * (owner + 1) / parts) ++owner;
     return *PartShared(chunk_mass + c, owner);
   };
-  const int per = int((chunks + kSamplingThreads - 1) / kSamplingThreads);
+  const int per = int((chunks + kRowThreads - 1) / kRowThreads);
   const int64_t first = int64_t(threadIdx.x) * per;
   double own = 0;
   for (int i = 0; i < per; ++i) own += mass_of_chunk(first + i);
   const double below = BlockExclusiveSum(own, sh);
-  if (threadIdx.x == kSamplingThreads - 1) sh.draw_row_mass = below + own;
+  if (threadIdx.x == kRowThreads - 1) sh.draw_row_mass = below + own;
   if (threadIdx.x < kTopPDraws) sh.draw_chunk[threadIdx.x] = -1;
   __syncthreads();
   const double mass = sh.draw_row_mass;
@@ -1666,10 +1567,10 @@ __device__ bool DrawTopP(const float* row, int64_t n, float top_p, const RowRand
 // floor's key turned the same way (every candidate's new key is at least it).
 __device__ uint32_t CandidatesToProbabilities(SamplingShared& sh, uint32_t floor) {
   uint32_t top = 0u;
-  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) top = max(top, sh.cand_key[i]);
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kRowThreads) top = max(top, sh.cand_key[i]);
   top = BlockReduce(top, reinterpret_cast<uint32_t*>(sh.scratch_i), [](uint32_t a, uint32_t b) { return max(a, b); });
   const float largest = LogitFromKey(top);
-  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kRowThreads) {
     sh.cand_key[i] = ProbKey(expf(LogitFromKey(sh.cand_key[i]) - largest));
   }
   if (threadIdx.x == 0) sh.sorted_count = -1;
@@ -1718,7 +1619,7 @@ __device__ bool LogitsToProbabilities(const float* logits, float* out, int64_t n
 enum class Shortcut { kNone, kSampledFloor, kTopPDraws, kLogitsFloor };
 
 template <int kVec, Shortcut kShortcut>
-__global__ void __launch_bounds__(kSamplingThreads) SamplingKernel(SamplingParams p) {
+__global__ void __launch_bounds__(kRowThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
   const int64_t out_row = blockIdx.x / RowParts();
@@ -2066,7 +1967,7 @@ __device__ TopKGathered GatherTopK(const T* row, T* out, int64_t n, SamplingShar
 template <int kVec, typename T, typename ValueOf>
 __device__ __forceinline__ void WriteKeptCandidates(SamplingShared& sh, T* out, int64_t n, uint32_t t, ValueOf value_of) {
   const int2 slice = RowSlice<kVec>(n);
-  for (int i = threadIdx.x; i < sh.num_candidates; i += kSamplingThreads) {
+  for (int i = threadIdx.x; i < sh.num_candidates; i += kRowThreads) {
     const uint32_t key = sh.cand_key[i];
     const int index = sh.cand_index[i];
     if (key >= t && index >= slice.x && index < slice.y) out[index] = value_of(key);
@@ -2107,7 +2008,7 @@ __device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingS
   sh.mass_hi[t] = 0;
   sh.mass_lo[t] = 0;
   __syncthreads();
-  if (key != 0u && top - int(key >> 20) < kSamplingThreads) {  // 128 octaves below the largest: no mass to speak of
+  if (key != 0u && top - int(key >> 20) < kRowThreads) {  // 128 octaves below the largest: no mass to speak of
     const int b = top - int(key >> 20);
     const uint32_t mantissa = MantissaOf(key);
     atomicAdd(&sh.count[b], 1u);
@@ -2119,7 +2020,7 @@ __device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingS
   const double mass = top - t >= 0 && count > 0.f ? MassOf(sh.mass_hi[t], sh.mass_lo[t], uint32_t(top - t) << 20) : 0.0;
   const float above = float(BlockExclusiveSum(double(count), sh));  // sampled in the bins above this one
   const double mass_above = BlockExclusiveSum(mass, sh);
-  if (t == kSamplingThreads - 1) sh.part_double = mass_above + mass;  // the sample's mass
+  if (t == kRowThreads - 1) sh.part_double = mass_above + mass;  // the sample's mass
   __syncthreads();
   const double target = double(top_p) * sh.part_double;
   int& predicted = sh.found;
@@ -2160,7 +2061,7 @@ __device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingS
 
 // Level0Histogram with masses over float32 probabilities, gathering the keys in `window` into
 // window_keys on the way. Each thread puts its first kOwnWindowKeys keys in its own slots
-// (window_keys[j * kSamplingThreads + thread]), counted in a register, and the rest in the pool
+// (window_keys[j * kRowThreads + thread]), counted in a register, and the rest in the pool
 // after them, through one shared counter: the window's expected 12000 keys make about 12 a
 // thread, so the pool takes a few hundred a block. (Slots taken by each warp's groups through
 // ballots and one atomic made the pass 10-14% slower on an H100, NOTES.) `own`: this thread's
@@ -2170,7 +2071,7 @@ __device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingSh
   ClearBins(sh, kSamplingBins);
   if (threadIdx.x == 0) sh.num_candidates = 0;  // the pool's keys
   __syncthreads();
-  uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kSamplingThreads;
+  uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kRowThreads;
   own = 0;
   // A thread that found the pool full takes no more slots: the count already says it overflowed,
   // and a crowded window (every key of a row in it) would otherwise cost an atomic on one counter
@@ -2182,7 +2083,7 @@ __device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingSh
       AddToBins(sh, key, 1u, 0xFFFFFFFFu, 20, true);
       if (key >= window.lo && key <= window.hi && key != 0u) {
         if (own < kOwnWindowKeys) {
-          sh.window_keys[own * kSamplingThreads + int(threadIdx.x)] = key;
+          sh.window_keys[own * kRowThreads + int(threadIdx.x)] = key;
         } else if (!pool_full) {
           const int slot = atomicAdd(&sh.num_candidates, 1);
           if (slot < kPooledWindowKeys) pool[slot] = key;
@@ -2200,19 +2101,19 @@ __device__ bool Level0HistogramGathering(const float* row, int64_t n, SamplingSh
 
 // The gathered window's keys in [lo, hi] become this block's candidates, as GatherCandidates
 // would have gathered them (in another order). Each thread reads its own slots and its share of
-// the pool (one slot in every kSamplingThreads: no bank conflicts) and keeps their keys in
+// the pool (one slot in every kRowThreads: no bank conflicts) and keeps their keys in
 // registers across the block's scan, so the keys move down in place.
 __device__ void KeepWindowKeys(SamplingShared& sh, uint32_t lo, uint32_t hi, int own) {
-  constexpr int kPooledPer = kPooledWindowKeys / kSamplingThreads;
-  static_assert(kPooledPer * kSamplingThreads == kPooledWindowKeys, "the pool in whole rounds of the block");
+  constexpr int kPooledPer = kPooledWindowKeys / kRowThreads;
+  static_assert(kPooledPer * kRowThreads == kPooledWindowKeys, "the pool in whole rounds of the block");
   const int pooled = sh.num_candidates;
-  const uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kSamplingThreads;
+  const uint32_t* const pool = sh.window_keys + kOwnWindowKeys * kRowThreads;
   uint32_t keys[kOwnWindowKeys + kPooledPer];
 #pragma unroll
-  for (int j = 0; j < kOwnWindowKeys; ++j) keys[j] = j < own ? sh.window_keys[j * kSamplingThreads + int(threadIdx.x)] : 0u;
+  for (int j = 0; j < kOwnWindowKeys; ++j) keys[j] = j < own ? sh.window_keys[j * kRowThreads + int(threadIdx.x)] : 0u;
 #pragma unroll
   for (int j = 0; j < kPooledPer; ++j) {
-    const int slot = j * kSamplingThreads + int(threadIdx.x);
+    const int slot = j * kRowThreads + int(threadIdx.x);
     keys[kOwnWindowKeys + j] = slot < pooled ? pool[slot] : 0u;
   }
   int kept = 0;
@@ -2223,7 +2124,7 @@ __device__ void KeepWindowKeys(SamplingShared& sh, uint32_t lo, uint32_t hi, int
   for (uint32_t key : keys) {
     if (key >= lo && key <= hi && key != 0u) sh.cand_key[at++] = key;
   }
-  if (threadIdx.x == kSamplingThreads - 1) {
+  if (threadIdx.x == kRowThreads - 1) {
     sh.num_candidates = at;
     sh.sorted_count = -1;
   }
@@ -2235,7 +2136,7 @@ __device__ void KeepWindowKeys(SamplingShared& sh, uint32_t lo, uint32_t hi, int
 // only (the binding refuses others). kTopPWindow: top-p rows whose first pass gathers the sample's
 // window (its own kernel, so that the others keep their code as it was).
 template <typename T, int kVec, bool kTopPWindow = false>
-__global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p) {
+__global__ void __launch_bounds__(kRowThreads) RenormKernel(RenormParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
   const int64_t r = blockIdx.x / RowParts();
@@ -2325,7 +2226,7 @@ __global__ void __launch_bounds__(kSamplingThreads) RenormKernel(RenormParams p)
 
 // out = x where x is among the top k logits of its row (ties at the k-th value kept), else -inf.
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParams p) {
+__global__ void __launch_bounds__(kRowThreads) MaskLogitsKernel(RenormParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   SamplingShared& sh = *reinterpret_cast<SamplingShared*>(shared_bytes);
   const int64_t r = blockIdx.x / RowParts();
@@ -2358,290 +2259,7 @@ __global__ void __launch_bounds__(kSamplingThreads) MaskLogitsKernel(RenormParam
   AllowDependentGrids();
 }
 
-// ---- softmax ------------------------------------------------------------------------------------------
-
-struct SoftmaxParams {
-  const void* logits;  // T [rows, vocab]
-  int64_t in_stride;
-  float* out;          // float32 [rows, vocab]
-  int64_t out_stride;
-  int64_t vocab;
-  int64_t rows;
-  RowParam<float> temperature;
-};
-
-// Running (max, sum of exp2(y - max)) pairs, merged.
-__device__ __forceinline__ float2 MergeMaxSum(float2 a, float2 b) {
-  const float m = fmaxf(a.x, b.x);
-  if (m == -INFINITY) return make_float2(m, 0.f);
-  return make_float2(m, a.y * exp2f(a.x - m) + b.y * exp2f(b.x - m));
-}
-
-// out = exp(x / temperature) / sum over the row, in float32: one pass for the running max and sum,
-// one that writes.
-template <typename T, int kVec>
-__global__ void __launch_bounds__(kSamplingThreads) SoftmaxKernel(SoftmaxParams p) {
-  __shared__ float2 partial[kSamplingWarps];
-  const int64_t r = blockIdx.x / RowParts();
-  WaitForPriorGrids();
-  const T* row = static_cast<const T*>(p.logits) + r * p.in_stride;
-  float* out = p.out + r * p.out_stride;
-  const int64_t n = p.vocab;
-  const float scale = 1.4426950408889634f / p.temperature.at(r);  // log2(e) / temperature
-  float2 acc = make_float2(-INFINITY, 0.f);
-  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t) {
-    float m = -INFINITY;
-    for (int e = 0; e < count; ++e) m = fmaxf(m, x[e] * scale);
-    if (m == -INFINITY) return;
-    float s = 0.f;
-    for (int e = 0; e < count; ++e) s += exp2f(x[e] * scale - m);
-    acc = MergeMaxSum(acc, make_float2(m, s));
-  });
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
-  }
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
-  __syncthreads();
-  acc = partial[threadIdx.x % 32];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
-  }
-  __shared__ float2 part_acc;  // merged over the row's blocks in part order
-  if (threadIdx.x == 0) part_acc = acc;
-  SyncRow();
-  acc = make_float2(-INFINITY, 0.f);
-  for (int part = 0; part < RowParts(); ++part) acc = MergeMaxSum(acc, *PartShared(&part_acc, part));
-  SyncRow();
-  const float m = acc.x;
-  const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
-  ForEachGroup<T, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-    float y[kVec];
-    for (int e = 0; e < count; ++e) y[e] = m == -INFINITY ? 0.f : exp2f(x[e] * scale - m) * inv_sum;
-    if (count == kVec && kVec >= 4) {
-#pragma unroll
-      for (int e = 0; e < kVec; e += 4) {
-        Vec<float, 4> v;
-        v[0] = y[e], v[1] = y[e + 1], v[2] = y[e + 2], v[3] = y[e + 3];
-        v.store(out + first + e);
-      }
-    } else {
-      for (int e = 0; e < count; ++e) out[first + e] = y[e];
-    }
-  });
-  AllowDependentGrids();
-}
-
-// The softmax of a row held on chip: the row is split over a cluster of RowParts() blocks of
-// kThreads threads, each holding kLoads 16-byte vectors of its block's slice in registers and
-// kSharedLoads more in shared memory (its own slots, copied with cp.async beside the loads), so it
-// is read once (the kernel above reads it twice) and written from there. Rows of up to
-// RowParts() * kThreads * (kLoads + kSharedLoads) * kVec elements.
-template <typename T, int kVec, int kLoads, int kThreads, int kSharedLoads = 0>
-__global__ void __launch_bounds__(kThreads, kThreads <= 512 ? 2 : 1) SoftmaxResidentKernel(SoftmaxParams p) {
-  constexpr int kWarps = kThreads / 32;
-  constexpr int kGroups = kLoads + kSharedLoads;  // 16-byte vectors a thread
-  extern __shared__ __align__(16) unsigned char shared_groups[];  // kSharedLoads * kThreads vectors
-  __shared__ float2 partial[kWarps];
-  __shared__ float2 part_acc;
-  const int64_t r = blockIdx.x / RowParts();
-  WaitForPriorGrids();
-  const T* row = static_cast<const T*>(p.logits) + r * p.in_stride;
-  float* out = p.out + r * p.out_stride;
-  const int64_t n = p.vocab;
-  const float scale = 1.4426950408889634f / p.temperature.at(r);  // log2(e) / temperature
-  // This block's groups of kVec: an even share of the row's, so that the blocks the launcher adds
-  // where the batch leaves SMs idle take part of the row (a share is at most kThreads * kGroups:
-  // the launcher gives a row at least the blocks that hold it). This thread's u-th is
-  // first + u * kThreads. In 32 bits: a held row has at most kMaxRowParts * kThreads * kGroups
-  // groups, and with 64-bit divisions 32000 x 1024 took 11% longer on the H200.
-  const int64_t all_groups = n / kVec;
-  const uint32_t row_groups = uint32_t(all_groups), parts = RowParts(), part = RowPart();
-  const int64_t groups = row_groups * (part + 1) / parts;
-  const int64_t first = row_groups * part / parts + threadIdx.x;
-  // Groups kLoads.. of a thread wait in shared memory (this thread's own slots: no barrier).
-  Vec<T, kVec>* staged = reinterpret_cast<Vec<T, kVec>*>(shared_groups) + threadIdx.x;
-#pragma unroll
-  for (int u = kLoads; u < kGroups; ++u) {
-    if (first + u * kThreads < groups) CopyAsync16(staged + (u - kLoads) * kThreads, row + (first + u * kThreads) * kVec);
-  }
-  if constexpr (kSharedLoads > 0) CommitAsyncGroup();
-  Vec<T, kVec> v[kLoads];
-#pragma unroll
-  for (int u = 0; u < kLoads; ++u) {
-    if (first + u * kThreads < groups) v[u].load(row + (first + u * kThreads) * kVec);
-  }
-  auto group = [&](int u) { return u < kLoads ? v[u] : staged[(u - kLoads) * kThreads]; };
-  const int64_t tail = all_groups * kVec + threadIdx.x;  // the last n % kVec elements, one per thread
-  const bool has_tail = kVec > 1 && RowPart() == RowParts() - 1 && tail < n;
-  const float tail_y = has_tail ? to_float(row[tail]) * scale : -INFINITY;
-  float m = tail_y;
-  if constexpr (kSharedLoads > 0) WaitAsyncGroups<0>();
-#pragma unroll
-  for (int u = 0; u < kGroups; ++u) {
-    if (first + u * kThreads < groups) {
-      const Vec<T, kVec> x = group(u);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) m = fmaxf(m, to_float(x[e]) * scale);
-    }
-  }
-  float s = 0.f;
-  if (m != -INFINITY) {
-    s = has_tail ? exp2f(tail_y - m) : 0.f;
-#pragma unroll
-    for (int u = 0; u < kGroups; ++u) {
-      if (first + u * kThreads < groups) {
-        const Vec<T, kVec> x = group(u);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) s += exp2f(to_float(x[e]) * scale - m);
-      }
-    }
-  }
-  float2 acc = make_float2(m, s);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
-  }
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;
-  __syncthreads();
-  acc = threadIdx.x % 32 < kWarps ? partial[threadIdx.x % 32] : make_float2(-INFINITY, 0.f);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    acc = MergeMaxSum(acc, make_float2(__shfl_xor_sync(0xffffffffu, acc.x, o), __shfl_xor_sync(0xffffffffu, acc.y, o)));
-  }
-  if (threadIdx.x == 0) part_acc = acc;
-  SyncRow();
-  acc = make_float2(-INFINITY, 0.f);
-  for (int part = 0; part < RowParts(); ++part) acc = MergeMaxSum(acc, *PartShared(&part_acc, part));
-  // The other blocks may leave once every block has read their part_acc: arrive now, wait at the
-  // end, so that the writes do not wait for the slowest reader.
-  const bool split = RowParts() > 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (split) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-  const float row_max = acc.x;
-  const float inv_sum = acc.y > 0.f ? 1.f / acc.y : 0.f;  // a row of -inf: zeros
-  auto y_of = [&](float x) { return row_max == -INFINITY ? 0.f : exp2f(x * scale - row_max) * inv_sum; };
-#pragma unroll
-  for (int u = 0; u < kGroups; ++u) {
-    const int64_t g = first + u * kThreads;
-    if (g < groups) {
-      const Vec<T, kVec> x = group(u);
-#pragma unroll
-      for (int e = 0; e < kVec; e += 4) {
-        Vec<float, 4> w;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = y_of(to_float(x[e + j]));
-        w.store(out + g * kVec + e);
-      }
-    }
-  }
-  if (has_tail) out[tail] = row_max == -INFINITY ? 0.f : exp2f(tail_y - row_max) * inv_sum;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (split) asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-  AllowDependentGrids();
-}
-
 // ---- launchers ------------------------------------------------------------------------------------
-
-// How many clusters of `parts` blocks of kKernel (`threads` threads, shared_bytes each; both fixed
-// per kernel) run at once on `device`: 0 where none can (asked once per kernel, device and size).
-// The GPCs need not divide into clusters: on the H200, of blocks that take a whole SM, 15 clusters of
-// 8 run at once, 30 of 4 and 66 of 2.
-template <auto kKernel>
-int ActiveClusters(int parts, size_t shared_bytes, int device, int threads = kSamplingThreads) {
-  if (parts == 1) return GetDeviceFacts(device).sms;
-  if (GetDeviceFacts(device).major < 9 || parts > kMaxRowParts || device < 0 || device >= kMaxDevices) return 0;
-  static std::atomic<int> known[kMaxDevices][kMaxRowParts + 1] = {};  // clusters + 1; 0: not asked yet
-  std::atomic<int>& slot = known[device][parts];
-  int value = slot.load(std::memory_order_acquire);
-  if (value == 0) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(parts));
-    config.blockDim = dim3(unsigned(threads));
-    config.dynamicSmemBytes = shared_bytes;
-    cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = unsigned(parts);
-    attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &config) != cudaSuccess) clusters = 0;
-    cudaGetLastError();  // "does not fit" is an answer, not an error of a later launch
-    value = clusters + 1;
-    slot.store(value, std::memory_order_release);  // a second thread asking meanwhile gets the same answer
-  }
-  return value - 1;
-}
-
-// The blocks to split each of `rows` rows over: a power of two up to kMaxRowParts that keeps the
-// grid within one wave of one block per SM (sm90+; 1 below): the clusters of that many blocks that
-// run at once must take every row (else the last rows wait for a second wave: top-p alone at
-// 128256 x 16 took 48 us in 16 clusters of 8, 15 at once, and 32 us at batch 8).
-template <auto kKernel>
-int RowPartsFor(int64_t rows, int max_parts, size_t shared_bytes, int device, int min_parts = 1) {
-  const DeviceFacts& facts = GetDeviceFacts(device);
-  if (facts.major < 9) return 1;
-  int parts = std::min(min_parts, max_parts);
-  while (parts < max_parts && rows * parts * 2 <= facts.sms) parts *= 2;
-  while (parts > 1 && ActiveClusters<kKernel>(parts, shared_bytes, device) < rows) parts /= 2;
-  return parts;
-}
-
-// kernel<<<rows * parts, kSamplingThreads, shared_bytes, stream>>>(p) in clusters of `parts`
-// blocks, with the PDL attribute when `pdl`.
-template <typename Params>
-cudaError_t LaunchSplit(void (*kernel)(Params), int64_t rows, int parts, size_t shared_bytes, cudaStream_t stream,
-                        bool pdl, const Params& p, int threads = kSamplingThreads) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(rows * parts));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[2];
-  int count = 0;
-  if (parts > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = unsigned(parts);
-    attributes[count].val.clusterDim.y = attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
-  if (pdl) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count].val.programmaticStreamSerializationAllowed = 1;
-    ++count;
-  }
-  config.attrs = attributes;
-  config.numAttrs = count;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
-
-// Launches kernel<kVec> (16-byte vectors) where every row starts 16-byte aligned, else kernel<1>,
-// each row over RowPartsFor blocks.
-template <auto kVectorKernel, auto kScalarKernel, typename Params>
-cudaError_t LaunchRows(const Params& p, int64_t rows, bool aligned, size_t shared_bytes, int device,
-                       cudaStream_t stream, bool pdl, int max_parts = kMaxRowParts, int min_parts = 1) {
-  if (rows == 0) return cudaSuccess;
-  if (rows > 0x7FFFFFFF / kMaxRowParts) return cudaErrorInvalidConfiguration;
-  if (aligned) {
-    if (BlocksPerSm<kVectorKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-    return LaunchSplit(kVectorKernel, rows, RowPartsFor<kVectorKernel>(rows, max_parts, shared_bytes, device, min_parts), shared_bytes,
-                       stream, pdl, p);
-  }
-  if (BlocksPerSm<kScalarKernel>(kSamplingThreads, shared_bytes, device) == 0) return cudaErrorInvalidConfiguration;
-  return LaunchSplit(kScalarKernel, rows, RowPartsFor<kScalarKernel>(rows, max_parts, shared_bytes, device, min_parts), shared_bytes, stream,
-                     pdl, p);
-}
-
-// Whether every row of a tensor of T starting at `base` with `stride` elements between rows starts
-// 16-byte aligned.
-template <typename T>
-bool RowsAligned(const void* base, int64_t stride) {
-  return Aligned16(base) && stride % kVec16<T> == 0;
-}
 
 // Rows searched by histograms merge the level-0 histogram across the blocks of a split through
 // distributed shared memory, and every block then gets all the gathered candidates and searches
@@ -2713,63 +2331,6 @@ cudaError_t MaskLogits(const RenormParams& p, int device, cudaStream_t stream, b
   return LaunchRows<MaskLogitsKernel<T, kVec16<T>>, MaskLogitsKernel<T, 1>>(p, p.rows, aligned, sizeof(SamplingShared),
                                                                              device, stream, pdl, kThresholdRowParts,
                                                                              kSearchMinRowParts);
-}
-
-// SoftmaxResidentKernel<kLoads, kSharedLoads> where the row fits a cluster: the blocks it needs, or
-// more (up to kMaxRowParts) where the batch leaves SMs idle. False where it does not apply.
-template <auto kKernel, int kVec, int kLoads, int kThreads, int kSharedLoads = 0>
-bool LaunchResidentSoftmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl, cudaError_t* status) {
-  constexpr int64_t kPerBlock = int64_t(kThreads) * (kLoads + kSharedLoads) * kVec;
-  constexpr size_t kShared = size_t(kSharedLoads) * kThreads * 16;
-  int parts = int((p.vocab + kPerBlock - 1) / kPerBlock);
-  if (parts > kMaxRowParts || p.rows > 0x7FFFFFFF / kMaxRowParts) return false;
-  parts = std::max(parts, 1);
-  const int sms = GetDeviceFacts(device).sms;
-  if (p.rows * parts * 2 <= sms) parts = int(std::min<int64_t>(kMaxRowParts, std::max<int64_t>(parts, sms / p.rows)));
-  if (BlocksPerSm<kKernel>(kThreads, kShared, device) == 0) return false;
-  while (parts > 1 && ActiveClusters<kKernel>(parts, kShared, device, kThreads) == 0) {
-    if (int64_t(parts - 1) * kPerBlock < p.vocab) return false;  // fewer blocks cannot hold the row
-    --parts;
-  }
-  *status = LaunchSplit(kKernel, p.rows, parts, kShared, stream, pdl, p, kThreads);
-  return true;
-}
-
-template <typename T>
-cudaError_t Softmax(const SoftmaxParams& p, int device, cudaStream_t stream, bool pdl) {
-  const bool aligned = RowsAligned<T>(p.logits, p.in_stride) && RowsAligned<float>(p.out, p.out_stride) &&
-                       p.out_stride % kVec16<T> == 0;
-  if (p.rows == 0) return cudaSuccess;
-  if (aligned) {
-    // The row read once where a cluster holds it. Blocks of 1024 threads (128 KB of float32 in
-    // registers each) where the grid fills the SMs four times over (on the H200 at vocab 128256:
-    // 2.67-2.83 passes at batch 256-1024 against 2.99-3.02 for 512), else blocks of 512, two to an SM
-    // (3.02 against 3.30 at batch 64), up to 8 * 512 * 32 elements.
-    constexpr int kVec = kVec16<T>;
-    constexpr int64_t kBig = 1024 * 8 * kVec;
-    const bool many = p.rows * ((p.vocab + kBig - 1) / kBig) >= 4 * int64_t(GetDeviceFacts(device).sms);
-    cudaError_t status = cudaSuccess;
-    if constexpr (std::is_same_v<T, float>) {
-      // Where another 128 KB of shared memory a block takes a row over fewer blocks, and those
-      // blocks still fill the SMs (7/8 of them): clusters of 4 fit 120 of the H200's 132 SMs at
-      // once, of 2 all of them (vocab 128256: 2.31 passes against 2.71 at batch 1024, 2.68 against
-      // 2.98 at 64; at batch 32 its 64 blocks took 4.7 against 3.2). 16-bit logits gained at some
-      // sizes and lost at others.
-      const int64_t shared_parts = (p.vocab + 2 * kBig - 1) / (2 * kBig);
-      const bool fewer_blocks = (p.vocab + kBig - 1) / kBig > shared_parts;
-      if (fewer_blocks && p.rows * shared_parts * 8 >= 7 * int64_t(GetDeviceFacts(device).sms) &&
-          LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024, 8>, kVec, 8, 1024, 8>(p, device, stream, pdl,
-                                                                                              &status)) {
-        return status;
-      }
-    }
-    if ((many && LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) ||
-        LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 512>, kVec, 8, 512>(p, device, stream, pdl, &status) ||
-        LaunchResidentSoftmax<SoftmaxResidentKernel<T, kVec, 8, 1024>, kVec, 8, 1024>(p, device, stream, pdl, &status)) {
-      return status;
-    }
-  }
-  return LaunchRows<SoftmaxKernel<T, kVec16<T>>, SoftmaxKernel<T, 1>>(p, p.rows, aligned, 0, device, stream, pdl);
 }
 
 }  // namespace aotinfer
