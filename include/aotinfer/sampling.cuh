@@ -334,9 +334,21 @@ __device__ __forceinline__ void ClearBins(SamplingShared& sh, int bins) {
   }
 }
 
-// Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift).
-// (Warp-aggregated adds, __match_any_sync on the bin and one atomic per distinct bin, were 2-7x
-// slower on the H200, and four interleaved copies of the counts (lane % 4) 7-44% slower; see NOTES.)
+// Adds `count` keys whose mantissas sum to (mass_hi << 12) + mass_lo to bin b.
+__device__ __forceinline__ void AddToBin(SamplingShared& sh, int b, uint32_t count, uint32_t mass_hi, uint32_t mass_lo,
+                                         bool with_mass) {
+  atomicAdd(&sh.count[b], count);
+  if (with_mass) {
+    atomicAdd(&sh.mass_hi[b], mass_hi);
+    atomicAdd(&sh.mass_lo[b], mass_lo);
+  }
+}
+
+// Adds one key to the histogram over [lo, hi] at `shift` (bins numbered from lo >> shift). Its own
+// atomics rather than AddToBin's: the mantissa computed ahead of AddToBin's test grew every
+// searched kernel's code by 1-2%. (Warp-aggregated adds, __match_any_sync on the bin and one
+// atomic per distinct bin, were 2-7x slower on the H200, and four interleaved copies of the counts
+// (lane % 4) 7-44% slower; see NOTES.)
 __device__ __forceinline__ void AddToBins(SamplingShared& sh, uint32_t key, uint32_t lo, uint32_t hi, int shift,
                                           bool with_mass) {
   if (key >= lo && key <= hi && key != 0u) {
@@ -404,11 +416,7 @@ struct BinRun {
 
   __device__ __forceinline__ void Flush(SamplingShared& sh, bool with_mass) {
     if (count == 0u) return;
-    atomicAdd(&sh.count[bin], count);
-    if (with_mass) {
-      atomicAdd(&sh.mass_hi[bin], mass_hi);
-      atomicAdd(&sh.mass_lo[bin], mass_lo);
-    }
+    AddToBin(sh, bin, count, mass_hi, mass_lo, with_mass);
     count = mass_hi = mass_lo = 0u;
   }
 };
@@ -2013,9 +2021,7 @@ __device__ KeyWindow TopPWindow(float sampled, float top_p, int64_t n, SamplingS
   if (key != 0u && top - int(key >> 20) < kRowThreads) {  // 128 octaves below the largest: no mass to speak of
     const int b = top - int(key >> 20);
     const uint32_t mantissa = MantissaOf(key);
-    atomicAdd(&sh.count[b], 1u);
-    atomicAdd(&sh.mass_hi[b], mantissa >> 12);
-    atomicAdd(&sh.mass_lo[b], mantissa & 0xFFFu);
+    AddToBin(sh, b, 1u, mantissa >> 12, mantissa & 0xFFFu, true);
   }
   __syncthreads();
   const float count = float(sh.count[t]);
