@@ -2,7 +2,8 @@
 (the searched samplers' shared candidates too), unsplit rows, the multi-pass path, misaligned rows,
 16-bit logits and top-k renorm rows, softmax held in registers (both block sizes) and read twice (misaligned), draws by
 rejection (top-p's dense bins, min-p's large kept sets), top-p's verified draws and their misses,
-the top-p renormalization of peaked rows and its window, top-k first from logits in one kernel."""
+the top-p renormalization of peaked rows and its window, top-k first from logits in one kernel, the
+plain draw by chunk masses."""
 import torch
 
 import aotinfer
@@ -17,6 +18,7 @@ for rows, vocab in ((2, 1001), (200, 4099)):
     aotinfer.top_p_sampling_from_probs(probs, 0.5)  # verified draws
     aotinfer.top_p_sampling_from_probs(probs, 0.1)
     aotinfer.min_p_sampling_from_probs(probs, 0.1)
+    aotinfer.sampling_from_probs(probs[:, :1000].contiguous())  # by the chunks' masses (rows of 4000 bytes: aligned)
     aotinfer.sampling_from_logits(logits)
     aotinfer.top_k_renorm_probs(probs, 7)
     aotinfer.top_k_renorm_probs(probs.half(), 7)  # 16-bit rows in their dtype

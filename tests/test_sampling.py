@@ -571,6 +571,24 @@ def test_batch_zero_and_nan():
 
 
 @gpu
+@pytest.mark.parametrize("scale", [0.3, 2.0])
+def test_sampling_from_probs_by_chunk_masses(scale):
+    """With no filter, rows 16-byte aligned draw one token by the row's chunk masses (the inverse of
+    its cumulative mass) rather than by a race: against the exact distribution on a flat and a
+    peaked row, unnormalized (samplers take any positive scale), with a third of the row zero,
+    negative or NaN (never drawn); a row with no positive mass draws nothing, as the race does."""
+    g = torch.Generator().manual_seed(31)
+    probs = torch.softmax(torch.randn(4096, generator=g, dtype=torch.float64) * scale, 0).float() * 2.5
+    probs[1::3] = torch.tensor([0.0, -1.0, float("nan")]).repeat(1366)[: probs[1::3].numel()]
+    probs = probs.cuda()[None]
+    assert_draws_match(draw_many(aotinfer.sampling_from_probs, probs), renormalized(probs, probs > 0)[0])
+    rows = torch.rand(3, 4096, device="cuda")
+    rows[1] = 0.0
+    tokens, valid = aotinfer.sampling_from_probs(rows, seed=1, offset=0, return_valid=True)
+    assert valid.tolist() == [True, False, True] and tokens[1].item() == 0
+
+
+@gpu
 @pytest.mark.parametrize("vocab", [32000, 128256])
 def test_split_rows_draw_what_whole_rows_draw(vocab):
     """Small batches split a row over a cluster of blocks; the same rows in a large batch are not
@@ -580,7 +598,8 @@ def test_split_rows_draw_what_whole_rows_draw(vocab):
     peaked = llm_like(2, vocab, seed=6, scale=3.0)
     for probs in (flat, peaked):
         big = probs.repeat(100, 1)  # rows 0 and 1 as in probs
-        for op in (lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=9, offset=3),
+        for op in (lambda p: aotinfer.sampling_from_probs(p, seed=9, offset=3),
+                   lambda p: aotinfer.top_k_sampling_from_probs(p, 50, seed=9, offset=3),
                    lambda p: aotinfer.min_p_sampling_from_probs(p, 0.05, seed=9, offset=3),
                    lambda p: aotinfer.top_p_sampling_from_probs(p, 0.9, seed=9, offset=3),
                    lambda p: aotinfer.top_p_sampling_from_probs(p, 0.3, seed=9, offset=3),
