@@ -5,7 +5,8 @@ renormalizations, top-k masking of logits, and softmax with temperature.
 No op sorts the vocabulary. Every filter keeps the elements at or above one threshold value (ties
 with it are kept), found by a radix search over the row's bit patterns in shared memory; a draw is
 an exponential race in the same pass. Top-p alone draws from the whole row and keeps the first draw
-that the filter keeps, which needs no threshold (include/aotinfer/sampling.cuh says how).
+that the filter keeps, which needs no threshold; with no filter, a row of probabilities draws its
+token the same way and keeps it (include/aotinfer/sampling.cuh says how).
 
 Randomness is Philox4x32-10 keyed by a seed, with a counter made of the element, the output row
 and an offset. Without ``seed`` and ``offset`` both, they come from ``generator`` (the device's
