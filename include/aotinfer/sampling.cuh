@@ -1642,7 +1642,8 @@ __device__ bool LogitsToProbabilities(const float* logits, float* out, int64_t n
 // - kChunkDraw: no filter, from probabilities: one draw by the row's chunk masses (DrawByChunks),
 //   a pass of sums, in place of the race's random number and logarithm an element, which bound it
 //   by arithmetic at large batches (H100: 1024 x 128256 316 -> 215 us, 64 x 32000 15.6 -> 14.7; a
-//   lone row of 32000, split eight ways, 11.1 -> 12.4; NOTES).
+//   lone row of 32000, split eight ways, 11.1 -> 12.4 in one call, within the rounds' spread in
+//   another, so no rule keeps the race for small shares of a row; NOTES).
 enum class Shortcut { kNone, kSampledFloor, kTopPDraws, kLogitsFloor, kChunkDraw };
 
 template <int kVec, Shortcut kShortcut>
