@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of an installed aotinfer: info, the GPU tests, a memcheck pass over scale's
-# misaligned paths, and the benchmarks. Logs go to LOG_DIR; a summary is printed last.
+# misaligned paths, and every op's benchmark. Logs go to LOG_DIR; the tables are printed last.
 #   usage: ci/gpu_check.sh [LOG_DIR]     (run from the repository root)
 set -uo pipefail
 log=${1:-gpu-logs}
@@ -24,8 +24,11 @@ if command -v compute-sanitizer >/dev/null; then
   run memcheck compute-sanitizer --tool memcheck --error-exitcode 9 \
     python -m pytest tests/test_scale.py -m gpu -q -k "misaligned or out_and_in_place or empty"
 fi
-run bench-scale python benchmarks/bench_scale.py
-run bench-import python benchmarks/bench_import.py
+# One benchmark a module, and the first import's cost (bench_import).
+benches=(scale import norm activation norm_quant decode prefill sampling)
+for b in "${benches[@]}"; do
+  run "bench-$b" python "benchmarks/bench_$b.py"
+done
 echo "== tables"
-cat "$log/bench-scale.txt" "$log/bench-import.txt"
+for b in "${benches[@]}"; do cat "$log/bench-$b.txt"; done
 exit $status
