@@ -1,0 +1,377 @@
+"""Rotary position embedding (RoPE) of queries and keys, at FlashInfer's API.
+
+Each op rotates the first ``rotary_dim`` dims of every head of ``q`` and ``k`` by angles
+``pos * inv_freq_j`` and leaves the rest as they are. Positions come from ``pos_ids`` (one per
+token) or from ``indptr``/``offsets`` (token ``indptr[r] + i`` of request ``r`` sits at
+``offsets[r] + i``). Frequencies are ``inv_freq_j = rope_theta ** (-2j / rotary_dim) / rope_scale``,
+Llama 3.1's blend of that with the unscaled frequency, or read from a float32 cos/sin cache. Layouts:
+NeoX (``interleave=False``: dim ``j`` turns with dim ``j + rotary_dim / 2``) or interleaved
+(``interleave=True``: dims ``2j`` and ``2j + 1`` turn together).
+
+Tensors are float16 or bfloat16 ``[nnz, num_heads, head_dim]`` with the last dimension
+contiguous; the other strides are free, so ``q`` and ``k`` may be slices of a fused qkv tensor.
+cos/sin are computed in float32 with accurate ``powf``/``sincosf``; each output is rounded once.
+"""
+
+from __future__ import annotations
+
+from ._kernels import kernel
+from .utils import check_int, check_real, check_tensor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
+
+    import torch
+
+_apply_rope = kernel("rope", "apply_rope")
+_apply_llama31_rope = kernel("rope", "apply_llama31_rope")
+_apply_rope_pos_ids = kernel("rope", "apply_rope_pos_ids")
+_apply_llama31_rope_pos_ids = kernel("rope", "apply_llama31_rope_pos_ids")
+_apply_rope_pos_ids_cos_sin_cache = kernel("rope", "apply_rope_pos_ids_cos_sin_cache")
+
+
+def _check_bool(value, name: str) -> None:
+    if type(value) is not bool:
+        raise TypeError(f"Expected {name} to be a bool, got {type(value).__name__}")
+
+
+def _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta) -> None:
+    """What the bindings cannot name: the scalars' types (their values and every tensor are the
+    binding's to check)."""
+    check_tensor(q, "q")
+    if rotary_dim is not None:
+        check_int(rotary_dim, "rotary_dim", 1)
+    _check_bool(interleave, "interleave")
+    check_real(rope_scale, "rope_scale")
+    check_real(rope_theta, "rope_theta")
+
+
+def _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len) -> None:
+    check_real(low_freq_factor, "low_freq_factor")
+    check_real(high_freq_factor, "high_freq_factor")
+    check_real(old_context_len, "old_context_len")
+
+
+# ---- RoPE with indptr/offsets ---------------------------------------------------------------------
+
+
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys of a ragged batch; token ``indptr[r] + i`` at ``offsets[r] + i``.
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``[nnz, num_qo_heads, head_dim]``, float16 or bfloat16, ``nnz = indptr[-1]``.
+    k : torch.Tensor
+        ``[nnz, num_kv_heads, head_dim]``, ``q``'s dtype.
+    indptr : torch.Tensor
+        ``[batch_size + 1]``, int32 or int64: each request's first token.
+    offsets : torch.Tensor
+        ``[batch_size]``, ``indptr``'s dtype: the position of each request's first token.
+    rotary_dim : Optional[int]
+        Dims of each head to rotate (the first ones); even (a multiple of 4 unless interleaved),
+        at most ``head_dim``. Default: ``head_dim``.
+    interleave : bool
+        True: dims ``(2j, 2j + 1)`` turn together; False (NeoX): dims ``j`` and ``j + rotary_dim / 2``.
+    rope_scale : float
+        Positions are divided by it (frequencies scaled by ``1 / rope_scale``).
+    rope_theta : float
+        Base of the frequencies ``rope_theta ** (-2j / rotary_dim)``.
+    skip_check : bool
+        Skip the Python checks of the scalars (the binding still checks every tensor).
+
+    Returns
+    -------
+    Tuple[torch.Tensor, torch.Tensor]
+        ``(q_rope, k_rope)``, new contiguous tensors of ``q``'s and ``k``'s shapes and dtype.
+    """
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+    import torch
+
+    q_rope = torch.empty_like(q)
+    k_rope = torch.empty_like(k)
+    _apply_rope(q_rope, k_rope, q, k, indptr, offsets, q.shape[-1] if rotary_dim is None else rotary_dim,
+                interleave, rope_scale, rope_theta, -1)
+    return q_rope, k_rope
+
+
+def apply_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+    *,
+    skip_check: bool = False,
+) -> None:
+    """:func:`apply_rope` written into ``q`` and ``k`` themselves (dims past ``rotary_dim`` are
+    neither read nor written). Same arguments; returns None."""
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+    _apply_rope(q, k, q, k, indptr, offsets, q.shape[-1] if rotary_dim is None else rotary_dim, interleave,
+                rope_scale, rope_theta, -1)
+
+
+def apply_llama31_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` with Llama 3.1's frequencies: each ``f = rope_theta ** (-2j / rotary_dim)``
+    becomes ``(1 - s) * f / rope_scale + s * f`` with
+    ``s = clamp((old_context_len * f / (2 pi) - low_freq_factor) / (high_freq_factor - low_freq_factor), 0, 1)``
+    (wavelengths shorter than ``old_context_len / high_freq_factor`` keep ``f``, longer than
+    ``old_context_len / low_freq_factor`` get ``f / rope_scale``).
+
+    Shapes and dtypes as :func:`apply_rope`; ``0 < low_freq_factor < high_freq_factor``,
+    ``old_context_len > 0``. Returns ``(q_rope, k_rope)``, new tensors of ``q``'s and ``k``'s
+    shapes and dtype.
+    """
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+        _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
+    import torch
+
+    q_rope = torch.empty_like(q)
+    k_rope = torch.empty_like(k)
+    _apply_llama31_rope(q_rope, k_rope, q, k, indptr, offsets, q.shape[-1] if rotary_dim is None else rotary_dim,
+                        interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                        float(old_context_len), -1)
+    return q_rope, k_rope
+
+
+def apply_llama31_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+    *,
+    skip_check: bool = False,
+) -> None:
+    """:func:`apply_llama31_rope` written into ``q`` and ``k`` themselves. Returns None."""
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+        _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
+    _apply_llama31_rope(q, k, q, k, indptr, offsets, q.shape[-1] if rotary_dim is None else rotary_dim,
+                        interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                        float(old_context_len), -1)
+
+
+# ---- RoPE with pos_ids ----------------------------------------------------------------------------
+
+
+def apply_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` with one position per token: ``pos_ids`` is ``[nnz]``, int32 or int64.
+
+    ``q``: ``[nnz, num_qo_heads, head_dim]``, ``k``: ``[nnz, num_kv_heads, head_dim]``, float16 or
+    bfloat16. Returns ``(q_rope, k_rope)``, new tensors of ``q``'s and ``k``'s shapes and dtype.
+    """
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+    import torch
+
+    q_rope = torch.empty_like(q)
+    k_rope = torch.empty_like(k)
+    _apply_rope_pos_ids(q_rope, k_rope, q, k, pos_ids, q.shape[-1] if rotary_dim is None else rotary_dim,
+                        interleave, rope_scale, rope_theta, -1)
+    return q_rope, k_rope
+
+
+def apply_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+    *,
+    skip_check: bool = False,
+) -> None:
+    """:func:`apply_rope_pos_ids` written into ``q`` and ``k`` themselves. Returns None."""
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+    _apply_rope_pos_ids(q, k, q, k, pos_ids, q.shape[-1] if rotary_dim is None else rotary_dim, interleave,
+                        rope_scale, rope_theta, -1)
+
+
+def apply_llama31_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_llama31_rope` with one position per token (``pos_ids``: ``[nnz]``, int32 or
+    int64). Returns ``(q_rope, k_rope)``, new tensors of ``q``'s and ``k``'s shapes and dtype."""
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+        _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
+    import torch
+
+    q_rope = torch.empty_like(q)
+    k_rope = torch.empty_like(k)
+    _apply_llama31_rope_pos_ids(q_rope, k_rope, q, k, pos_ids, q.shape[-1] if rotary_dim is None else rotary_dim,
+                                interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                                float(old_context_len), -1)
+    return q_rope, k_rope
+
+
+def apply_llama31_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: Optional[int] = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+    *,
+    skip_check: bool = False,
+) -> None:
+    """:func:`apply_llama31_rope_pos_ids` written into ``q`` and ``k`` themselves. Returns None."""
+    if not skip_check:
+        _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
+        _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
+    _apply_llama31_rope_pos_ids(q, k, q, k, pos_ids, q.shape[-1] if rotary_dim is None else rotary_dim,
+                                interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
+                                float(old_context_len), -1)
+
+
+# ---- RoPE with a cos/sin cache (vLLM's and SGLang's call) -----------------------------------------
+
+
+def _check_cos_sin_cache_call(query, key, head_size, is_neox) -> None:
+    check_tensor(query, "query")
+    check_tensor(key, "key")
+    check_int(head_size, "head_size", 1)
+    _check_bool(is_neox, "is_neox")
+    for tensor, name in ((query, "query"), (key, "key")):
+        if tensor.dim() < 2 or tensor.shape[-1] % head_size != 0:
+            raise ValueError(
+                f"Expected {name} to have shape [nnz, num_heads * head_size] with head_size {head_size},"
+                f" got {list(tensor.shape)}"
+            )
+
+
+def _heads(x, head_size):
+    return x.view(x.shape[0], -1, head_size)
+
+
+def apply_rope_with_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotate queries and keys with precomputed cos/sin (vLLM's and SGLang's interface).
+
+    Parameters
+    ----------
+    positions : torch.Tensor
+        ``[nnz]``, int32 or int64: each token's position, below ``cos_sin_cache.shape[0]``.
+    query : torch.Tensor
+        ``[nnz, num_q_heads * head_size]`` (or ``[nnz, num_q_heads, head_size]``), float16 or
+        bfloat16, the last dimension contiguous.
+    key : torch.Tensor
+        ``[nnz, num_k_heads * head_size]``, ``query``'s dtype.
+    head_size : int
+        Dims of a head.
+    cos_sin_cache : torch.Tensor
+        ``[max_position, rotary_dim]``, float32, contiguous: ``cos`` of frequency ``j`` at column
+        ``j``, ``sin`` at ``rotary_dim / 2 + j``. Rotates the first ``rotary_dim`` dims of each head.
+    is_neox : bool
+        True: dims ``j`` and ``j + rotary_dim / 2`` turn together; False: ``(2j, 2j + 1)``.
+    skip_check : bool
+        Skip the Python checks of the scalars and of the shapes of ``query``/``key``.
+
+    Returns
+    -------
+    Tuple[torch.Tensor, torch.Tensor]
+        ``(query_out, key_out)``: new contiguous tensors of ``query``'s and ``key``'s shapes and dtype.
+    """
+    if not skip_check:
+        _check_cos_sin_cache_call(query, key, head_size, is_neox)
+    import torch
+
+    query_out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    key_out = torch.empty(key.shape, dtype=key.dtype, device=key.device)
+    _apply_rope_pos_ids_cos_sin_cache(_heads(query_out, head_size), _heads(key_out, head_size),
+                                      _heads(query, head_size), _heads(key, head_size), cos_sin_cache, positions,
+                                      not is_neox, -1)
+    return query_out, key_out
+
+
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+    *,
+    skip_check: bool = False,
+) -> None:
+    """:func:`apply_rope_with_cos_sin_cache` written into ``query`` and ``key`` themselves (dims
+    past the cache's rotary dim are neither read nor written). Returns None."""
+    if not skip_check:
+        _check_cos_sin_cache_call(query, key, head_size, is_neox)
+    q = _heads(query, head_size)
+    k = _heads(key, head_size)
+    _apply_rope_pos_ids_cos_sin_cache(q, k, q, k, cos_sin_cache, positions, not is_neox, -1)
