@@ -1,15 +1,13 @@
 """Host time per call of aotinfer.scale on a 256-element tensor, against torch and the raw binding.
 
-    python benchmarks/bench_overhead.py [--calls 200] [--rounds 300]
+    python benchmarks/bench_overhead.py [--calls 200] [--rounds 300] [--before CHECKOUT/python]
 
 Variants, timed in the same run: torch's eager ``torch.mul(x, f, out=y)``; the public
 ``aotinfer.scale(x, f, out=y)`` with its checks; the same with ``skip_check=True``; and the raw
-tvm-ffi function of the loaded module, ``fn(y, x, f, -1)``, fetched once beforehand. Two more
-variants of the skip_check call show what the tracer test costs. Shipped: one C call,
-``torch._C._len_torch_dispatch_stack()`` (make_fx, non-strict export, fake tensors), dynamo
-handled by substituting each op when torch._dynamo is imported. The plain gate tests
-``torch.compiler.is_compiling()`` too, which would make the substitutions unnecessary; "no test"
-leaves make_fx and non-strict export tracing into the kernel.
+tvm-ffi function of the loaded module, ``fn(y, x, f, -1)``, fetched once beforehand. ``--before``
+adds the checked and skip_check calls of another checkout's aotinfer (its python/ folder, with
+kernels built or copied into its aotinfer/_ops), imported as a second package, so that a change
+of the op layer is measured before and after in one process.
 
 Each round times a batch of calls of each variant in turn (host perf_counter, the GPU synchronized
 between batches so the launch queue never fills), on one CPU core; ratios are taken within each
@@ -25,7 +23,7 @@ import time
 import torch
 
 import aotinfer
-from aotinfer import _loader, _op
+from aotinfer import _loader
 from aotinfer.testing import copy_bandwidth
 
 
@@ -42,10 +40,18 @@ def measure(variants, calls, rounds):
     return per_call
 
 
-def regated(op, gate):
-    """op's wrapper generated again with ``gate`` in place of the shipped tracer test, its body
-    inlined as the shipped wrapper's is after its first call."""
-    return _op.make_wrapper(op.__aotinfer_spec__, tracing=gate, inline=True, _is_compiling=torch.compiler.is_compiling)
+def import_other(python_dir):
+    """The aotinfer package of another checkout, as module ``aotinfer_before``."""
+    import importlib.util
+    import sys
+
+    path = os.path.join(python_dir, "aotinfer")
+    spec = importlib.util.spec_from_file_location("aotinfer_before", os.path.join(path, "__init__.py"),
+                                                  submodule_search_locations=[path])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["aotinfer_before"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main():
@@ -53,6 +59,7 @@ def main():
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--before", help="another checkout's python/ folder, timed beside this one")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -64,15 +71,18 @@ def main():
     aotinfer.scale(x, f, out=y)
     assert torch.equal(y, x * f), "scale is wrong: not timing it"
     raw = getattr(_loader.get_module("scale", x.get_device()), "scale")
-    plain_gate, no_gate = regated(aotinfer.scale, "_is_compiling() or _modes()"), regated(aotinfer.scale, "False")
     variants = {
         "torch.mul": lambda: torch.mul(x, f, out=y),
         "checked": lambda: aotinfer.scale(x, f, out=y),
         "skip_check": lambda: aotinfer.scale(x, f, out=y, skip_check=True),
-        "is_compiling gate": lambda: plain_gate(x, f, out=y, skip_check=True),
-        "no gate": lambda: no_gate(x, f, out=y, skip_check=True),
         "raw": lambda: raw(y, x, f, -1),
     }
+    if args.before:
+        before = import_other(args.before)
+        before.scale(x, f, out=y)
+        assert torch.equal(y, x * f), "the other checkout's scale is wrong: not timing it"
+        variants["before: checked"] = lambda: before.scale(x, f, out=y)
+        variants["before: skip_check"] = lambda: before.scale(x, f, out=y, skip_check=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}[256], "
           f"{args.calls} calls x {args.rounds} rounds per variant, medians of per-round ratios")
     print(f"device-to-device copy bandwidth (this run): {copy_bandwidth() / 1e9:.0f} GB/s")
@@ -90,8 +100,11 @@ def main():
     print(f"  torch.mul(x, f, out=y)                        {us('torch.mul'):7.3f} us")
     print(f"  aotinfer.scale(x, f, out=y)                   {us('checked'):7.3f} us   {checked:.3f}x torch.mul  (budget <= 0.70)")
     print(f"  aotinfer.scale(x, f, out=y, skip_check=True)  {us('skip_check'):7.3f} us   {skipped:.3f}x raw        (budget <= 1.05)")
-    print(f"    plain gate, is_compiling() tested too       {us('is_compiling gate'):7.3f} us   {ratio('is_compiling gate', 'raw'):.3f}x raw")
-    print(f"    no tracer test at all                       {us('no gate'):7.3f} us   {ratio('no gate', 'raw'):.3f}x raw")
+    if args.before:
+        print(f"    before: checked                             {us('before: checked'):7.3f} us   "
+              f"{ratio('before: checked', 'torch.mul'):.3f}x torch.mul")
+        print(f"    before: skip_check                          {us('before: skip_check'):7.3f} us   "
+              f"{ratio('before: skip_check', 'raw'):.3f}x raw")
     print(f"  raw tvm-ffi fn(y, x, f, -1)                   {us('raw'):7.3f} us")
     print("\nwithin budget" if checked <= 0.70 and skipped <= 1.05 else "\nOVER BUDGET")
 

@@ -48,11 +48,13 @@ def test_level_0_returns_a_plain_function_itself(monkeypatch):
     assert aotinfer_api()(op) is op
 
 
-def test_level_0_wrapper_has_no_logging():
+def test_level_0_public_ops_are_their_own_functions():
+    # No wrapper at level 0: the op's code is its body, defined in its own module's file.
     import aotinfer
 
-    spec = aotinfer.rmsnorm.__aotinfer_spec__
-    assert spec.logging is None and "_log_call" not in spec.namespace
+    for op in (aotinfer.rmsnorm, aotinfer.scale, aotinfer.top_k_top_p_sampling_from_probs):
+        assert not hasattr(op, "__wrapped__")
+        assert op.__code__.co_filename == __import__(op.__module__, fromlist=["_"]).__file__
 
 
 @pytest.mark.parametrize("text", ["verbose", "-1", "3.5"])
@@ -145,29 +147,26 @@ def test_file_destination_with_pid(monkeypatch, fresh_logger, tmp_path):
     assert "aotinfer.my_op" in text
 
 
-def test_one_wrapper_for_the_decorator_stack(monkeypatch, fresh_logger, capsys):
-    # Logging and checks are one generated function: the published op is the one whose
-    # suitable_auto_backends the requirement sets, and it logs before it checks.
-    from aotinfer.utils import backend_requirement
+def test_logging_wrapper_keeps_the_op(monkeypatch, fresh_logger, capsys):
+    # Above level 0 the published op is a wrapper that logs, then runs the op (errors included),
+    # and keeps its name, signature and attributes.
+    import inspect
 
     monkeypatch.setenv("AOTINFER_LOGLEVEL", "1")
     monkeypatch.setenv("AOTINFER_LOGDEST", "stdout")
 
-    def check(x, backend="a"):
-        if x < 0:
-            raise ValueError("x must be non-negative")
-        return True
-
     @aotinfer_api
-    @backend_requirement(backend_checks={"a": check, "b": check})
-    def pick(x, backend="a"):
-        return pick.suitable_auto_backends[0] if backend == "auto" else backend
+    def checked(x, *, skip_check=False):
+        if not skip_check and x < 0:
+            raise ValueError("x must be non-negative")
+        return x
 
-    assert pick.__wrapped__.__name__ == "pick" and pick.__aotinfer_spec__.wrapper is pick
-    assert pick(1, backend="auto") == "a" and pick.suitable_auto_backends == ["a", "b"]
+    assert checked.__wrapped__.__name__ == "checked" and list(inspect.signature(checked).parameters) == ["x", "skip_check"]
+    assert checked(1) == 1 and checked(-1, skip_check=True) == -1
     with pytest.raises(ValueError, match="x must be non-negative"):
-        pick(-1)
-    assert capsys.readouterr().out.count("aotinfer.pick") == 2
+        checked(-1)
+    assert capsys.readouterr().out.count("aotinfer.checked") == 3
+    assert checked.is_compute_capability_supported(90)  # it calls no kernel
 
 
 def test_public_op_logs_then_raises(tmp_path):

@@ -1,5 +1,6 @@
-"""The wrapper every public op gets (aotinfer/_op.py), for every op: tracers record the custom op,
-bad arguments are named, skip_check keeps the error classes, capability queries match the builds."""
+"""Every public op, through the bridge to its kernels (aotinfer/_kernels.py): tracers record the
+custom op, bad arguments are named, skip_check keeps the error classes, capability queries match
+the builds."""
 
 import inspect
 
@@ -9,7 +10,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import aotinfer
-from aotinfer import _loader, _op
+from aotinfer import _loader
+from aotinfer._kernels import kernels_named_by
+from aotinfer.utils import cc_int
 from aotinfer.cli import choices_for
 from op_arguments import IDS, PAIRS, make_arguments, ranks
 
@@ -18,7 +21,7 @@ CASE_IDS = [f"{op.__name__}-rank{rank}" for op, template, rank in CASES]
 
 
 def bindings_of(op):
-    return {f"aotinfer.{k.function}" for k in op.__aotinfer_spec__.kernels()}
+    return {f"aotinfer.{k.function}" for k in kernels_named_by(op)}
 
 
 def positional(op, args):
@@ -132,8 +135,8 @@ def test_non_tensor_arguments(op, template, skip_check):
 @pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
 def test_meta_tensors(op, template):
     args, _ = make_arguments(template, "meta", rank=ranks(template)[-1])
-    first = next(n for n, v in args.items() if isinstance(v, torch.Tensor))
-    with pytest.raises(ValueError, match=f"Expected {first} to be a CUDA tensor, got a tensor on meta"):
+    names = "|".join(n for n, v in args.items() if isinstance(v, torch.Tensor))  # each is on meta
+    with pytest.raises(ValueError, match=f"Expected ({names}) to be a CUDA tensor, got a tensor on meta"):
         op(**args)
 
 
@@ -168,13 +171,12 @@ def test_scalar_arguments():
 @pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
 def test_capability_queries_match_the_builds(op, template):
     for cc in (35, 70, 75, 80, 86, 89, 90, 100, 103, 110, 120, 121, 999):
-        modules = {k.module for k in op.__aotinfer_spec__.kernels()}
+        modules = {k.module for k in kernels_named_by(op)}
         loadable = all(choices_for((cc // 10, cc % 10))[m]["file"] is not None for m in modules)
         assert op.is_compute_capability_supported(cc) == loadable, cc
         assert op.is_compute_capability_supported(f"{cc // 10}.{cc % 10}") == loadable
-    built = next(iter(_loader.module_builds(next(iter(op.__aotinfer_spec__.kernels())).module)))
+    built = next(iter(_loader.module_builds(kernels_named_by(op)[0].module)))
     assert op.is_compute_capability_supported((built.major, built.minor))
-    assert not op.has_backend_choices() and not op.has_backend("cuda")
 
 
 def test_capability_queries_without_a_build(monkeypatch):
@@ -183,10 +185,10 @@ def test_capability_queries_without_a_build(monkeypatch):
 
     monkeypatch.setattr(_loader, "resolve", not_built)
     assert not aotinfer.rmsnorm.is_compute_capability_supported(90)
-    assert _op.cc_int("9.0") == 90 and _op.cc_int((10, 3)) == 103
+    assert cc_int("9.0") == 90 and cc_int((10, 3)) == 103
 
 
-# ---- the body runs in the wrapper's frame after the first call ----------------------------------
+# ---- the op is its own function: tracebacks show its code ----------------------------------------
 
 def frames_of(error):
     import traceback
@@ -195,82 +197,60 @@ def frames_of(error):
 
 
 @pytest.mark.parametrize("op, template", PAIRS, ids=IDS)
-def test_body_inlined_after_the_first_call(op, template):
-    body = op.__wrapped__.__code__
+def test_binding_errors_show_the_op_frame(op, template):
     args, _ = make_arguments(template, "cpu", rank=ranks(template)[-1])
-    for attempt in range(2):  # the first call inlines, the second runs inlined
-        with pytest.raises(ValueError, match="to be a CUDA tensor, got a tensor on cpu") as error:
-            op(**args)
-    frames = [f for f in frames_of(error.value) if f[0] == body.co_name]
-    # One frame of the op, in the body's own file, at a line of the body: no wrapper frame above it.
-    assert len(frames) == 1 and frames[0][1] == body.co_filename, frames
-    lines, first = inspect.getsourcelines(body)
+    with pytest.raises(ValueError, match="to be a CUDA tensor, got a tensor on cpu") as error:
+        op(**args)
+    frames = [f for f in frames_of(error.value) if f[0] == op.__name__]
+    # One frame of the op, in its own file, at a line of its body: no wrapper around it.
+    assert len(frames) == 1 and frames[0][1] == op.__code__.co_filename, frames
+    lines, first = inspect.getsourcelines(op)
     assert first < frames[0][2] < first + len(lines)
-    assert op.__code__.co_filename == body.co_filename
 
 
-def test_check_errors_point_at_the_op(tmp_path):
+def test_check_errors_point_at_the_op():
     with pytest.raises(TypeError, match="Expected factor to be a real number, got bool") as error:
-        for _ in range(2):
-            aotinfer.scale(torch.randn(4), True)
+        aotinfer.scale(torch.randn(4), True)
     name, filename, line = frames_of(error.value)[1]
-    first = aotinfer.scale.__wrapped__.__code__.co_firstlineno
-    assert (name, filename, line) == ("scale", aotinfer.scale.__wrapped__.__code__.co_filename, first)
+    lines, first = inspect.getsourcelines(aotinfer.scale)
+    assert (name, filename) == ("scale", aotinfer.scale.__code__.co_filename) and first < line < first + len(lines)
 
 
-OP_SOURCE = '''
-from aotinfer.utils import backend_requirement
+def test_a_kernel_function_is_the_custom_op_under_dynamo():
+    # torch.compile traces an op's body and records each kernel call as the custom op.
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: aotinfer.rmsnorm(x, w) * 2, fullgraph=True, backend=record)
+    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
+        compiled(torch.randn(4, 8), torch.randn(8))
+    assert recorded(graphs[0].graph) == {"aotinfer.rmsnorm"}
 
 
-def _check(x, factor=2.0):
-    if factor == 0:
-        raise ValueError("Expected factor to be nonzero")
-    return True
+def test_registration_when_torch_is_imported_later(tmp_path):
+    # register_torch_ops() with torch not yet imported: its import runs aotinfer's hook, which
+    # registers (re-entering must not deadlock); a fork afterwards works.
+    import subprocess
+    import sys
 
-
-@backend_requirement(backend_checks={}, common_check=_check)
-def doubled(x, factor=2.0):
-    """A docstring."""
-    text = """a string
-    over lines"""
-    y = x * factor
-    return y, text
-'''
-
-
-@pytest.mark.parametrize("source_kept", [True, False])
-def test_inlined_and_plain_wrappers_agree(tmp_path, monkeypatch, source_kept):
-    """An op defined in a file of its own: inlined where its source can be read, else the wrapper
-    keeps calling the body; either way the same results and errors, before and after the first
-    call. A string over several lines keeps its value."""
-    import importlib
-
-    (tmp_path / "an_op_module.py").write_text(OP_SOURCE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("an_op_module")
-    try:
-        if not source_kept:
-            (tmp_path / "an_op_module.py").unlink()
-            _op._parsed_files.pop(module.__file__, None)
-        for _ in range(3):
-            assert module.doubled(3.0) == (6.0, "a string\n    over lines")
-            assert module.doubled(3.0, 0.5, skip_check=True) == (1.5, "a string\n    over lines")
-            with pytest.raises(ValueError, match="Expected factor to be nonzero"):
-                module.doubled(3.0, 0)
-        inlined = module.doubled.__code__.co_filename == module.__file__
-        assert inlined == source_kept
-    finally:
-        del __import__("sys").modules["an_op_module"]
-
-
-def test_ops_with_closures_keep_calling_the_body():
-    from aotinfer.utils import backend_requirement
-
-    factor = 3.0
-
-    @backend_requirement(backend_checks={}, common_check=lambda x: True)
-    def tripled(x):
-        return x * factor
-
-    assert tripled(2.0) == 6.0 and tripled(2.0) == 6.0
-    assert tripled.__code__.co_filename.startswith("<aotinfer op")
+    script = """
+import os, sys
+import aotinfer
+from aotinfer import _kernels
+assert "torch" not in sys.modules
+_kernels.register_torch_ops()
+import torch
+assert hasattr(torch.ops.aotinfer, "rmsnorm")
+pid = os.fork()
+if pid == 0:
+    import torch.ops
+    os._exit(0 if hasattr(torch.ops.aotinfer, "scale") else 1)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.returncode == 0 and "child 0" in out.stdout, out.stdout + out.stderr

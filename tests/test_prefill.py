@@ -743,7 +743,7 @@ def test_single_prefill_builds_the_tables_the_plan_writes(monkeypatch, shape, ca
     seen = {}
     monkeypatch.setattr(prefill, "use_sm90", lambda *args: True)
     monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
-    monkeypatch.setattr(prefill._batch_prefill_sm90, "fn", lambda *args: seen.setdefault("args", args))
+    monkeypatch.setattr(prefill, "_batch_prefill_sm90", lambda *args: seen.setdefault("args", args))
     q = torch.randn(q_len, heads, head_dim, dtype=torch.bfloat16)
     k = torch.randn(kv_len, kv_heads, head_dim, dtype=torch.bfloat16)
     prefill.single_prefill_with_kv_cache(q, k, k, causal=causal)
@@ -882,7 +882,7 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
 @pytest.fixture
 def kernel_model(monkeypatch):
     """batch_prefill replaced by its float32 model: plan and run run on the CPU."""
-    monkeypatch.setattr(prefill._batch_prefill, "fn", model_batch_prefill)
+    monkeypatch.setattr(prefill, "_batch_prefill", model_batch_prefill)
     monkeypatch.setattr(prefill, "_num_sms", lambda device: 16)  # small batches split
 
 

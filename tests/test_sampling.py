@@ -73,7 +73,7 @@ def test_tensors_are_checked_by_name():
     for valid, error, message in ((torch.empty(4, dtype=torch.int32), TypeError, "Expected valid to have dtype bool"),
                                   (torch.empty(3, dtype=torch.bool), ValueError, r"Expected valid to have shape \[4\]")):
         with pytest.raises(error, match=message):  # the binding's own check of return_valid's tensor
-            aotinfer.sampling._sample.fn(torch.empty(4, dtype=torch.int32), valid, none, probs, none, none, none,
+            aotinfer.sampling._sample(torch.empty(4, dtype=torch.int32), valid, none, probs, none, none, none,
                                          none, no_state, no_state, 0, False, 0, 0.0, 0.0, 0, 0, -1)
     # From logits, top-k first in one kernel: the binding's checks of its filter and scratch rows.
     logits, out4, no_valid = torch.rand(4, 16), torch.empty(4, dtype=torch.int32), torch.empty(0, dtype=torch.bool)
@@ -81,7 +81,7 @@ def test_tensors_are_checked_by_name():
                                      (torch.empty(3, 16), 4, r"Expected scratch to have shape \[4, >= 16\]"),
                                      (torch.empty(4, 17)[:, 1:], 4, "Expected logits and scratch rows to start 16-byte")):
         with pytest.raises(ValueError, match=message):
-            aotinfer.sampling._sample.fn(out4, no_valid, scratch, logits, none, none, none, none, no_state, no_state,
+            aotinfer.sampling._sample(out4, no_valid, scratch, logits, none, none, none, none, no_state, no_state,
                                          filter, True, 5, 0.5, 0.0, 0, 0, -1)
     with pytest.raises(ValueError, match="Expected the last dimension of probs to be contiguous"):
         aotinfer.top_p_renorm_probs(probs.t(), 0.5)
@@ -405,7 +405,7 @@ def test_top_k_renorm_16_bit(dtype, vocab):
         torch.testing.assert_close(out.double(), want, rtol=rounding, atol=step)
     # top-p's renorm takes float32 rows (top_p_renorm_probs converts others, as FlashInfer does)
     with pytest.raises(TypeError, match="Expected probs to have dtype float32, got"):
-        aotinfer.sampling._renorm.fn(torch.empty_like(probs), probs, probs.new_empty(0), probs.new_empty(0).float(),
+        aotinfer.sampling._renorm(torch.empty_like(probs), probs, probs.new_empty(0), probs.new_empty(0).float(),
                                      2, 0, 0.5, -1)
 
 

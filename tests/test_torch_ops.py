@@ -155,8 +155,7 @@ def first_call():
 hung = 0
 for trial in range({trials}):
     _loader._modules.clear()
-    aotinfer.norm._rmsnorm.fn = aotinfer.norm._rmsnorm._first_call
-    aotinfer.norm._rmsnorm.by_device.clear()
+    aotinfer.norm._rmsnorm.forget()
     thread = threading.Thread(target=first_call)
     thread.start()
     time.sleep(random.uniform(0, 0.006))

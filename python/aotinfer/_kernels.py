@@ -1,20 +1,30 @@
-"""Kernel functions: each binding of modules.toml as a Python callable and as a torch custom op.
+"""Kernel functions: each binding of modules.toml as a Python function and as a torch custom op.
 
-An op calls a binding through its kernel object, outputs first: ``_scale.fn(out, input, factor,
-pdl)`` for ``_scale = kernel("scale", "scale")``. The first call picks the build for the GPUs of
-this process; when they all load the same shared object (one model of GPU, the usual server),
-``fn`` becomes that tvm-ffi function itself, so later calls cost nothing on top of the binding.
-With GPUs that need different builds, ``fn`` dispatches on the first argument's device. A first
-call with no argument on a GPU runs the binding of any build: its checks name the argument that
-is not where it should be, before anything touches a device.
+An op calls a binding through its kernel function, outputs first:
 
-Every binding is also the custom op ``torch.ops.aotinfer.<name>``, its schema taken from
-modules.toml, defined as soon as torch and aotinfer are both imported (whichever comes second
-defines them; no shared object is loaded and no GPU is touched). Bindings write into outputs the
-caller allocated and return nothing, so the fake (Meta) implementation does nothing: ops allocate
-their outputs with torch calls that tracers record themselves. Tracers see an op's body run
-with each kernel object swapped for its ``traced`` twin, which calls the custom op (_op.py decides
-when); the eager path never goes through torch's dispatcher.
+    _scale = kernel("scale", "scale")
+    _scale(out, input, factor, enable_pdl)
+
+Eagerly that is the tvm-ffi function of the loaded module: the first call picks the build for the
+GPUs of this process, and when they all load the same shared object (one model of GPU, the usual
+server) later calls go straight to it. With GPUs that need different builds it dispatches on the
+first argument on a GPU. A first call with no argument on a GPU runs the binding of any build: its
+checks name the argument that is not where it should be, before anything touches a device.
+
+Tracers see the custom op ``torch.ops.aotinfer.<binding>`` instead, so a traced op's graph records
+the kernel call and no kernel runs on fake tensors:
+- under a torch dispatch mode (make_fx, non-strict torch.export, AOTAutograd, FakeTensorMode),
+  tested on every call: one C call, ``torch._C._len_torch_dispatch_stack()``;
+- under dynamo (torch.compile, strict export), which traces Python and never calls that test:
+  each kernel function is substituted by the custom op once torch._dynamo is imported.
+The custom ops are defined, from the schemas of modules.toml, as soon as torch and aotinfer are
+both imported (whichever comes second defines them; no shared object is loaded and no GPU is
+touched). Bindings write into outputs the caller allocated and return nothing, so the fake (Meta)
+implementation does nothing: ops allocate their outputs with torch calls that tracers record.
+
+A binding that cannot convert an argument (a list for a tensor, a tensor on the CPU) raises
+tvm-ffi's or torch's words; the kernel function raises them again as the TypeError or ValueError
+that names the argument (its name in the binding's schema).
 """
 
 from __future__ import annotations
@@ -26,75 +36,99 @@ from . import _loader
 
 _register_lock = _loader.fork_safe_lock()
 _library = None  # the torch.library.Library holding aotinfer's ops, once defined
-_kernels: dict = {}  # binding name -> Kernel
-_on_torch: list = []  # callbacks run once torch and aotinfer are both imported (_op.py binds its gates)
-_on_dynamo: list = []  # callbacks run once torch._dynamo is imported too (_op.py's substitutions)
+_kernels: dict = {}  # binding name -> kernel function
+public_code: set = set()  # the code objects of the public ops (api_logging adds them): errors name their arguments
+_dynamo_substituted = False  # the kernel functions are substituted for dynamo (torch._dynamo imported)
 
 
-class TracedKernel:
-    """A kernel object's twin for tracers: ``fn`` is the custom op aotinfer::<function>."""
+def _dispatch_modes() -> int:
+    """How many torch dispatch modes are active (torch is imported once a tensor reaches a kernel:
+    from then on the test is torch's own C function)."""
+    global _dispatch_modes
+    import torch
 
-    __slots__ = ("function", "fn")
-
-    def __init__(self, function: str) -> None:
-        self.function = function
-        self.fn = self._unregistered
-
-    def _unregistered(self, *args):
-        # Only reachable when the ops could not be defined: say why, as an op call would.
-        _loader.declared_functions()
-        raise RuntimeError(f"aotinfer's custom op aotinfer::{self.function} is not defined")
+    _dispatch_modes = torch._C._len_torch_dispatch_stack
+    return _dispatch_modes()
 
 
-class Kernel:
-    """One binding; call ``kernel.fn(*binding arguments)``."""
+def kernel(module: str, function: str):
+    """The kernel function of binding ``function`` of kernel module ``module`` (see the module doc);
+    ``.module``, ``.function`` name it."""
+    found = _kernels.get(function)
+    if found is not None:
+        return found
+    by_device: dict = {}  # device index -> the tvm-ffi function of the build for it
+    custom_op = None  # torch.ops.aotinfer.<function>, once defined
 
-    __slots__ = ("module", "function", "fn", "by_device", "traced")
-
-    def __init__(self, module: str, function: str) -> None:
-        self.module = module
-        self.function = function
-        self.fn = self._first_call
-        self.by_device: dict = {}
-        self.traced = TracedKernel(function)
-
-    def __repr__(self) -> str:
-        return f"<aotinfer kernel {self.module}.{self.function}>"
-
-    def _binding(self, index: int):
-        fn = self.by_device.get(index)
+    def binding_for(index: int):
+        fn = by_device.get(index)
         if fn is None:
-            fn = self.by_device[index] = getattr(_loader.get_module(self.module, index), self.function)
+            fn = by_device[index] = getattr(_loader.get_module(module, index), function)
         return fn
 
-    def _first_call(self, *args):
-        # The binding of the first argument on a GPU; with none there, of any build, whose checks
-        # then name the argument that is not on a GPU.
+    def first_call(*args):
+        # The binding of the first argument on a GPU; with none there, of any build.
+        nonlocal binding
         index = next((a.get_device() for a in args if getattr(a, "is_cuda", False)), -1)
-        fn = self._binding(index)
-        if index >= 0:
-            with _register_lock:
-                if self.fn == self._first_call:
-                    self.fn = fn if _one_build_for_all_gpus(self.module) else self._per_device
+        fn = binding_for(index)
+        if index >= 0 and binding is first_call:
+            binding = fn if _one_build_for_all_gpus(module) else per_device
         return fn(*args)
 
-    def _per_device(self, *args):
-        fn = self.by_device.get(args[0].get_device())
-        if fn is None:
-            fn = self._binding(next((a.get_device() for a in args if getattr(a, "is_cuda", False)), -1))
-        return fn(*args)
+    def per_device(*args):
+        index = next((a.get_device() for a in args if getattr(a, "is_cuda", False)), -1)
+        return binding_for(index)(*args)
 
-    def __call__(self, *args) -> None:
-        """The binding on the arguments' GPU (the custom op's implementation)."""
-        self.fn(*args)
+    binding = first_call
+
+    def call(*args):
+        if _dispatch_modes():
+            return traced(*args)
+        try:  # the body of eager() below, written out: a Python call costs 1-2% of a small op
+            return binding(*args)
+        except (TypeError, RuntimeError) as error:
+            _raise_named(function, error, args)
+            raise
+
+    def eager(*args):
+        """The binding, whatever tracer is active: the custom op's implementation."""
+        try:
+            return binding(*args)
+        except (TypeError, RuntimeError) as error:
+            _raise_named(function, error, args)
+            raise
+
+    def traced(*args):
+        if custom_op is None:
+            register_torch_ops()
+            if custom_op is None:
+                raise RuntimeError(f"aotinfer's custom op aotinfer::{function} is not defined")
+        return custom_op(*args)
+
+    def bind_custom_op(op) -> None:
+        nonlocal custom_op
+        custom_op = op
+
+    def forget() -> None:
+        """Drop the bindings found so far: the next call picks a build again (the loader's tests)."""
+        nonlocal binding
+        by_device.clear()
+        binding = first_call
+
+    call.__name__ = call.__qualname__ = function
+    call.module, call.function = module, function
+    call.eager, call.traced, call.bind_custom_op, call.forget = eager, traced, bind_custom_op, forget
+    _kernels[function] = call
+    if _dynamo_substituted:
+        _substitute_for_dynamo(call)
+    return call
 
 
-def kernel(module: str, function: str) -> Kernel:
-    """The kernel object of binding ``function`` of kernel module ``module``."""
-    k = _kernels.get(function)
-    if k is None:
-        k = _kernels[function] = Kernel(module, function)
-    return k
+def kernels_named_by(fn) -> list:
+    """The kernel functions a function's code names as globals (what an op calls)."""
+    g = fn.__globals__
+    named = (g.get(n) for n in fn.__code__.co_names)
+    return [k for k in named if callable(k) and _kernels.get(getattr(k, "function", None)) is k]
 
 
 def _one_build_for_all_gpus(module: str) -> bool:
@@ -115,31 +149,91 @@ def _one_build_for_all_gpus(module: str) -> bool:
     return len(files) == 1
 
 
+# ---- errors from a binding, named -------------------------------------------------------------
+
+# tvm-ffi's words for an argument of the wrong type, torch's for a tensor it cannot hand over, and a
+# schema parameter: read with the re module, imported on the error path only (it costs milliseconds).
+_MISMATCH = r"Mismatched type on argument #(\d+) when calling: `(\w+)\(.*Expected `([^`]*)` but got `([^`]*)`"
+_NOT_PACKABLE = r"Cannot pack tensors on (\w+)"
+_SCHEMA_PARAM = r"(\w+)(\(\w!\))? (\w+)"  # type, "(a!)" where written, name
+_EXPECTED = {"Tensor": "a torch.Tensor", "float": "a real number", "int": "an integer", "bool": "a bool"}
+
+
+def _caller_name(value, default: str) -> str:
+    """The name the public op calling a kernel gives ``value`` (``logits`` where the binding says
+    ``probs``), found among the locals of the nearest public op's frame; else ``default``."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code not in public_code:
+        frame = frame.f_back
+    if frame is not None:
+        for name, local in frame.f_locals.items():
+            if local is value:
+                return name
+    return default
+
+
+def _raise_named(function: str, error: BaseException, args: tuple) -> None:
+    """Raise ``error`` again as the TypeError or ValueError that names the argument, if it is one
+    the binding raised before its own checks could (the argument could not be converted); else
+    return, and the caller re-raises it as it is."""
+    import re
+
+    params = []
+    for functions in _loader.declared_functions().values():
+        if function in functions:
+            params = re.findall(_SCHEMA_PARAM, functions[function].partition(") ->")[0])
+    message = str(error)
+    mismatch = re.search(_MISMATCH, message, re.S)
+    if mismatch is not None and int(mismatch[1]) < len(params):
+        index = int(mismatch[1])
+        kind, _, name = params[index]
+        if index < len(args):
+            got, name = type(args[index]).__name__, _caller_name(args[index], name)
+        else:
+            got = mismatch[4]
+        raise TypeError(f"Expected {name} to be {_EXPECTED.get(kind, kind)}, got {got}") from None
+    unpackable = re.search(_NOT_PACKABLE, message)
+    if unpackable is not None:
+        # Inputs first: an output the op allocated beside an input is on the input's device, and
+        # the input is what the caller passed.
+        named = sorted(zip(params, args), key=lambda p: bool(p[0][1]))
+        for (_, _, name), value in named:
+            device = getattr(value, "device", None)
+            if getattr(device, "type", None) == unpackable[1]:
+                name = _caller_name(value, name)
+                raise ValueError(f"Expected {name} to be a CUDA tensor, got a tensor on {device}") from None
+
+
 # ---- torch custom ops ---------------------------------------------------------------------------
 
 
 def register_torch_ops() -> None:
-    """Define aotinfer::<function> for every binding of the manifest (once; torch imported)."""
+    """Define aotinfer::<function> for every binding of the manifest (once).
+
+    torch is imported before the lock is taken: importing it runs aotinfer's import hook, which
+    calls this function again, and that call must find the lock free (it returns at once, since
+    the outer call then defines the ops)."""
     global _library
     if _library is not None:
         return
+    import torch
+
     with _register_lock:
         if _library is not None:
             return
-        import torch
-
         declared = _loader.declared_functions()
         library = torch.library.Library("aotinfer", "FRAGMENT")
         for module, functions in declared.items():
             for function, schema in functions.items():
                 library.define(function + schema)
+                eager = kernel(module, function).eager
                 # CPU too: there the binding's own check names the tensor that is not on a GPU.
-                library.impl(function, kernel(module, function), "CUDA")
-                library.impl(function, kernel(module, function), "CPU")
+                library.impl(function, eager, "CUDA")
+                library.impl(function, eager, "CPU")
                 library.impl(function, _writes_outputs_only, "Meta")
         for k in _kernels.values():
             if any(k.function in functions for functions in declared.values()):
-                k.traced.fn = getattr(torch.ops.aotinfer, k.function)
+                k.bind_custom_op(getattr(torch.ops.aotinfer, k.function))
         _library = library
 
 
@@ -148,34 +242,37 @@ def _writes_outputs_only(*args) -> None:
     return None
 
 
-def when_torch_is_imported(callback, dynamo_callback) -> None:
-    """Run ``callback(torch)`` once torch and aotinfer are both imported, and
-    ``dynamo_callback(torch)`` once torch._dynamo is imported too (see on_aotinfer_imported)."""
-    _on_torch.append(callback)
-    _on_dynamo.append(dynamo_callback)
+def _substitute_for_dynamo(k) -> None:
+    """Have dynamo trace calls of kernel function ``k`` as its custom op (torch 2.5 or newer; older
+    ones graph-break there)."""
+    import torch
+
+    if not hasattr(torch.compiler, "substitute_in_graph"):
+        return
+    op = getattr(torch.ops.aotinfer, k.function)
+
+    def as_custom_op(*args):
+        return op(*args)
+
+    torch.compiler.substitute_in_graph(k, skip_signature_check=True)(as_custom_op)
 
 
-def _run_callbacks(callbacks, also=None) -> None:
-    """Run callbacks inside someone's ``import``: nothing here may make that import fail, so a
-    failure is one warning, and the ops say what is wrong when called."""
-    torch = sys.modules["torch"]
-    try:
-        for callback in callbacks:
-            callback(torch)
-        if also is not None:
-            also()
-    except _loader.NotBuiltError as e:
-        if not os.path.exists(_loader.MANIFEST):  # a source tree without kernels: ops say so when called
-            return
-        _warn(f"aotinfer's torch custom ops are not defined: {e}")
-    except Exception as e:  # noqa: BLE001 - see the docstring
-        _warn(f"aotinfer's torch custom ops are not defined: {type(e).__name__}: {e}")
+# ---- when torch (and torch._dynamo) are imported --------------------------------------------------
 
 
 def _torch_imported() -> None:
-    """torch and aotinfer are both imported: define the custom ops, run the callbacks, and wait
-    for torch._dynamo."""
-    _run_callbacks(_on_torch, register_torch_ops)
+    """torch and aotinfer are both imported: define the custom ops, then wait for torch._dynamo.
+    Inside someone's import nothing may make that import fail: a failure is one warning, and the
+    ops say what is wrong when called."""
+    try:
+        register_torch_ops()
+    except _loader.NotBuiltError as e:
+        if os.path.exists(_loader.MANIFEST):  # a source tree without kernels: ops say so when called
+            _warn(f"aotinfer's torch custom ops are not defined: {e}")
+        return
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        _warn(f"aotinfer's torch custom ops are not defined: {type(e).__name__}: {e}")
+        return
     if "torch._dynamo" in sys.modules:
         _dynamo_imported()
     else:
@@ -183,7 +280,13 @@ def _torch_imported() -> None:
 
 
 def _dynamo_imported() -> None:
-    _run_callbacks(_on_dynamo)
+    global _dynamo_substituted
+    try:
+        for k in list(_kernels.values()):
+            _substitute_for_dynamo(k)
+        _dynamo_substituted = True
+    except Exception as e:  # noqa: BLE001 - as in _torch_imported
+        _warn(f"aotinfer's ops are not substituted for torch.compile: {type(e).__name__}: {e}")
 
 
 def _warn(message: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.activation import gelu_and_mul_trace, gelu_tanh_and_mul_trace, silu_and_mul_trace
-from .utils import backend_requirement, check_enable_pdl
+from .utils import check_enable_pdl
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,13 +24,9 @@ _gelu_and_mul = kernel("activation", "gelu_and_mul")
 _gelu_tanh_and_mul = kernel("activation", "gelu_tanh_and_mul")
 
 
-# What the bindings cannot name: enable_pdl. They check every tensor themselves.
-def _check_act_and_mul(input, out=None, enable_pdl=None) -> bool:
-    check_enable_pdl(enable_pdl)
-    return True
-
-
-def _act_and_mul(kernel_, input, out, enable_pdl):
+def _act_and_mul(kernel_, input, out, enable_pdl, skip_check):
+    if not skip_check:  # what the bindings cannot name; they check every tensor themselves
+        check_enable_pdl(enable_pdl)
     if out is None:
         import torch
 
@@ -40,30 +36,45 @@ def _act_and_mul(kernel_, input, out, enable_pdl):
             raise TypeError(f"Expected input to be a torch.Tensor, got {type(input).__name__}") from None
         # [..., 2d] -> [..., d]; a 0-d input gets a 0-d out, which the binding refuses by name.
         out = torch.empty(shape[:-1] + (shape[-1] // 2,) if shape else (), dtype=dtype, device=device)
-    kernel_.fn(out, input, -1 if enable_pdl is None else enable_pdl)
+    kernel_(out, input, -1 if enable_pdl is None else enable_pdl)
     return out
 
 
 @aotinfer_api(trace=silu_and_mul_trace)
-@backend_requirement(backend_checks={}, common_check=_check_act_and_mul)
-def silu_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None) -> torch.Tensor:
+def silu_and_mul(
+    input: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
+) -> torch.Tensor:
     r"""``silu(input[..., :d]) * input[..., d:]`` with ``silu(x) = x / (1 + exp(-x))``.
 
     ``input``: ``[..., 2d]``, float16, bfloat16 or float32. ``out``: ``[..., d]``; allocated when missing.
     """
-    return _act_and_mul(_silu_and_mul, input, out, enable_pdl)
+    return _act_and_mul(_silu_and_mul, input, out, enable_pdl, skip_check)
 
 
 @aotinfer_api(trace=gelu_and_mul_trace)
-@backend_requirement(backend_checks={}, common_check=_check_act_and_mul)
-def gelu_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None) -> torch.Tensor:
+def gelu_and_mul(
+    input: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
+) -> torch.Tensor:
     r"""``gelu(input[..., :d]) * input[..., d:]`` with the exact ``gelu(x) = x / 2 * (1 + erf(x / sqrt(2)))``."""
-    return _act_and_mul(_gelu_and_mul, input, out, enable_pdl)
+    return _act_and_mul(_gelu_and_mul, input, out, enable_pdl, skip_check)
 
 
 @aotinfer_api(trace=gelu_tanh_and_mul_trace)
-@backend_requirement(backend_checks={}, common_check=_check_act_and_mul)
-def gelu_tanh_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None) -> torch.Tensor:
+def gelu_tanh_and_mul(
+    input: torch.Tensor,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
+) -> torch.Tensor:
     r"""``gelu_tanh(input[..., :d]) * input[..., d:]`` with
     ``gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))``."""
-    return _act_and_mul(_gelu_tanh_and_mul, input, out, enable_pdl)
+    return _act_and_mul(_gelu_tanh_and_mul, input, out, enable_pdl, skip_check)

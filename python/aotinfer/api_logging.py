@@ -9,8 +9,8 @@
 The level is read when an op is decorated, i.e. when aotinfer is imported: set it before. A value
 that cannot be used (a level that is not a number, a file that cannot be opened) is reported by
 one warning and replaced by the default; it never breaks an import or an op. Records go through
-the standard ``logging`` module, logger ``aotinfer.api``. Tracers (torch.compile, export) see no
-logging: the wrapper hands them the op's body first (see _op.py).
+the standard ``logging`` module, logger ``aotinfer.api``. At level 0 an op is its own function, with
+no wrapper; above it a wrapper logs each call, traced calls too.
 
 ``@aotinfer_api(trace=template)`` (or ``trace=dispatch_fn`` returning a template from the op's
 arguments, with the candidates in ``dispatch_fn.templates``) registers the op with its template and
@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import os
 
-from . import _op
+from . import _loader
+from ._kernels import kernels_named_by, public_code
+from .utils import cc_int
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional, Tuple
+    from typing import Any, Callable, Optional
 
 _LEVELS = (0, 1, 3, 5)
 _logger = None
@@ -118,45 +120,60 @@ def _statistics(t: Any) -> str:
     return f"min={finite.min().item():.6g} max={finite.max().item():.6g} mean={finite.mean().item():.6g} nan={nan} inf={inf}"
 
 
-def _log_functions(spec: _op.OpSpec, level: int) -> Tuple[Callable, Callable]:
-    """(log_call(values), log_result(result)) for the op's wrapper at ``level``."""
-    name = f"aotinfer.{spec.fn.__qualname__.rpartition('<locals>.')[2]}"  # a method: Class.method
-    names = spec.names
+def _logged(fn: Callable, level: int) -> Callable:
+    """``fn`` with its calls logged at ``level`` (1, 3 or 5); a method logs as Class.method."""
+    import functools
+    import inspect
 
-    def log_call(values: tuple) -> None:
+    name = f"aotinfer.{fn.__qualname__.rpartition('<locals>.')[2]}"
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def logged(*args: Any, **kwargs: Any) -> Any:
         logger = _get_logger()
         if level < 3:
             logger.info(name)
-            return
-        lines = [name] + [f"  {n}: {_describe(v, level)}" for n, v in zip(names, values)]
-        logger.info("\n".join(lines))
-
-    def log_result(result: Any) -> None:
+        else:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            lines = [name] + [f"  {n}: {_describe(v, level)}" for n, v in bound.arguments.items()]
+            logger.info("\n".join(lines))
+        result = fn(*args, **kwargs)
         if level >= 3:
-            _get_logger().info(f"{name} -> {_describe(result, level)}")
+            logger.info(f"{name} -> {_describe(result, level)}")
+        return result
 
-    return log_call, log_result
+    return logged
 
 
 def aotinfer_api(fn: Optional[Callable] = None, *, trace: Any = None) -> Callable:
     """Mark a public op (see the module doc). Use as ``@aotinfer_api`` or ``@aotinfer_api(trace=...)``.
 
-    A plain function (no kernels, no checks, no template) at level 0 is returned as it is.
+    At level 0 the op is returned as it is, with ``is_compute_capability_supported(cc)`` and, given
+    a template, ``trace(...)`` attached: the eager call runs the op's own code and nothing else.
     """
 
     def decorate(f: Callable) -> Callable:
-        spec = _op.spec_of(f)
         level = log_level()
-        if level > 0:
-            spec.logging = _log_functions(spec, level)
-        if spec.logging is None and trace is None and spec.requirement is None and not spec.kernels():
-            return f
-        # With nothing of ours to add to a wrapper built below, that one stays the op.
-        wrapper = spec.wrapper if spec.wrapper is not None and spec.logging is None else _op.build(spec)
+        op = _logged(f, level) if level > 0 else f
+        public_code.add(f.__code__)
+        op.is_compute_capability_supported = lambda cc: builds_run_on(f, cc)
         if trace is not None:
             from .trace import register
 
-            register(wrapper, trace)
-        return wrapper
+            register(op, trace)
+        return op
 
     return decorate(fn) if fn is not None else decorate
+
+
+def builds_run_on(fn: Callable, cc: Any) -> bool:
+    """Whether this install has a build, for compute capability ``cc`` (90, (9, 0) or "9.0"), of
+    every kernel module that ``fn`` calls, as ``python -m aotinfer info --cc`` would answer."""
+    cc = cc_int(cc)
+    try:
+        for k in kernels_named_by(fn):
+            _loader.resolve(k.module, (cc // 10, cc % 10))
+    except (_loader.NoCompatibleBuild, _loader.NotBuiltError):
+        return False
+    return True

@@ -34,7 +34,7 @@ _merge_states = kernel("cascade", "merge_states")
 
 @aotinfer_api(trace=merge_state_trace)
 def merge_state(
-    v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+    v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor, *, skip_check: bool = False
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Merge the attention states of two KV segments ``A`` and ``B`` (see the module doc).
 
@@ -62,7 +62,7 @@ def merge_state(
         s_b = s_b.float()
     v_merged = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     s_merged = torch.empty(s_a.shape, dtype=torch.float32, device=s_a.device)
-    _merge_state.fn(v_merged, s_merged, v_a, s_a, v_b, s_b, -1)
+    _merge_state(v_merged, s_merged, v_a, s_a, v_b, s_b, -1)
     return v_merged, s_merged
 
 
@@ -73,6 +73,8 @@ def merge_state_in_place(
     v_other: torch.Tensor,
     s_other: torch.Tensor,
     mask: Optional[torch.Tensor] = None,
+    *,
+    skip_check: bool = False,
 ) -> None:
     r"""Merge the state ``(v_other, s_other)`` into ``(v, s)``, in place (see the module doc).
 
@@ -95,11 +97,13 @@ def merge_state_in_place(
     check_tensor(v, "v")
     if mask is None:
         mask = torch.empty(0, dtype=torch.bool, device=v.device)
-    _merge_state_in_place.fn(v, s, v_other, s_other, mask, -1)
+    _merge_state_in_place(v, s, v_other, s_other, mask, -1)
 
 
 @aotinfer_api(trace=merge_states_trace)
-def merge_states(v: torch.Tensor, s: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def merge_states(
+    v: torch.Tensor, s: torch.Tensor, *, skip_check: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Merge ``num_states`` attention states per row (see the module doc).
 
     Parameters
@@ -128,5 +132,5 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> Tuple[torch.Tensor, torch.
     seq_len, _, num_heads, head_dim = v.shape
     v_merged = torch.empty((seq_len, num_heads, head_dim), dtype=v.dtype, device=v.device)
     s_merged = torch.empty((seq_len, num_heads), dtype=torch.float32, device=v.device)
-    _merge_states.fn(v_merged, s_merged, v, s, -1)
+    _merge_states(v_merged, s_merged, v, s, -1)
     return v_merged, s_merged

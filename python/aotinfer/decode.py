@@ -66,7 +66,7 @@ from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
 from .api_logging import aotinfer_api
 from .trace.templates.decode import single_decode_with_kv_cache_trace
 from .trace.template import dtype_name
-from .utils import backend_requirement, check_enable_pdl, check_int, check_real, check_tensor
+from .utils import check_enable_pdl, check_int, check_real, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -405,26 +405,13 @@ class _Plan:
     )  # fmt: skip
 
 
-def _check_run(
-    self,
-    q,
-    paged_kv_cache,
-    *,
-    q_scale=None,
-    k_scale=None,
-    v_scale=None,
-    out=None,
-    lse=None,
-    return_lse=False,
-    enable_pdl=None,
-    window_left=None,
-    sinks=None,
-) -> bool:
+def _check_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left) -> None:
+    """What run's binding cannot name: the scalars, and q against the plan."""
     _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
     check_enable_pdl(enable_pdl)
     plan = self._plan
     if plan is None:
-        return True  # run says it
+        return  # run says it
     check_tensor(q, "q")
     expected = (plan.batch_size, plan.num_qo_heads, plan.head_dim)
     if tuple(q.shape) != expected:
@@ -438,7 +425,6 @@ def _check_run(
             f"window_left={window} attends positions that plan (window_left={plan.window_left}) did not assign to any "
             "CTA: plan with the widest window the runs use"
         )
-    return True
 
 
 class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
@@ -745,7 +731,6 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
     begin_forward = plan
 
     @aotinfer_api
-    @backend_requirement(backend_checks={}, common_check=_check_run)
     def run(
         self,
         q: torch.Tensor,
@@ -760,6 +745,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         enable_pdl: Optional[bool] = None,
         window_left: Optional[int] = None,
         sinks: Optional[torch.Tensor] = None,
+        skip_check: bool = False,
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         r"""Decode attention of one layer with the planned page table. Launches only.
 
@@ -796,6 +782,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         """
         import torch
 
+        if not skip_check:
+            _check_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left)
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchDecodeWithPagedKVCacheWrapper.run: call plan() first")
@@ -817,7 +805,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             out = torch.empty(q.shape, dtype=q.dtype, device=self.device)
         if lse is None and return_lse:
             lse = torch.empty(q.shape[:2], dtype=torch.float32, device=self.device)
-        _batch_decode.fn(
+        _batch_decode(
             out,
             plan.empty if lse is None else lse,
             plan.partial_out,
@@ -984,31 +972,6 @@ def fast_decode_plan(
 # ---- single request ----------------------------------------------------------------------------
 
 
-def _check_single_decode(
-    q,
-    k,
-    v,
-    kv_layout="NHD",
-    pos_encoding_mode="NONE",
-    use_tensor_cores=False,
-    q_scale=None,
-    k_scale=None,
-    v_scale=None,
-    window_left=-1,
-    logits_soft_cap=None,
-    sm_scale=None,
-    rope_scale=None,
-    rope_theta=None,
-    return_lse=False,
-) -> bool:
-    _check_kv_layout(kv_layout)
-    _check_pos_encoding_mode(pos_encoding_mode)
-    _check_window_left(window_left)
-    _check_soft_cap(logits_soft_cap)
-    _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
-    return True
-
-
 def _single_request_tables(kv_len: int, lo: int, chunk: int, device: "torch.device") -> Tuple[torch.Tensor, torch.Tensor, int]:
     """The work and requests tables of one request whose positions [lo, kv_len) are split into
     chunks of ``chunk`` tokens (0: one item), and its number of partial slots. Built on the device
@@ -1036,7 +999,6 @@ def _single_request_tables(kv_len: int, lo: int, chunk: int, device: "torch.devi
 
 
 @aotinfer_api(trace=single_decode_with_kv_cache_trace)
-@backend_requirement(backend_checks={}, common_check=_check_single_decode)
 def single_decode_with_kv_cache(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1053,6 +1015,8 @@ def single_decode_with_kv_cache(
     rope_scale: Optional[float] = None,
     rope_theta: Optional[float] = None,
     return_lse: bool = False,
+    *,
+    skip_check: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     r"""Decode attention of one request over contiguous K and V (FlashInfer's API).
 
@@ -1089,6 +1053,14 @@ def single_decode_with_kv_cache(
     torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
         The output ``[num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)``.
     """
+    if not skip_check:
+        _check_kv_layout(kv_layout)
+        _check_pos_encoding_mode(pos_encoding_mode)
+        _check_window_left(window_left)
+        _check_soft_cap(logits_soft_cap)
+        _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale,
+                              rope_scale=rope_scale, rope_theta=rope_theta)
+
     import torch
 
     for value, name in ((q, "q"), (k, "k"), (v, "v")):
@@ -1123,7 +1095,7 @@ def single_decode_with_kv_cache(
         sm_scale *= k_scale
     out = torch.empty((1, num_qo_heads, head_dim), dtype=q.dtype, device=device)
     lse = torch.empty((1, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
-    _batch_decode.fn(
+    _batch_decode(
         out,
         lse,
         torch.empty((slots, num_qo_heads, head_dim), dtype=torch.float32, device=device),

@@ -18,7 +18,7 @@ from .trace.templates.norm import (
     layernorm_trace,
     rmsnorm_trace,
 )
-from .utils import backend_requirement, check_enable_pdl, check_real
+from .utils import check_enable_pdl, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,34 +31,23 @@ _fused_add_rmsnorm = kernel("norm", "fused_add_rmsnorm")
 _layernorm = kernel("norm", "layernorm")
 
 
-# What the bindings cannot tell apart: a bool or another non-real eps (a binding takes it as a
-# number, and checks its value), and enable_pdl before it becomes the binding's -1/0/1. The
-# bindings check every tensor.
-def _check_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None) -> bool:
+def _check_eps_and_pdl(eps, enable_pdl) -> None:
+    """What the bindings cannot tell apart: a bool or another non-real eps (a binding takes it as a
+    number, and checks its value), and enable_pdl before it becomes the binding's -1/0/1. The
+    bindings check every tensor."""
     check_real(eps, "eps")
     check_enable_pdl(enable_pdl)
-    return True
-
-
-def _check_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None) -> bool:
-    check_real(eps, "eps")
-    check_enable_pdl(enable_pdl)
-    return True
-
-
-def _check_layernorm(input, gemma, beta, eps=1e-6) -> bool:
-    check_real(eps, "eps")
-    return True
 
 
 @aotinfer_api(trace=rmsnorm_trace)
-@backend_requirement(backend_checks={}, common_check=_check_rmsnorm)
 def rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
     out: Optional[torch.Tensor] = None,
     enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
     r"""Root mean square normalization: ``out[i] = input[i] / sqrt(mean(input[i]**2) + eps) * weight``.
 
@@ -80,22 +69,25 @@ def rmsnorm(
     torch.Tensor
         ``out``.
     """
+    if not skip_check:
+        _check_eps_and_pdl(eps, enable_pdl)
     if out is None:
         import torch
 
         out = torch.empty_like(input)
-    _rmsnorm.fn(out, input, weight, eps, False, -1 if enable_pdl is None else enable_pdl)
+    _rmsnorm(out, input, weight, eps, False, -1 if enable_pdl is None else enable_pdl)
     return out
 
 
 @aotinfer_api(trace=fused_add_rmsnorm_trace)
-@backend_requirement(backend_checks={}, common_check=_check_fused_add_rmsnorm)
 def fused_add_rmsnorm(
     input: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> None:
     r"""Residual add then RMSNorm, in place: with ``s = input + residual`` in float32,
     ``residual = s`` (rounded to its dtype) and ``input = s / sqrt(mean(s**2) + eps) * weight``.
@@ -103,43 +95,52 @@ def fused_add_rmsnorm(
 
     ``input`` and ``residual`` have the same shape (2-D or 3-D) and dtype; ``weight`` is ``[hidden]``.
     """
-    _fused_add_rmsnorm.fn(input, residual, weight, eps, False, -1 if enable_pdl is None else enable_pdl)
+    if not skip_check:
+        _check_eps_and_pdl(eps, enable_pdl)
+    _fused_add_rmsnorm(input, residual, weight, eps, False, -1 if enable_pdl is None else enable_pdl)
 
 
 @aotinfer_api(trace=gemma_rmsnorm_trace)
-@backend_requirement(backend_checks={}, common_check=_check_rmsnorm)
 def gemma_rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
     out: Optional[torch.Tensor] = None,
     enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
     r"""Gemma's RMSNorm: as :func:`rmsnorm` with the weight applied as ``1 + weight``."""
+    if not skip_check:
+        _check_eps_and_pdl(eps, enable_pdl)
     if out is None:
         import torch
 
         out = torch.empty_like(input)
-    _rmsnorm.fn(out, input, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
+    _rmsnorm(out, input, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
     return out
 
 
 @aotinfer_api(trace=gemma_fused_add_rmsnorm_trace)
-@backend_requirement(backend_checks={}, common_check=_check_fused_add_rmsnorm)
 def gemma_fused_add_rmsnorm(
     input: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor,
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> None:
     r"""Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with the weight applied as ``1 + weight``."""
-    _fused_add_rmsnorm.fn(input, residual, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
+    if not skip_check:
+        _check_eps_and_pdl(eps, enable_pdl)
+    _fused_add_rmsnorm(input, residual, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
 
 
 @aotinfer_api(trace=layernorm_trace)
-@backend_requirement(backend_checks={}, common_check=_check_layernorm)
-def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def layernorm(
+    input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-6, *, skip_check: bool = False
+) -> torch.Tensor:
     r"""Layer normalization: ``(input - mean) / sqrt(var + eps) * gemma + beta`` per row.
 
     ``input``: 2-D or 3-D, float16, bfloat16 or float32; ``gemma`` (the scale, FlashInfer's name)
@@ -147,8 +148,10 @@ def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps:
     """
     import torch
 
+    if not skip_check:
+        check_real(eps, "eps")
     out = torch.empty_like(input)
-    _layernorm.fn(out, input, gemma, beta, eps, -1)
+    _layernorm(out, input, gemma, beta, eps, -1)
     return out
 
 

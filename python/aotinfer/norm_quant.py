@@ -26,7 +26,7 @@ from .trace.templates.norm_quant import (
     layernorm_quant_trace,
     rmsnorm_quant_trace,
 )
-from .utils import backend_requirement, check_enable_pdl, check_real
+from .utils import check_enable_pdl, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,36 +49,16 @@ def _scale_arguments(scale):
     return torch.empty((0,), dtype=torch.float32), float(scale)
 
 
-# What the bindings cannot see: scale's kind (a real number or a tensor), eps before it becomes a
-# number, enable_pdl before it becomes -1/0/1. The bindings check every tensor and value.
-def _check_scale(scale) -> None:
-    if hasattr(scale, "data_ptr"):
-        return
-    check_real(scale, "scale")
-
-
-def _check_rmsnorm_quant(out, input, weight, scale, eps=1e-6, enable_pdl=None) -> bool:
-    _check_scale(scale)
+def _check_scalars(scale, eps, enable_pdl) -> None:
+    """What the bindings cannot see: scale's kind (a real number or a tensor), eps before it becomes
+    a number, enable_pdl before it becomes -1/0/1. The bindings check every tensor and value."""
+    if not hasattr(scale, "data_ptr"):
+        check_real(scale, "scale")
     check_real(eps, "eps")
     check_enable_pdl(enable_pdl)
-    return True
-
-
-def _check_fused_add_rmsnorm_quant(out, input, residual, weight, scale, eps=1e-6, enable_pdl=None) -> bool:
-    _check_scale(scale)
-    check_real(eps, "eps")
-    check_enable_pdl(enable_pdl)
-    return True
-
-
-def _check_layernorm_quant(out, input, gemma, beta, scale, eps=1e-6) -> bool:
-    _check_scale(scale)
-    check_real(eps, "eps")
-    return True
 
 
 @aotinfer_api(trace=rmsnorm_quant_trace)
-@backend_requirement(backend_checks={}, common_check=_check_rmsnorm_quant)
 def rmsnorm_quant(
     out: torch.Tensor,
     input: torch.Tensor,
@@ -86,6 +66,8 @@ def rmsnorm_quant(
     scale: Union[float, torch.Tensor],
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> None:
     r"""RMSNorm quantized to FP8:
     ``out[i] = fp8(clamp(input[i] / sqrt(mean(input[i]**2) + eps) * weight / scale))``.
@@ -105,12 +87,13 @@ def rmsnorm_quant(
     enable_pdl : Optional[bool]
         Programmatic dependent launch (see the module doc).
     """
+    if not skip_check:
+        _check_scalars(scale, eps, enable_pdl)
     scale_tensor, scale_value = _scale_arguments(scale)
-    _rmsnorm_quant.fn(out, input, weight, scale_tensor, scale_value, eps, -1 if enable_pdl is None else enable_pdl)
+    _rmsnorm_quant(out, input, weight, scale_tensor, scale_value, eps, -1 if enable_pdl is None else enable_pdl)
 
 
 @aotinfer_api(trace=fused_add_rmsnorm_quant_trace)
-@backend_requirement(backend_checks={}, common_check=_check_fused_add_rmsnorm_quant)
 def fused_add_rmsnorm_quant(
     out: torch.Tensor,
     input: torch.Tensor,
@@ -119,6 +102,8 @@ def fused_add_rmsnorm_quant(
     scale: Union[float, torch.Tensor],
     eps: float = 1e-6,
     enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> None:
     r"""Residual add, then RMSNorm quantized to FP8: with ``s = input + residual`` in float32,
     ``residual = s`` (rounded to its dtype) and ``out = fp8(clamp(s / sqrt(mean(s**2) + eps) *
@@ -128,14 +113,15 @@ def fused_add_rmsnorm_quant(
     float16 or bfloat16 of one dtype, ``weight`` ``[hidden]`` of that dtype; ``out`` and ``scale``
     as in :func:`rmsnorm_quant`.
     """
+    if not skip_check:
+        _check_scalars(scale, eps, enable_pdl)
     scale_tensor, scale_value = _scale_arguments(scale)
-    _fused_add_rmsnorm_quant.fn(
+    _fused_add_rmsnorm_quant(
         out, input, residual, weight, scale_tensor, scale_value, eps, -1 if enable_pdl is None else enable_pdl
     )
 
 
 @aotinfer_api(trace=layernorm_quant_trace)
-@backend_requirement(backend_checks={}, common_check=_check_layernorm_quant)
 def layernorm_quant(
     out: torch.Tensor,
     input: torch.Tensor,
@@ -143,6 +129,8 @@ def layernorm_quant(
     beta: torch.Tensor,
     scale: Union[float, torch.Tensor],
     eps: float = 1e-6,
+    *,
+    skip_check: bool = False,
 ) -> None:
     r"""LayerNorm quantized to FP8:
     ``out = fp8(clamp(((input - mean) / sqrt(var + eps) * gemma + beta) / scale))`` per row.
@@ -150,5 +138,7 @@ def layernorm_quant(
     ``input``: ``[tokens, hidden]`` float16 or bfloat16; ``gemma`` (the scale, FlashInfer's name)
     and ``beta``: ``[hidden]`` float32; ``out`` and ``scale`` as in :func:`rmsnorm_quant`.
     """
+    if not skip_check:
+        _check_scalars(scale, eps, None)
     scale_tensor, scale_value = _scale_arguments(scale)
-    _layernorm_quant.fn(out, input, gemma, beta, scale_tensor, scale_value, eps, -1)
+    _layernorm_quant(out, input, gemma, beta, scale_tensor, scale_value, eps, -1)

@@ -100,7 +100,7 @@ from .decode import (
 )
 from .trace.template import dtype_name
 from .trace.templates.prefill import single_prefill_with_kv_cache_trace
-from .utils import backend_requirement, check_enable_pdl, check_int, check_tensor
+from .utils import check_enable_pdl, check_int, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -422,7 +422,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         out = torch.empty(q.shape, dtype=q.dtype, device=wrapper.device)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=wrapper.device)
-    plan.binding.fn(
+    plan.binding(
         out,
         plan.empty if lse is None else lse,
         plan.partial_out,
@@ -447,7 +447,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
     return (out, lse) if return_lse else out
 
 
-def _check_run_common(wrapper, q, out_or_none, enable_pdl) -> None:
+def _check_run_common(wrapper, q, enable_pdl) -> None:
     check_enable_pdl(enable_pdl)
     plan = wrapper._plan
     if plan is None:
@@ -623,8 +623,9 @@ def _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, ca
     _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
 
 
-def _check_ragged_run(self, q, k, v, *, out=None, lse=None, return_lse=False, enable_pdl=None) -> bool:
-    _check_run_common(self, q, out, enable_pdl)
+def _check_ragged_run(self, q, k, v, enable_pdl) -> None:
+    """What run's binding cannot name: enable_pdl, and q, k, v against the plan."""
+    _check_run_common(self, q, enable_pdl)
     plan = self._plan
     if plan is not None:
         check_tensor(k, "k")
@@ -635,7 +636,6 @@ def _check_ragged_run(self, q, k, v, *, out=None, lse=None, return_lse=False, en
             raise ValueError(f"Expected k of shape {layout} with at least kv_indptr[-1] = {plan.total_kv} tokens, got {list(k.shape)}")
         if k.dtype != plan.q_dtype:
             raise ValueError(f"The dtype of k {k.dtype} does not match the kv_data_type {plan.q_dtype} specified in plan")
-    return True
 
 
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
@@ -784,7 +784,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
     begin_forward = plan
 
     @aotinfer_api
-    @backend_requirement(backend_checks={}, common_check=_check_ragged_run)
     def run(
         self,
         q: torch.Tensor,
@@ -795,6 +794,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         lse: Optional[torch.Tensor] = None,
         return_lse: bool = False,
         enable_pdl: Optional[bool] = None,
+        skip_check: bool = False,
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         r"""Prefill attention of one layer with the planned lengths. Launches only.
 
@@ -821,6 +821,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
             ``out``, or ``(out, lse)`` with ``return_lse``.
         """
+        if not skip_check:
+            _check_ragged_run(self, q, k, v, enable_pdl)
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchPrefillWithRaggedKVCacheWrapper.run: call plan() first")
@@ -876,15 +878,12 @@ def _empty_indices(device) -> "torch.Tensor":
     return torch.empty(0, dtype=torch.int32, device=device)
 
 
-def _check_paged_run(
-    self, q, paged_kv_cache, *, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None, return_lse=False,
-    enable_pdl=None, window_left=None, sinks=None,
-) -> bool:  # fmt: skip
+def _check_paged_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left) -> None:
+    """What run's binding cannot name: the scalars, and q against the plan."""
     _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
-    _check_run_common(self, q, out, enable_pdl)
+    _check_run_common(self, q, enable_pdl)
     if window_left is not None:
         _check_window_left(window_left)
-    return True
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
@@ -1071,7 +1070,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
     begin_forward = plan
 
     @aotinfer_api
-    @backend_requirement(backend_checks={}, common_check=_check_paged_run)
     def run(
         self,
         q: torch.Tensor,
@@ -1086,6 +1084,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         enable_pdl: Optional[bool] = None,
         window_left: Optional[int] = None,
         sinks: Optional[torch.Tensor] = None,
+        skip_check: bool = False,
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         r"""Prefill attention of one layer with the planned page table. Launches only.
 
@@ -1109,6 +1108,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         sinks : Optional[torch.Tensor]
             float32 ``[num_qo_heads]``: a logit per head added to the softmax denominator.
         """
+        if not skip_check:
+            _check_paged_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left)
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchPrefillWithPagedKVCacheWrapper.run: call plan() first")
@@ -1176,11 +1177,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
 # ---- single request ----------------------------------------------------------------------------
 
 
-def _check_single_prefill(
-    q, k, v, custom_mask=None, packed_custom_mask=None, causal=False, kv_layout="NHD", pos_encoding_mode="NONE",
-    use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None,
-    rope_theta=None, return_lse=False, backend="auto",
-) -> bool:  # fmt: skip
+def _check_single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode,
+                          use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
+                          backend) -> None:  # fmt: skip
+    """What single_prefill_with_kv_cache's binding cannot name: the options and scalars."""
     _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
     _check_backend(backend)
     _check_kv_layout(kv_layout)
@@ -1198,11 +1198,9 @@ def _check_single_prefill(
                 f"{name} of dtype {dtype_name(value.dtype)} is not implemented: single_prefill_with_kv_cache takes K and V "
                 "of q's dtype (fp8 KV: BatchPrefillWithPagedKVCacheWrapper)"
             )
-    return True
 
 
 @aotinfer_api(trace=single_prefill_with_kv_cache_trace)
-@backend_requirement(backend_checks={}, common_check=_check_single_prefill)
 def single_prefill_with_kv_cache(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -1220,6 +1218,8 @@ def single_prefill_with_kv_cache(
     rope_theta: Optional[float] = None,
     return_lse: bool = False,
     backend: str = "auto",
+    *,
+    skip_check: bool = False,
 ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     r"""Prefill attention of one request over contiguous K and V (FlashInfer's API).
 
@@ -1258,6 +1258,10 @@ def single_prefill_with_kv_cache(
     torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
         The output ``[qo_len, num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)``.
     """
+    if not skip_check:
+        _check_single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode,
+                              use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
+                              backend)  # fmt: skip
     import torch
 
     for value, name in ((q, "q"), (k, "k"), (v, "v")):
@@ -1324,7 +1328,7 @@ def single_prefill_with_kv_cache(
     out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=device)
     lse = torch.empty((qo_len, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
     binding = _batch_prefill_sm90 if sm90 else _batch_prefill
-    binding.fn(
+    binding(
         out,
         lse,
         partial_out,

@@ -49,7 +49,7 @@ from .trace.templates.sampling import (
     top_p_renorm_probs_trace,
     top_p_sampling_trace,
 )
-from .utils import backend_requirement, check_enable_pdl, check_int, check_real, check_tensor
+from .utils import check_enable_pdl, check_int, check_real, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,11 +96,24 @@ def _check_fraction(value, name: str, low_open: bool) -> None:
         raise ValueError(f"Expected {name} to be in {'(0' if low_open else '[0'}, 1], got {value}")
 
 
-def _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid) -> None:
+def _check_top_k_top_p(top_k, top_p, filter_apply_order) -> None:
+    _check_top_k(top_k)
+    _check_fraction(top_p, "top_p", low_open=True)
+    if filter_apply_order not in _ORDERS:
+        raise ValueError(f"Expected filter_apply_order to be 'top_k_first' or 'joint', got {filter_apply_order!r}")
+
+
+def _check_temperature(temperature) -> None:
+    if temperature is not None and not _is_tensor(temperature):
+        check_real(temperature, "temperature")
+        if not temperature > 0:
+            raise ValueError(f"Expected temperature to be positive, got {temperature}")
+
+
+def _check_random(deterministic, generator, check_nan, seed, offset, return_valid) -> None:
+    """The options every sampler takes (indices is _draw's: it reads it with or without checks)."""
     import torch
 
-    if indices is not None:
-        check_tensor(indices, "indices")
     for value, name in ((deterministic, "deterministic"), (check_nan, "check_nan"), (return_valid, "return_valid")):
         if type(value) is not bool:
             raise TypeError(f"Expected {name} to be a bool, got {type(value).__name__}")
@@ -111,69 +124,6 @@ def _check_random(indices, deterministic, generator, check_nan, seed, offset, re
             check_int(value, name, -(2**63))
             if value >= 2**64:
                 raise ValueError(f"Expected {name} to fit in 64 bits, got {value}")
-
-
-def _check_sampling(probs, indices=None, deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
-                    return_valid=False):
-    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
-    return True
-
-
-def _check_logits_sampling(logits, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                           offset=None, return_valid=False):
-    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
-    return True
-
-
-def _check_top_p_sampling(probs, top_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                          offset=None, return_valid=False):
-    _check_fraction(top_p, "top_p", low_open=True)
-    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
-    return True
-
-
-def _check_top_k_sampling(probs, top_k, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                          offset=None, return_valid=False):
-    _check_top_k(top_k)
-    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
-    return True
-
-
-def _check_min_p_sampling(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                          offset=None, return_valid=False):
-    _check_fraction(min_p, "min_p", low_open=False)
-    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
-    return True
-
-
-def _check_top_k_top_p_sampling(probs, top_k, top_p, indices=None, filter_apply_order="top_k_first",
-                                deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
-                                return_valid=False):
-    _check_top_k(top_k)
-    _check_fraction(top_p, "top_p", low_open=True)
-    if filter_apply_order not in _ORDERS:
-        raise ValueError(f"Expected filter_apply_order to be 'top_k_first' or 'joint', got {filter_apply_order!r}")
-    _check_random(indices, deterministic, generator, check_nan, seed, offset, return_valid)
-    return True
-
-
-def _check_top_p_renorm(probs, top_p):
-    _check_fraction(top_p, "top_p", low_open=True)
-    return True
-
-
-def _check_top_k_renorm(probs, top_k):
-    _check_top_k(top_k)
-    return True
-
-
-def _check_softmax(logits, temperature=None, enable_pdl=None):
-    if temperature is not None and not _is_tensor(temperature):
-        check_real(temperature, "temperature")
-        if not temperature > 0:
-            raise ValueError(f"Expected temperature to be positive, got {temperature}")
-    check_enable_pdl(enable_pdl)
-    return True
 
 
 # ---- the calls -----------------------------------------------------------------------------------------
@@ -236,120 +186,141 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
     # here (as many rows as the logits', padded to 16 bytes). Written, so its own tensor, as valid.
     scratch = (torch.empty(probs.shape[0], (probs.shape[-1] + 3) // 4 * 4, dtype=torch.float32, device=probs.device)
                if from_logits and filter != _NONE else probs.new_empty(0))
-    sample.fn(out, valid, scratch, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset,
-              filter, from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
+    try:
+        sample(out, valid, scratch, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset,
+               filter, from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
+    except (TypeError, ValueError) as error:
+        if name == "probs" or not str(error).startswith("Expected probs "):
+            raise
+        # The binding's name for the rows (or for their float32 copy made above) is probs.
+        raise type(error)(f"Expected {name} " + str(error)[len("Expected probs "):]) from None
     return (out, valid) if return_valid else out
 
 
 @aotinfer_api(trace=sampling_from_probs_trace)
-@backend_requirement(backend_checks={}, common_check=_check_sampling)
 def sampling_from_probs(probs: torch.Tensor, indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                         generator: Optional[torch.Generator] = None, check_nan: bool = False,
                         seed: Optional[Union[int, torch.Tensor]] = None,
                         offset: Optional[Union[int, torch.Tensor]] = None,
-                        return_valid: bool = False) -> _Tokens:
+                        return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """Draw one token per row with probability ``probs[i, j] / sum(probs[i])``.
 
     probs : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted), last dimension
     contiguous. Returns the tokens, ``[batch_size]``. Other parameters: see the module doc.
     """
+    if not skip_check:
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     return _draw(_sample, probs, "probs", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
 @aotinfer_api(trace=sampling_from_logits_trace)
-@backend_requirement(backend_checks={}, common_check=_check_logits_sampling)
 def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                          generator: Optional[torch.Generator] = None, check_nan: bool = False,
                          seed: Optional[Union[int, torch.Tensor]] = None,
                          offset: Optional[Union[int, torch.Tensor]] = None,
-                         return_valid: bool = False) -> _Tokens:
+                         return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """Draw one token per row from ``softmax(logits[i])``, as ``argmax(logits + Gumbel noise)`` in one
     pass (no softmax is written).
 
     logits : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted). Returns the tokens.
     """
+    if not skip_check:
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     return _draw(_sample, logits, "logits", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
                  return_valid, from_logits=True)
 
 
 @aotinfer_api(trace=top_p_sampling_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_p_sampling)
 def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float],
                               indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
                               offset: Optional[Union[int, torch.Tensor]] = None,
-                              return_valid: bool = False) -> _Tokens:
+                              return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """Top-p (nucleus) sampling: draw from the smallest set of most probable tokens whose mass
     reaches ``top_p`` of the row's.
 
     top_p : a float in (0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
     """
+    if not skip_check:
+        _check_fraction(top_p, "top_p", low_open=True)
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     return _draw(_sample, probs, "probs", _TOP_P, None, top_p, None, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
 @aotinfer_api(trace=top_k_sampling_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_k_sampling)
 def top_k_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int],
                               indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
                               offset: Optional[Union[int, torch.Tensor]] = None,
-                              return_valid: bool = False) -> _Tokens:
+                              return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """Top-k sampling: draw from the ``top_k`` most probable tokens, renormalized.
 
     top_k : an int >= 1, or int32 ``[batch_size]`` per output row. Returns the tokens.
     """
+    if not skip_check:
+        _check_top_k(top_k)
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     return _draw(_sample, probs, "probs", _TOP_K, top_k, None, None, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
 @aotinfer_api(trace=min_p_sampling_trace)
-@backend_requirement(backend_checks={}, common_check=_check_min_p_sampling)
 def min_p_sampling_from_probs(probs: torch.Tensor, min_p: Union[torch.Tensor, float],
                               indices: Optional[torch.Tensor] = None, deterministic: bool = True,
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
                               offset: Optional[Union[int, torch.Tensor]] = None,
-                              return_valid: bool = False) -> _Tokens:
+                              return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """Min-p sampling: draw from the tokens whose probability is at least ``min_p`` times the
     row's largest.
 
     min_p : a float in [0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
     """
+    if not skip_check:
+        _check_fraction(min_p, "min_p", low_open=False)
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     return _draw(_sample, probs, "probs", _MIN_P, None, None, min_p, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
 @aotinfer_api(trace=top_k_top_p_sampling_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_k_top_p_sampling)
 def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int],
                                     top_p: Union[torch.Tensor, float], indices: Optional[torch.Tensor] = None,
                                     filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                     generator: Optional[torch.Generator] = None, check_nan: bool = False,
                                     seed: Optional[Union[int, torch.Tensor]] = None,
                                     offset: Optional[Union[int, torch.Tensor]] = None,
-                                    return_valid: bool = False) -> _Tokens:
+                                    return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """Top-k and top-p sampling in one kernel.
 
     filter_apply_order : "top_k_first" (top-p over the renormalized top-k set) or "joint" (a token
     kept where both filters, applied to the original row, keep it). Returns the tokens.
     """
+    if not skip_check:
+        _check_top_k_top_p(top_k, top_p, filter_apply_order)
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
                  check_nan, seed, offset, return_valid)
 
 
 @aotinfer_api(trace=top_k_top_p_sampling_from_logits_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_k_top_p_sampling)
 def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int],
                                      top_p: Union[torch.Tensor, float], indices: Optional[torch.Tensor] = None,
                                      filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                      generator: Optional[torch.Generator] = None, check_nan: bool = False,
                                      seed: Optional[Union[int, torch.Tensor]] = None,
                                      offset: Optional[Union[int, torch.Tensor]] = None,
-                                     return_valid: bool = False) -> _Tokens:
+                                     return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
     """``top_k_top_p_sampling_from_probs(softmax(logits))``. Top-k first over the softmax is top-k
     over the logits, softmax, then top-p, as FlashInfer does it.
 
@@ -358,6 +329,10 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
     the top-k set's distribution (rows where top-k keeps the whole row, or the floor misses, take
     their probabilities inside the kernel). Elsewhere: the softmax kernel, then the probabilities'
     sampler."""
+    if not skip_check:
+        _check_top_k_top_p(top_k, top_p, filter_apply_order)
+        _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
+
     import torch
 
     check_tensor(logits, "logits")
@@ -369,19 +344,21 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
         return _draw(_sample, logits, "logits", _TOP_K_FIRST, top_k, top_p, None, indices, generator, False, seed,
                      offset, return_valid, from_logits=True)
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    _softmax.fn(probs, logits, probs.new_empty(0), 1.0, -1)
+    _softmax(probs, logits, probs.new_empty(0), 1.0, -1)
     return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
                  False, seed, offset, return_valid)
 
 
 @aotinfer_api(trace=top_p_renorm_probs_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_p_renorm)
-def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) -> torch.Tensor:
+def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float], *, skip_check: bool = False) -> torch.Tensor:
     """Zero the probabilities outside each row's top-p set and divide the rest by their sum.
 
     probs : float32 ``[batch_size, vocab_size]``. top_p : a float in (0, 1] or float32
     ``[batch_size]``. Returns float32 ``[batch_size, vocab_size]``.
     """
+    if not skip_check:
+        _check_fraction(top_p, "top_p", low_open=True)
+
     import torch
 
     check_tensor(probs, "probs")
@@ -389,60 +366,67 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) -
         probs = probs.float()
     out = torch.empty_like(probs)
     top_p, top_p_val = _per_row(top_p, torch.float32, -1.0, probs.new_empty(0))
-    _renorm.fn(out, probs, top_p, top_p, _TOP_P, 0, top_p_val, -1)
+    _renorm(out, probs, top_p, top_p, _TOP_P, 0, top_p_val, -1)
     return out
 
 
 @aotinfer_api(trace=top_k_renorm_probs_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_k_renorm)
-def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
+def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], *, skip_check: bool = False) -> torch.Tensor:
     """Zero all but the ``top_k`` largest probabilities of each row (ties with the k-th kept) and
     divide the rest by their sum.
 
     probs : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 or int32
     ``[batch_size]`` (<= 0 keeps the row). Returns probs' dtype and shape (the sums in float32).
     """
+    if not skip_check:
+        _check_top_k(top_k)
+
     import torch
 
     check_tensor(probs, "probs")
     out = torch.empty_like(probs)
     top_k, top_k_val = _per_row(top_k, torch.int32, -1, probs.new_empty(0))
-    _renorm.fn(out, probs, top_k, top_k, _TOP_K, top_k_val, 1.0, -1)
+    _renorm(out, probs, top_k, top_k, _TOP_K, top_k_val, 1.0, -1)
     return out
 
 
 @aotinfer_api(trace=top_k_mask_logits_trace)
-@backend_requirement(backend_checks={}, common_check=_check_top_k_renorm)
-def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int]) -> torch.Tensor:
+def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int], *, skip_check: bool = False) -> torch.Tensor:
     """Set all but the ``top_k`` largest logits of each row to -inf (ties with the k-th kept).
 
     logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 or
     int32 ``[batch_size]`` (<= 0 keeps the row). Returns logits' dtype and shape.
     """
+    if not skip_check:
+        _check_top_k(top_k)
+
     import torch
 
     check_tensor(logits, "logits")
     out = torch.empty_like(logits)
     top_k, top_k_val = _per_row(top_k, torch.int32, -1, logits.new_empty(0))
-    _top_k_mask_logits.fn(out, logits, top_k, top_k_val, -1)
+    _top_k_mask_logits(out, logits, top_k, top_k_val, -1)
     return out
 
 
 @aotinfer_api(trace=softmax_trace)
-@backend_requirement(backend_checks={}, common_check=_check_softmax)
 def softmax(logits: torch.Tensor, temperature: Optional[Union[torch.Tensor, float]] = None,
-            enable_pdl: Optional[bool] = None) -> torch.Tensor:
+            enable_pdl: Optional[bool] = None, *, skip_check: bool = False) -> torch.Tensor:
     """``softmax(logits / temperature)`` over each row, in float32 (one pass for the running max and
     sum, one that writes).
 
     logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. temperature : None (1), a
     positive float, or float32 ``[batch_size]``. Returns float32 ``[batch_size, vocab_size]``.
     """
+    if not skip_check:
+        _check_temperature(temperature)
+        check_enable_pdl(enable_pdl)
+
     import torch
 
     check_tensor(logits, "logits")
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     temperature, temperature_val = _per_row(1.0 if temperature is None else temperature, torch.float32, -1.0,
                                             out.new_empty(0))
-    _softmax.fn(out, logits, temperature, temperature_val, -1 if enable_pdl is None else enable_pdl)
+    _softmax(out, logits, temperature, temperature_val, -1 if enable_pdl is None else enable_pdl)
     return out

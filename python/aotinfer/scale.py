@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.scale import scale_trace
-from .utils import backend_requirement, check_enable_pdl, check_real
+from .utils import check_enable_pdl, check_real
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,19 +16,14 @@ if TYPE_CHECKING:
 _scale = kernel("scale", "scale")
 
 
-# What the binding cannot tell apart: a bool or another non-real factor, and enable_pdl before it
-# becomes the binding's -1/0/1. It checks every tensor itself.
-def _check_scale(input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None,
-                 enable_pdl: Optional[bool] = None) -> bool:
-    check_real(factor, "factor")
-    check_enable_pdl(enable_pdl)
-    return True
-
-
 @aotinfer_api(trace=scale_trace)
-@backend_requirement(backend_checks={}, common_check=_check_scale)
 def scale(
-    input: torch.Tensor, factor: float, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None
+    input: torch.Tensor,
+    factor: float,
+    out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = None,
+    *,
+    skip_check: bool = False,
 ) -> torch.Tensor:
     """Multiply every element of ``input`` by ``factor``.
 
@@ -55,9 +50,14 @@ def scale(
     torch.Tensor
         ``out``, holding ``input * factor``.
     """
+    # What the binding cannot tell apart: a bool or another non-real factor, and enable_pdl before
+    # it becomes the binding's -1/0/1. The binding checks every tensor itself.
+    if not skip_check:
+        check_real(factor, "factor")
+        check_enable_pdl(enable_pdl)
     if out is None:
         import torch
 
         out = torch.empty_like(input)
-    _scale.fn(out, input, factor, -1 if enable_pdl is None else enable_pdl)
+    _scale(out, input, factor, -1 if enable_pdl is None else enable_pdl)
     return out
