@@ -19,6 +19,7 @@ from .decode import (
 )
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
+from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -61,6 +62,7 @@ __all__ = [
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "NoCompatibleBuild",
     "__version__",
+    "append_paged_kv_cache",
     "apply_llama31_rope",
     "apply_llama31_rope_inplace",
     "apply_llama31_rope_pos_ids",
@@ -78,6 +80,8 @@ __all__ = [
     "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
+    "get_batch_indices_positions",
+    "get_seq_lens",
     "layernorm",
     "layernorm_quant",
     "merge_state",
