@@ -1,6 +1,5 @@
 """scale(input, factor, out=None) against torch, on every path of the kernel."""
 
-
 import pytest
 import torch
 
