@@ -26,10 +26,22 @@ aotinfer::Ids CheckIds(const TensorView& x, const char* name, int64_t length, co
   return aotinfer::Ids{static_cast<const char*>(x.data_ptr()) + x.byte_offset(), x.dtype().bits == 64};
 }
 
-// Heads [nnz, heads, head_dim] with the last dimension contiguous.
+// Heads [nnz, heads, dims] with the last dimension contiguous, from dim `from` on.
 template <typename T>
-aotinfer::RopeTensor<T> HeadsOf(const TensorView& x) {
-  return {aotinfer::data_ptr<std::remove_const_t<T>>(x), x.stride(0), x.stride(1)};
+aotinfer::RopeTensor<T> HeadsOf(const TensorView& x, int64_t from = 0) {
+  return {aotinfer::data_ptr<std::remove_const_t<T>>(x) + from, x.stride(0), x.stride(1)};
+}
+
+// Plain RoPE's side: the head's dims past rotary_dim are its rest.
+template <typename T, typename OutT>
+aotinfer::RopeSide<T, OutT> SideOf(const TensorView& in, const TensorView& out, int64_t rotary_dim) {
+  aotinfer::RopeSide<T, OutT> side;
+  side.rot = HeadsOf<const T>(in);
+  side.rest = HeadsOf<const T>(in, rotary_dim);
+  side.rot_out = HeadsOf<OutT>(out);
+  side.rest_out = HeadsOf<OutT>(out, rotary_dim);
+  side.heads = int(in.size(1));
+  return side;
 }
 
 void CheckHeads(const TensorView& x, const char* name) {
@@ -168,18 +180,14 @@ void Run(const TensorView& q_rope, const TensorView& k_rope, const TensorView& q
   cudaStream_t stream = aotinfer::get_stream(q.device());
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
-    aotinfer::RopeParams<T> p;
-    p.q_out = HeadsOf<T>(q_rope);
-    p.k_out = HeadsOf<T>(k_rope);
-    p.q = HeadsOf<const T>(q);
-    p.k = HeadsOf<const T>(k);
+    aotinfer::RopeParams<T, T> p;
+    const bool copy_rest = rotary_dim < head_dim && (aotinfer::data_ptr<char>(q_rope) != aotinfer::data_ptr<char>(q) ||
+                                                     aotinfer::data_ptr<char>(k_rope) != aotinfer::data_ptr<char>(k));
+    p.q = SideOf<T, T>(q, q_rope, rotary_dim);
+    p.k = SideOf<T, T>(k, k_rope, rotary_dim);
     p.nnz = nnz;
-    p.num_q_heads = int(q.size(1));
-    p.num_k_heads = int(k.size(1));
-    p.head_dim = int(head_dim);
     p.rotary_dim = int(rotary_dim);
-    p.copy_rest = rotary_dim < head_dim && (aotinfer::data_ptr<char>(q_rope) != aotinfer::data_ptr<char>(q) ||
-                                            aotinfer::data_ptr<char>(k_rope) != aotinfer::data_ptr<char>(k));
+    p.rest_dim = copy_rest ? int(head_dim - rotary_dim) : 0;
     p.pos_ids = ids_pos;
     p.indptr = ids_indptr;
     p.offsets = ids_offsets;
@@ -192,7 +200,7 @@ void Run(const TensorView& q_rope, const TensorView& k_rope, const TensorView& q
       p.smooth_a = float(f.old_context_len / (2 * M_PI * (f.high_freq_factor - f.low_freq_factor)));
       p.smooth_b = float(-f.low_freq_factor / (f.high_freq_factor - f.low_freq_factor));
     }
-    CHECK_LAUNCH(aotinfer::Rope<T>(p, interleave, stream, pdl), op);
+    CHECK_LAUNCH(aotinfer::Rope(p, interleave, stream, pdl), op);
     return true;
   });
 }
@@ -252,3 +260,118 @@ void apply_rope_pos_ids_cos_sin_cache(TensorView q_rope, TensorView k_rope, Tens
       "apply_rope_with_cos_sin_cache");
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(apply_rope_pos_ids_cos_sin_cache, apply_rope_pos_ids_cos_sin_cache);
+
+// The quantizing form (rope_quantize_fp8): q_rope_out = fp8(RoPE(q_rope_in) * quant_scale_q),
+// q_nope_out = fp8(q_nope_in * quant_scale_q), k likewise with quant_scale_kv; cos/sin from
+// cos_sin_cache at pos_ids. FP8 saturates to its largest finite value.
+void rope_quantize(TensorView q_rope_out, TensorView k_rope_out, TensorView q_nope_out, TensorView k_nope_out,
+                   TensorView q_rope_in, TensorView k_rope_in, TensorView q_nope_in, TensorView k_nope_in,
+                   TensorView cos_sin_cache, TensorView pos_ids, double quant_scale_q, double quant_scale_kv,
+                   bool interleave, int64_t enable_pdl) {
+  // 1. Validate: inputs, positions, cache, scalars, outputs, devices.
+  CheckHeads(q_rope_in, "q_rope_in");
+  if (aotinfer::DtypeKey(q_rope_in.dtype()) != aotinfer::DtypeKey(kDLFloat, 16) &&
+      aotinfer::DtypeKey(q_rope_in.dtype()) != aotinfer::DtypeKey(kDLBfloat, 16)) {
+    AOTINFER_THROW(TypeError) << "Expected q_rope_in to have dtype float16 or bfloat16, got " << q_rope_in.dtype();
+  }
+  const int64_t nnz = q_rope_in.size(0), rope_dim = q_rope_in.size(2);
+  const TensorView* inputs[] = {&k_rope_in, &q_nope_in, &k_nope_in};
+  const char* input_names[] = {"k_rope_in", "q_nope_in", "k_nope_in"};
+  for (int i = 0; i < 3; ++i) {
+    CheckHeads(*inputs[i], input_names[i]);
+    aotinfer::CheckSameDtype(*inputs[i], q_rope_in, input_names[i], "q_rope_in");
+    if (inputs[i]->size(0) != nnz) {
+      AOTINFER_THROW(ValueError) << "Expected " << input_names[i] << " to have " << nnz
+                                << " tokens (q_rope_in's), got shape " << aotinfer::ShapeString(inputs[i]->shape());
+    }
+  }
+  if (k_rope_in.size(2) != rope_dim) {
+    AOTINFER_THROW(ValueError) << "Expected k_rope_in to have rope dim " << rope_dim << " (q_rope_in's), got shape "
+                              << aotinfer::ShapeString(k_rope_in.shape());
+  }
+  if (q_nope_in.size(1) != q_rope_in.size(1) || k_nope_in.size(1) != k_rope_in.size(1) ||
+      k_nope_in.size(2) != q_nope_in.size(2)) {
+    AOTINFER_THROW(ValueError) << "Expected q_nope_in and k_nope_in to have q_rope_in's and k_rope_in's heads and one "
+                                  "no_rope_dim, got shapes "
+                              << aotinfer::ShapeString(q_nope_in.shape()) << " and "
+                              << aotinfer::ShapeString(k_nope_in.shape());
+  }
+  const aotinfer::Ids ids = CheckIds(pos_ids, "pos_ids", nnz, "q_rope_in's tokens");
+  aotinfer::CheckDim(2, cos_sin_cache, "cos_sin_cache");
+  if (!(cos_sin_cache.dtype().code == kDLFloat && cos_sin_cache.dtype().bits == 32)) {
+    AOTINFER_THROW(TypeError) << "Expected cos_sin_cache to have dtype float32, got " << cos_sin_cache.dtype();
+  }
+  aotinfer::CheckContiguous(cos_sin_cache, "cos_sin_cache");
+  if (cos_sin_cache.size(1) != rope_dim || rope_dim < 2 || rope_dim % 2 != 0) {
+    AOTINFER_THROW(ValueError) << "Expected cos_sin_cache to have shape [max_position, " << rope_dim
+                              << "] (q_rope_in's rope dim, even), got " << aotinfer::ShapeString(cos_sin_cache.shape());
+  }
+  for (const auto& [value, name] : {std::pair<double, const char*>{quant_scale_q, "quant_scale_q"},
+                                    {quant_scale_kv, "quant_scale_kv"}}) {
+    if (!std::isfinite(value)) AOTINFER_THROW(ValueError) << "Expected " << name << " to be finite, got " << value;
+  }
+  aotinfer::CheckEnablePdl(enable_pdl);
+  const TensorView* outputs[] = {&q_rope_out, &k_rope_out, &q_nope_out, &k_nope_out};
+  const TensorView* sources[] = {&q_rope_in, &k_rope_in, &q_nope_in, &k_nope_in};
+  const char* output_names[] = {"q_rope_out", "k_rope_out", "q_nope_out", "k_nope_out"};
+  const char* source_names[] = {"q_rope_in", "k_rope_in", "q_nope_in", "k_nope_in"};
+  for (int i = 0; i < 4; ++i) {
+    aotinfer::CheckSameShape(*outputs[i], *sources[i], output_names[i], source_names[i]);
+    CheckHeads(*outputs[i], output_names[i]);
+    const uint32_t key = aotinfer::DtypeKey(outputs[i]->dtype());
+    if (key != aotinfer::DtypeKey(kDLFloat8_e4m3fn, 8) && key != aotinfer::DtypeKey(kDLFloat8_e5m2, 8)) {
+      AOTINFER_THROW(TypeError) << "Expected " << output_names[i]
+                               << " to have dtype float8_e4m3fn or float8_e5m2, got " << outputs[i]->dtype();
+    }
+    if (i > 0) aotinfer::CheckSameDtype(*outputs[i], q_rope_out, output_names[i], "q_rope_out");
+  }
+  if (q_rope_in.size(1) + k_rope_in.size(1) > INT_MAX / 64 || rope_dim > 1 << 16 || q_nope_in.size(2) > 1 << 16) {
+    AOTINFER_THROW(ValueError) << "Expected fewer heads and dims, got q_rope_in "
+                              << aotinfer::ShapeString(q_rope_in.shape()) << " and q_nope_in "
+                              << aotinfer::ShapeString(q_nope_in.shape());
+  }
+
+  // The layout (which needs the types), the devices; 2. guard the device; 3. get the stream;
+  // 4. launch.
+  DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q_rope_in.dtype(), T, [&] {
+    return DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP8(q_rope_out.dtype(), OutT, [&] {
+      auto side = [&](const TensorView& rot, const TensorView& rest, const TensorView& rot_out,
+                      const TensorView& rest_out, double scale) {
+        aotinfer::RopeSide<T, OutT> s;
+        s.rot = HeadsOf<const T>(rot);
+        s.rest = HeadsOf<const T>(rest);
+        s.rot_out = HeadsOf<OutT>(rot_out);
+        s.rest_out = HeadsOf<OutT>(rest_out);
+        s.heads = int(rot.size(1));
+        s.scale = float(scale);
+        return s;
+      };
+      aotinfer::RopeParams<T, OutT> p;
+      p.q = side(q_rope_in, q_nope_in, q_rope_out, q_nope_out, quant_scale_q);
+      p.k = side(k_rope_in, k_nope_in, k_rope_out, k_nope_out, quant_scale_kv);
+      p.nnz = nnz;
+      p.rotary_dim = int(rope_dim);
+      p.rest_dim = int(q_nope_in.size(2));
+      p.pos_ids = ids;
+      p.cos_sin_cache = aotinfer::data_ptr<const float>(cos_sin_cache);
+      if (!aotinfer::RopeLayoutSupported(p, interleave, aotinfer::kVec16<T>)) {
+        AOTINFER_THROW(ValueError) << "Expected the rope dim " << rope_dim << " to be a multiple of "
+                                  << (interleave ? 8 : 16) << ", no_rope_dim " << p.rest_dim
+                                  << " one of 8, and every head of the inputs 16-byte aligned and of the outputs"
+                                     " 8-byte aligned (strides multiples of 8)";
+      }
+      aotinfer::CheckOnOneGpu({{q_rope_in, "q_rope_in"}, {k_rope_in, "k_rope_in"}, {q_nope_in, "q_nope_in"},
+                               {k_nope_in, "k_nope_in"}, {cos_sin_cache, "cos_sin_cache"}, {pos_ids, "pos_ids"},
+                               {q_rope_out, "q_rope_out"}, {k_rope_out, "k_rope_out"}, {q_nope_out, "q_nope_out"},
+                               {k_nope_out, "k_nope_out"}});
+      if (nnz == 0) return true;
+      const int device = q_rope_in.device().device_id;
+      aotinfer::DeviceGuard guard(device);
+      cudaStream_t stream = aotinfer::get_stream(q_rope_in.device());
+      const bool pdl = aotinfer::UsePdl(enable_pdl, device);
+      CHECK_LAUNCH(aotinfer::Rope(p, interleave, stream, pdl), "rope_quantize_fp8");
+      return true;
+    });
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rope_quantize, rope_quantize);

@@ -276,3 +276,115 @@ def test_in_place_needs_same_strides():
     with pytest.raises(ValueError, match="q_rope to be q itself"):
         rope_module._apply_rope_pos_ids(q.as_strided((4, 2, 8), (8, 32, 1)), _h(4, 1, 8), q, K, _i(0, 1, 2, 3), 8,
                                         False, 1.0, 1e4, -1)
+
+
+# ---- rope_quantize_fp8 / mla_rope_quantize_fp8 ----------------------------------------------------
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def quantize_reference(x, dtype):
+    """float32 values to FP8 as the kernel rounds them: to nearest even, saturated."""
+    return x.float().clamp(-FP8_MAX[dtype], FP8_MAX[dtype]).to(dtype)
+
+
+def assert_fp8_close(got, want, exact):
+    """Bit for bit where `exact` (one float32 product rounded once); otherwise at most one FP8 step
+    apart, on at most 1% of the elements (the float32 rotation may round differently from the
+    reference's, which flips an FP8 rounding near a tie)."""
+    g, w = got.cpu().view(torch.uint8).int(), want.cpu().view(torch.uint8).int()
+    if exact:
+        assert torch.equal(g, w)
+        return
+    same_sign = (g ^ w) < 128
+    both_zero = (got.cpu().float() == 0) & (want.float() == 0)
+    near = (same_sign & ((g - w).abs() <= 1)) | both_zero
+    assert near.all(), f"{int((~near).sum())} elements more than one FP8 step off"
+    assert (g != w).float().mean() <= 0.01
+
+
+@gpu
+@pytest.mark.parametrize("out_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("is_neox", [True, False], ids=["neox", "interleave"])
+@pytest.mark.parametrize("layout", ["gqa", "mla", "no_nope"])
+def test_rope_quantize_fp8(layout, is_neox, dtype, out_dtype):
+    torch.manual_seed(hash((layout, is_neox, str(dtype), str(out_dtype))) % 2**31)
+    nnz, num_q, num_k = 37, 4, 2
+    rope_dim, nope_dim = 64, 512 if layout == "mla" else 128
+    # q as DeepSeek splits it: one [nnz, heads, nope + rope] tensor, nope first.
+    q = torch.randn(nnz, num_q, nope_dim + rope_dim, device="cuda", dtype=dtype)
+    q_nope, q_rope = q[..., :nope_dim], q[..., nope_dim:]
+    if layout == "mla":
+        k_rope = torch.randn(nnz, rope_dim, device="cuda", dtype=dtype)
+        k_nope = torch.randn(nnz, nope_dim, device="cuda", dtype=dtype)
+    else:
+        k_rope = torch.randn(nnz, num_k, rope_dim, device="cuda", dtype=dtype)
+        k_nope = torch.randn(nnz, num_k, nope_dim, device="cuda", dtype=dtype)
+    if layout == "no_nope":
+        q_nope = k_nope = None
+    cache = make_cos_sin_cache(4096, rope_dim)
+    pos = torch.randint(0, 4096, (nnz,), device="cuda")
+    scale_q, scale_kv = (150.0, 0.5) if out_dtype == torch.float8_e4m3fn else (30000.0, 2.0)  # q saturates in part
+    op = aotinfer.mla_rope_quantize_fp8 if layout == "mla" else aotinfer.rope_quantize_fp8
+    outs = op(q_rope, k_rope, q_nope, k_nope, cache.cuda(), pos, is_neox=is_neox, quantize_dtype=out_dtype,
+              quant_scale_q=scale_q, quant_scale_kv=scale_kv)
+    assert all(o.dtype == out_dtype for o in outs)
+
+    half = rope_dim // 2
+    cos, sin = cache[pos.cpu(), :half].double(), cache[pos.cpu(), half:].double()
+    k3 = k_rope if k_rope.dim() == 3 else k_rope[:, None]
+    q_ref = rotate(q_rope, cos, sin, not is_neox) * scale_q
+    k_ref = rotate(k3, cos, sin, not is_neox).view(k_rope.shape) * scale_kv
+    assert outs[0].shape == q_rope.shape and outs[1].shape == k_rope.shape
+    assert_fp8_close(outs[0], quantize_reference(q_ref, out_dtype), exact=False)
+    assert_fp8_close(outs[1], quantize_reference(k_ref, out_dtype), exact=False)
+    if layout == "no_nope":
+        assert outs[2].shape == (nnz, num_q, 0) and outs[3].shape == (nnz, num_k, 0)
+    else:
+        assert outs[2].shape == q_nope.shape and outs[3].shape == k_nope.shape
+        assert_fp8_close(outs[2], quantize_reference(q_nope.cpu().float() * scale_q, out_dtype), exact=True)
+        assert_fp8_close(outs[3], quantize_reference(k_nope.cpu().float() * scale_kv, out_dtype), exact=True)
+
+
+@gpu
+def test_rope_quantize_fp8_into_given_outputs():
+    nnz = 5
+    q_rope = torch.randn(nnz, 2, 64, device="cuda", dtype=torch.bfloat16)
+    k_rope = torch.randn(nnz, 1, 64, device="cuda", dtype=torch.bfloat16)
+    q_nope = torch.randn(nnz, 2, 64, device="cuda", dtype=torch.bfloat16)
+    k_nope = torch.randn(nnz, 1, 64, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.full(x.shape, float("nan"), device="cuda").to(torch.float8_e5m2) for x in (q_rope, k_rope, q_nope, k_nope)]
+    got = aotinfer.rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, make_cos_sin_cache(16, 64).cuda(),
+                                     torch.arange(nnz, device="cuda"), q_rope_out=outs[0], k_rope_out=outs[1],
+                                     q_nope_out=outs[2], k_nope_out=outs[3])
+    assert all(g is o for g, o in zip(got, outs))  # the dtype came from the outputs: e5m2
+    assert not any(o.float().isnan().any() for o in outs)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 64), None, None, torch.empty(9, 64), _i(0, 1, 2, 3),
+                                            quantize_dtype=torch.float16), TypeError, "quantize_dtype to be"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 32), None, None, torch.empty(9, 64), _i(0, 1, 2, 3)),
+         ValueError, "k_rope_in to have rope dim 64"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 64), None, None, torch.empty(9, 32), _i(0, 1, 2, 3)),
+         ValueError, r"cos_sin_cache to have shape \[max_position, 64\]"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 64), _h(4, 2, 8), _h(4, 1, 16), torch.empty(9, 64),
+                                            _i(0, 1, 2, 3)), ValueError, "q_nope_in and k_nope_in"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 40), _h(4, 1, 40), None, None, torch.empty(9, 40), _i(0, 1, 2, 3)),
+         ValueError, "rope dim 40 to be a multiple of 16"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 64), None, None, torch.empty(9, 64), _i(0, 1, 2),
+                                            ), ValueError, r"pos_ids to have shape \[4\]"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 64), None, None, torch.empty(9, 64), _i(0, 1, 2, 3),
+                                            q_rope_out=_h(4, 2, 64)), TypeError, "q_rope_out to have dtype float8_e4m3fn"),
+        (lambda: aotinfer.rope_quantize_fp8(_h(4, 2, 64), _h(4, 1, 64), None, None, torch.empty(9, 64), _i(0, 1, 2, 3),
+                                            backend="cutile"), ValueError, "backend to be 'cuda'"),
+        (lambda: aotinfer.mla_rope_quantize_fp8(_h(4, 2, 64), _h(4, 64), _h(4, 2, 512), _h(4, 512), torch.empty(9, 64),
+                                                _i(0, 1, 2, 3)), ValueError, "q_rope_in to be a CUDA tensor"),
+    ],
+)
+def test_rope_quantize_argument_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

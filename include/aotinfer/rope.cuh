@@ -2,6 +2,10 @@
 // every frequency rule (theta^(-2j/rotary_dim) scaled plainly or by Llama 3.1's smoothing, or a
 // precomputed cos/sin cache) and both layouts (NeoX's halves, GPT-J's interleaved pairs).
 //
+// The same kernel quantizes (rope_quantize_fp8): the output type is a template parameter, each
+// side's values are multiplied by its scale before the one rounding, and the dims that do not
+// rotate come from a tensor of their own (q_nope, k_nope) instead of the rest of each head.
+//
 // Memory-bound: each token's q and k heads are read and written once, in 16-byte vectors. A block
 // takes one or a few tokens with all their heads, so a token's cos/sin pairs are computed once
 // (rotary_dim / 2 sincosf in float32, accurate where a fast __sincosf drifts at large positions)
@@ -11,11 +15,13 @@
 // only double the instantiations. Rows are strided (q and k are often slices of a fused qkv).
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "aotinfer/ids.cuh"
 #include "aotinfer/launch.cuh"
@@ -23,7 +29,7 @@
 
 namespace aotinfer {
 
-// q and k heads: [nnz, heads, head_dim], the last dimension contiguous. Strides in elements.
+// Heads [nnz, heads, dims], the last dimension contiguous. Strides in elements.
 template <typename T>
 struct RopeTensor {
   T* data = nullptr;
@@ -31,15 +37,23 @@ struct RopeTensor {
   int64_t stride_h = 0;
 };
 
-template <typename T>
+// One side (q or k): its rotary dims, and the dims that do not rotate (rest_dim of them, from
+// `rest` into `rest_out`; for plain RoPE the head's dims past rotary_dim, for rope_quantize its nope
+// tensor), each multiplied by `scale` (1 but for quantizing) before its one rounding.
+template <typename T, typename OutT>
+struct RopeSide {
+  RopeTensor<const T> rot, rest;
+  RopeTensor<OutT> rot_out, rest_out;  // rot_out may be rot itself (in place), rest_out rest
+  int heads = 0;
+  float scale = 1.f;
+};
+
+template <typename T, typename OutT>
 struct RopeParams {
-  RopeTensor<T> q_out, k_out;             // may be q and k themselves (in place)
-  RopeTensor<const T> q, k;
+  RopeSide<T, OutT> q, k;
   int64_t nnz = 0;                        // tokens
-  int num_q_heads = 0, num_k_heads = 0;
-  int head_dim = 0;
-  int rotary_dim = 0;                     // even, <= head_dim: dims [0, rotary_dim) rotate
-  bool copy_rest = false;                 // out of place: dims past rotary_dim are copied
+  int rotary_dim = 0;                     // even: dims [0, rotary_dim) of rot rotate
+  int rest_dim = 0;                       // dims of rest moved (0 in place: they stay)
   // Positions: pos_ids[token], or offsets[r] + token - indptr[r] for the request r that holds token.
   Ids pos_ids, indptr, offsets;
   int64_t batch_size = 0;                 // requests of indptr/offsets
@@ -55,8 +69,8 @@ struct RopeParams {
 
 constexpr int kRopeMaxThreads = 512;
 
-template <typename T>
-__device__ __forceinline__ int64_t RopePosition(const RopeParams<T>& p, int64_t token) {
+template <typename T, typename OutT>
+__device__ __forceinline__ int64_t RopePosition(const RopeParams<T, OutT>& p, int64_t token) {
   if (p.pos_ids.data != nullptr) return p.pos_ids[token];
   // The last request r with indptr[r] <= token (empty requests before it are passed over).
   int64_t lo = 0, hi = p.batch_size;
@@ -71,58 +85,74 @@ __device__ __forceinline__ int64_t RopePosition(const RopeParams<T>& p, int64_t 
   return p.offsets[lo] + (token - p.indptr[lo]);
 }
 
+template <typename OutT>
+constexpr bool kIsFp8 = std::is_same_v<OutT, __nv_fp8_e4m3> || std::is_same_v<OutT, __nv_fp8_e5m2>;
+
+// The vector of f(e) for e < N in OutT: 16-bit types rounded in pairs (Vec::from_floats), FP8
+// saturated to its largest finite value and rounded to nearest even.
+template <typename OutT, int N, typename F>
+__device__ __forceinline__ Vec<OutT, N> RopeOut(F&& f) {
+  if constexpr (kIsFp8<OutT>) {
+    Vec<OutT, N> v;
+#pragma unroll
+    for (int e = 0; e < N; ++e) v.elems[e] = OutT(f(e));
+    return v;
+  } else {
+    return Vec<OutT, N>::from_floats(f);
+  }
+}
+
 // A thread's piece of a token: unit u of head `head` (q heads first, then k heads). Units below
-// rot_units rotate: for NeoX a vector of the first half with its partner rotary_dim / 2 further,
-// for interleaved pairs one vector; the rest copy dims past rotary_dim (out of place only).
-template <typename T, bool kInterleave, int kVec>
+// rot_units rotate kVec dims (NeoX: of the first half, with their partners rotary_dim / 2 further;
+// interleaved: kVec / 2 pairs); the others move kVec dims of the head's rest.
+template <typename T, typename OutT, bool kInterleave, int kVec>
 __global__ void __launch_bounds__(kRopeMaxThreads)
-    RopeKernel(const RopeParams<T> p, int tokens_per_block, int units_per_head, int rot_units) {
+    RopeKernel(const RopeParams<T, OutT> p, int tokens_per_block, int units_per_head, int rot_units) {
   extern __shared__ float rope_table[];  // [tokens_per_block][2][rotary_dim / 2]: cos, then sin
-  using V = Vec<T, kVec>;
+  using In = Vec<T, kVec>;
   const int half = p.rotary_dim / 2;
   const int64_t first = int64_t(blockIdx.x) * tokens_per_block;
   const int tokens = int(min(int64_t(tokens_per_block), p.nnz - first));
-  const int units_per_token = (p.num_q_heads + p.num_k_heads) * units_per_head;
+  const int units_per_token = (p.q.heads + p.k.heads) * units_per_head;
   const int total = tokens * units_per_token;
 
   struct Unit {
-    const T* in;
-    T* out;
-    int token;  // within the block
-    int u;
+    const T* in;   // the unit's first element
+    OutT* out;
+    int token;     // within the block
+    int d;         // the first element's dim in rot (rotating) or rest
+    bool rotates;
+    float scale;
   };
   auto locate = [&](int w) {
     Unit unit;
     unit.token = w / units_per_token;
     const int rest = w - unit.token * units_per_token;
-    const int head = rest / units_per_head;
-    unit.u = rest - head * units_per_head;
+    int head = rest / units_per_head;
+    const int u = rest - head * units_per_head;
+    const bool is_q = head < p.q.heads;
+    const RopeSide<T, OutT>& side = is_q ? p.q : p.k;
+    head -= is_q ? 0 : p.q.heads;
     const int64_t n = first + unit.token;
-    if (head < p.num_q_heads) {
-      unit.in = p.q.data + n * p.q.stride_n + head * p.q.stride_h;
-      unit.out = p.q_out.data + n * p.q_out.stride_n + head * p.q_out.stride_h;
-    } else {
-      const int h = head - p.num_q_heads;
-      unit.in = p.k.data + n * p.k.stride_n + h * p.k.stride_h;
-      unit.out = p.k_out.data + n * p.k_out.stride_n + h * p.k_out.stride_h;
-    }
+    unit.rotates = u < rot_units;
+    unit.d = (unit.rotates ? u : u - rot_units) * kVec;
+    const RopeTensor<const T>& in = unit.rotates ? side.rot : side.rest;
+    const RopeTensor<OutT>& out = unit.rotates ? side.rot_out : side.rest_out;
+    unit.in = in.data + n * in.stride_n + head * in.stride_h + unit.d;
+    unit.out = out.data + n * out.stride_n + head * out.stride_h + unit.d;
+    unit.scale = side.scale;
     return unit;
-  };
-  // The unit's first vector (and NeoX's partner) at its element offset in the head.
-  auto first_dim = [&](int u) {
-    if (u >= rot_units) return p.rotary_dim + (u - rot_units) * kVec;
-    return u * kVec;
   };
 
   WaitForPriorGrids();  // positions, the cache and q/k may come from the kernel before
   int w = threadIdx.x;
   bool have = w < total;
   Unit unit{};
-  V a, b;
+  In a, b;
   if (have) {
     unit = locate(w);
-    a.load(unit.in + first_dim(unit.u));
-    if (!kInterleave && unit.u < rot_units) b.load(unit.in + first_dim(unit.u) + half);
+    a.load(unit.in);
+    if (!kInterleave && unit.rotates) b.load(unit.in + half);
   }
 
   for (int e = threadIdx.x; e < tokens * half; e += blockDim.x) {
@@ -145,49 +175,51 @@ __global__ void __launch_bounds__(kRopeMaxThreads)
   __syncthreads();
 
   while (have) {
-    const int d = first_dim(unit.u);
-    if (unit.u >= rot_units) {
-      a.store(unit.out + d);
+    const int d = unit.d;
+    const float scale = unit.scale;
+    if (!unit.rotates) {
+      if constexpr (std::is_same_v<OutT, T>) {
+        a.store(unit.out);  // a plain copy (scale is 1)
+      } else {
+        RopeOut<OutT, kVec>([&](int e) { return to_float(a[e]) * scale; }).store(unit.out);
+      }
     } else {
       const float* cos = rope_table + unit.token * 2 * half;
       const float* sin = cos + half;
       if constexpr (kInterleave) {
         // Pair (2i, 2i + 1) of the head turns by frequency i.
-        const V r = V::from_floats([&](int e) {
+        RopeOut<OutT, kVec>([&](int e) {
           const int j = (d + e) / 2;
           const float x = to_float(a[e]), partner = to_float(a[e ^ 1]);
-          return e % 2 == 0 ? x * cos[j] - partner * sin[j] : x * cos[j] + partner * sin[j];
-        });
-        r.store(unit.out + d);
+          return (e % 2 == 0 ? x * cos[j] - partner * sin[j] : x * cos[j] + partner * sin[j]) * scale;
+        }).store(unit.out);
       } else {
-        // Element d + e of the first half and d + e + rotary_dim / 2 turn together by frequency d + e.
-        const V r1 = V::from_floats([&](int e) {
-          return to_float(a[e]) * cos[d + e] - to_float(b[e]) * sin[d + e];
-        });
-        const V r2 = V::from_floats([&](int e) {
-          return to_float(b[e]) * cos[d + e] + to_float(a[e]) * sin[d + e];
-        });
-        r1.store(unit.out + d);
-        r2.store(unit.out + d + half);
+        // Dim d + e of the first half and d + e + rotary_dim / 2 turn together by frequency d + e.
+        RopeOut<OutT, kVec>([&](int e) {
+          return (to_float(a[e]) * cos[d + e] - to_float(b[e]) * sin[d + e]) * scale;
+        }).store(unit.out);
+        RopeOut<OutT, kVec>([&](int e) {
+          return (to_float(b[e]) * cos[d + e] + to_float(a[e]) * sin[d + e]) * scale;
+        }).store(unit.out + half);
       }
     }
     w += blockDim.x;
     have = w < total;
     if (have) {
       unit = locate(w);
-      a.load(unit.in + first_dim(unit.u));
-      if (!kInterleave && unit.u < rot_units) b.load(unit.in + first_dim(unit.u) + half);
+      a.load(unit.in);
+      if (!kInterleave && unit.rotates) b.load(unit.in + half);
     }
   }
 }
 
-template <typename T, bool kInterleave, int kVec>
-cudaError_t LaunchRope(const RopeParams<T>& p, cudaStream_t stream, bool pdl) {
+template <typename T, typename OutT, bool kInterleave, int kVec>
+cudaError_t LaunchRope(const RopeParams<T, OutT>& p, cudaStream_t stream, bool pdl) {
   const int half = p.rotary_dim / 2;
   const int rot_units = kInterleave ? p.rotary_dim / kVec : half / kVec;
-  const int units_per_head = rot_units + (p.copy_rest ? (p.head_dim - p.rotary_dim) / kVec : 0);
-  const int64_t units_per_token = int64_t(p.num_q_heads + p.num_k_heads) * units_per_head;
-  if (units_per_token == 0) return cudaSuccess;  // in place with nothing to turn
+  const int units_per_head = rot_units + p.rest_dim / kVec;
+  const int64_t units_per_token = int64_t(p.q.heads + p.k.heads) * units_per_head;
+  if (units_per_token == 0) return cudaSuccess;  // no heads
   if (units_per_token > INT_MAX / 2) return cudaErrorInvalidValue;
   // Enough tokens a block for about 256 units, within 16 KB of table.
   int64_t tokens_per_block = units_per_token >= 256 ? 1 : 256 / units_per_token;
@@ -198,38 +230,52 @@ cudaError_t LaunchRope(const RopeParams<T>& p, cudaStream_t stream, bool pdl) {
   const int64_t blocks = (p.nnz + tokens_per_block - 1) / tokens_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   const size_t table_bytes = size_t(tokens_per_block) * 2 * half * sizeof(float);
-  return LaunchWithSharedMemory(RopeKernel<T, kInterleave, kVec>, dim3(unsigned(blocks)), dim3(threads), table_bytes,
-                                stream, pdl, p, int(tokens_per_block), units_per_head, rot_units);
+  return LaunchWithSharedMemory(RopeKernel<T, OutT, kInterleave, kVec>, dim3(unsigned(blocks)), dim3(threads),
+                                table_bytes, stream, pdl, p, int(tokens_per_block), units_per_head, rot_units);
 }
 
-// Whether every head of `t` starts kVec-element aligned (a 16-byte access for kVec = kVec16<T>).
-template <typename T, typename U>
+// Whether every head of `t` starts `vec`-element aligned for a vec-element access.
+template <typename U>
 bool RopeAligned(const RopeTensor<U>& t, int vec) {
-  return reinterpret_cast<uintptr_t>(t.data) % (vec * sizeof(T)) == 0 && t.stride_n % vec == 0 &&
+  return reinterpret_cast<uintptr_t>(t.data) % (vec * sizeof(U)) == 0 && t.stride_n % vec == 0 &&
          t.stride_h % vec == 0;
 }
 
-// Whether kVec-element vectors cover the rotary dims and the rest of every head, aligned.
-template <typename T>
-bool RopeLayoutSupported(const RopeParams<T>& p, bool interleave, int vec) {
-  const int rot_multiple = interleave ? vec : 2 * vec;
-  return p.rotary_dim % rot_multiple == 0 && p.head_dim % vec == 0 && RopeAligned<T>(p.q, vec) &&
-         RopeAligned<T>(p.k, vec) && RopeAligned<T>(p.q_out, vec) && RopeAligned<T>(p.k_out, vec);
+template <typename T, typename OutT>
+bool RopeSideAligned(const RopeSide<T, OutT>& side, bool has_rest, int vec) {
+  return side.heads == 0 || (RopeAligned(side.rot, vec) && RopeAligned(side.rot_out, vec) &&
+                             (!has_rest || (RopeAligned(side.rest, vec) && RopeAligned(side.rest_out, vec))));
 }
 
-// Rotates p.q into p.q_out and p.k into p.k_out: 16-byte vectors where the rotary dims, head_dim
-// and every head's start allow them, else single elements (NeoX) or pairs (interleaved; callers
-// make sure then that head_dim and every head's start are even, 4-byte aligned).
-template <typename T>
-cudaError_t Rope(const RopeParams<T>& p, bool interleave, cudaStream_t stream, bool pdl) {
+// Whether vec-element vectors cover the rotary dims and the rest, every one aligned.
+template <typename T, typename OutT>
+bool RopeLayoutSupported(const RopeParams<T, OutT>& p, bool interleave, int vec) {
+  const int rot_multiple = interleave ? vec : 2 * vec;
+  const bool has_rest = p.rest_dim > 0;
+  return p.rotary_dim % rot_multiple == 0 && p.rest_dim % vec == 0 && RopeSideAligned(p.q, has_rest, vec) &&
+         RopeSideAligned(p.k, has_rest, vec);
+}
+
+// Rotates q.rot into q.rot_out and moves q.rest into q.rest_out (k likewise): 16-byte vectors of
+// the input where the dims and every head's start allow them. Otherwise, for 16-bit outputs,
+// single elements (NeoX) or pairs (interleaved; callers make sure then that the dims and every
+// head's start are even, 4-byte aligned); FP8 outputs need the 16-byte vectors
+// (RopeLayoutSupported), else cudaErrorInvalidValue.
+template <typename T, typename OutT>
+cudaError_t Rope(const RopeParams<T, OutT>& p, bool interleave, cudaStream_t stream, bool pdl) {
   if (p.nnz == 0) return cudaSuccess;
   constexpr int kWide = kVec16<T>;
-  if (interleave) {
-    if (RopeLayoutSupported(p, true, kWide)) return LaunchRope<T, true, kWide>(p, stream, pdl);
-    return LaunchRope<T, true, 2>(p, stream, pdl);
+  const bool wide = RopeLayoutSupported(p, interleave, kWide);
+  if constexpr (kIsFp8<OutT>) {
+    if (!wide) return cudaErrorInvalidValue;
+    return interleave ? LaunchRope<T, OutT, true, kWide>(p, stream, pdl)
+                      : LaunchRope<T, OutT, false, kWide>(p, stream, pdl);
+  } else {
+    if (interleave) {
+      return wide ? LaunchRope<T, OutT, true, kWide>(p, stream, pdl) : LaunchRope<T, OutT, true, 2>(p, stream, pdl);
+    }
+    return wide ? LaunchRope<T, OutT, false, kWide>(p, stream, pdl) : LaunchRope<T, OutT, false, 1>(p, stream, pdl);
   }
-  if (RopeLayoutSupported(p, false, kWide)) return LaunchRope<T, false, kWide>(p, stream, pdl);
-  return LaunchRope<T, false, 1>(p, stream, pdl);
 }
 
 }  // namespace aotinfer

@@ -37,6 +37,8 @@ from .rope import (
     apply_rope_pos_ids_inplace,
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
+    mla_rope_quantize_fp8,
+    rope_quantize_fp8,
 )
 from .sampling import (
     min_p_sampling_from_probs,
@@ -88,8 +90,10 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "min_p_sampling_from_probs",
+    "mla_rope_quantize_fp8",
     "rmsnorm",
     "rmsnorm_quant",
+    "rope_quantize_fp8",
     "sampling_from_logits",
     "sampling_from_probs",
     "scale",

@@ -16,7 +16,7 @@ cos/sin are computed in float32 with accurate ``powf``/``sincosf``; each output 
 from __future__ import annotations
 
 from ._kernels import kernel
-from .utils import check_int, check_real, check_tensor
+from .utils import check_enable_pdl, check_int, check_real, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ _apply_llama31_rope = kernel("rope", "apply_llama31_rope")
 _apply_rope_pos_ids = kernel("rope", "apply_rope_pos_ids")
 _apply_llama31_rope_pos_ids = kernel("rope", "apply_llama31_rope_pos_ids")
 _apply_rope_pos_ids_cos_sin_cache = kernel("rope", "apply_rope_pos_ids_cos_sin_cache")
+_rope_quantize = kernel("rope", "rope_quantize")
 
 
 def _check_bool(value, name: str) -> None:
@@ -375,3 +376,131 @@ def apply_rope_with_cos_sin_cache_inplace(
     q = _heads(query, head_size)
     k = _heads(key, head_size)
     _apply_rope_pos_ids_cos_sin_cache(q, k, q, k, cos_sin_cache, positions, not is_neox, -1)
+
+
+# ---- RoPE and FP8 quantization (SGLang's DeepSeek path) -------------------------------------------
+
+
+def _heads_3d(x):
+    """MLA's one K head [nnz, dims] as [nnz, 1, dims] (a view); 3-D tensors as they are."""
+    return x.unsqueeze(1) if x is not None and x.dim() == 2 else x
+
+
+def rope_quantize_fp8(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: Optional[torch.Tensor],
+    k_nope: Optional[torch.Tensor],
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: Optional[torch.dtype] = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    q_rope_out: Optional[torch.Tensor] = None,
+    k_rope_out: Optional[torch.Tensor] = None,
+    q_nope_out: Optional[torch.Tensor] = None,
+    k_nope_out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = False,
+    backend: str = "cuda",
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotate the rotary parts of q and k with a cos/sin cache and quantize every part to FP8.
+
+    ``q_rope_out = fp8(rope(q_rope) * quant_scale_q)``, ``q_nope_out = fp8(q_nope * quant_scale_q)``,
+    and the same for k with ``quant_scale_kv``: the rotation and the scale in float32, one rounding
+    to nearest even, saturated to the FP8 type's largest finite value.
+
+    Parameters
+    ----------
+    q_rope : torch.Tensor
+        ``[nnz, num_qo_heads, rope_dim]``, float16 or bfloat16, the last dimension contiguous.
+    k_rope : torch.Tensor
+        ``[nnz, num_kv_heads, rope_dim]``, or ``[nnz, rope_dim]`` (MLA's one shared head).
+    q_nope, k_nope : Optional[torch.Tensor]
+        ``[nnz, num_qo_heads, no_rope_dim]`` and ``[nnz, num_kv_heads, no_rope_dim]`` (MLA:
+        ``[nnz, no_rope_dim]``), or None for none.
+    cos_sin_cache : torch.Tensor
+        ``[max_position, rope_dim]``, float32: cos of frequency ``j`` at ``j``, sin at ``rope_dim / 2 + j``.
+    pos_ids : torch.Tensor
+        ``[nnz]``, int32 or int64.
+    is_neox : bool
+        True: dims ``j`` and ``j + rope_dim / 2`` turn together; False: ``(2j, 2j + 1)``.
+    quantize_dtype : Optional[torch.dtype]
+        ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``; default: the given outputs' dtype, else e4m3.
+    quant_scale_q, quant_scale_kv : float
+        Multipliers applied before the rounding.
+    q_rope_out, k_rope_out, q_nope_out, k_nope_out : Optional[torch.Tensor]
+        FP8 tensors of the inputs' shapes to write to; allocated (contiguous) when missing.
+    enable_pdl : Optional[bool]
+        Programmatic dependent launch (sm90+): True, False (FlashInfer's default) or None (where supported).
+    backend : str
+        ``"cuda"`` only.
+    skip_check : bool
+        Skip the Python checks of the scalars and options.
+
+    The rope dim must be a multiple of 16 (NeoX) or 8 (interleaved), no_rope_dim one of 8, and every
+    head 16-byte aligned in the inputs and 8-byte aligned in the outputs.
+
+    Returns
+    -------
+    Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+        ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)`` in the FP8 dtype, of the inputs' shapes.
+    """
+    import torch
+
+    if not skip_check:
+        check_tensor(q_rope, "q_rope")
+        check_tensor(k_rope, "k_rope")
+        _check_bool(is_neox, "is_neox")
+        check_real(quant_scale_q, "quant_scale_q")
+        check_real(quant_scale_kv, "quant_scale_kv")
+        check_enable_pdl(enable_pdl)
+        if backend != "cuda":
+            raise ValueError(f"Expected backend to be 'cuda', got {backend!r}")
+        if quantize_dtype is not None and quantize_dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise TypeError(f"Expected quantize_dtype to be torch.float8_e4m3fn or torch.float8_e5m2, got {quantize_dtype}")
+    nnz, device = q_rope.shape[0], q_rope.device
+    mla = k_rope.dim() == 2
+    if q_nope is None:
+        q_nope = torch.empty(nnz, q_rope.shape[1], 0, dtype=q_rope.dtype, device=device)
+    if k_nope is None:
+        k_nope = torch.empty((nnz, 0) if mla else (nnz, k_rope.shape[1], 0), dtype=k_rope.dtype, device=device)
+    if quantize_dtype is None:
+        given = [x for x in (q_rope_out, k_rope_out, q_nope_out, k_nope_out) if x is not None]
+        quantize_dtype = given[0].dtype if given else torch.float8_e4m3fn
+    outs = []
+    for out, like in ((q_rope_out, q_rope), (k_rope_out, k_rope), (q_nope_out, q_nope), (k_nope_out, k_nope)):
+        outs.append(out if out is not None else torch.empty(like.shape, dtype=quantize_dtype, device=device))
+    _rope_quantize(*(_heads_3d(x) for x in outs), q_rope, _heads_3d(k_rope), q_nope, _heads_3d(k_nope), cos_sin_cache,
+                   pos_ids, quant_scale_q, quant_scale_kv, not is_neox, -1 if enable_pdl is None else enable_pdl)
+    return tuple(outs)
+
+
+def mla_rope_quantize_fp8(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q_nope: torch.Tensor,
+    k_nope: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    pos_ids: torch.Tensor,
+    is_neox: bool = True,
+    quantize_dtype: Optional[torch.dtype] = None,
+    quant_scale_q: float = 1.0,
+    quant_scale_kv: float = 1.0,
+    q_rope_out: Optional[torch.Tensor] = None,
+    k_rope_out: Optional[torch.Tensor] = None,
+    q_nope_out: Optional[torch.Tensor] = None,
+    k_nope_out: Optional[torch.Tensor] = None,
+    enable_pdl: Optional[bool] = False,
+    *,
+    skip_check: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`rope_quantize_fp8` with MLA's layout: ``k_rope`` ``[nnz, rope_dim]`` and ``k_nope``
+    ``[nnz, no_rope_dim]`` (one K head shared by every query head); ``q_rope``
+    ``[nnz, num_qo_heads, rope_dim]``, ``q_nope`` ``[nnz, num_qo_heads, no_rope_dim]``.
+    Returns ``(q_rope_out, k_rope_out, q_nope_out, k_nope_out)`` in the FP8 dtype, of the inputs' shapes."""
+    return rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cos_sin_cache, pos_ids, is_neox, quantize_dtype,
+                             quant_scale_q, quant_scale_kv, q_rope_out, k_rope_out, q_nope_out, k_nope_out,
+                             enable_pdl, skip_check=skip_check)
