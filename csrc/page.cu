@@ -1,5 +1,7 @@
-// Bindings of the paged KV-cache writes (include/aotinfer/page.cuh): append_paged_kv_cache and
-// get_batch_indices_positions. Outputs first.
+// Bindings of the paged KV-cache writes (include/aotinfer/page.cuh): append_paged_kv_cache, its
+// MLA form and get_batch_indices_positions. Outputs first.
+#include <tuple>
+
 #include "aotinfer/page.cuh"
 #include "tvm_ffi_utils.h"
 
@@ -117,7 +119,7 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
              append_value.stride(1) * bytes};
   p.nnz = nnz;
   p.num_heads = int(append_key.size(1));
-  p.row_bytes = int(append_key.size(2) * bytes);
+  p.key_row_bytes = p.value_row_bytes = int(append_key.size(2) * bytes);
   p.page_size = int(page_size);
 
   // 2. Guard the device; 3. get the stream; 4. launch.
@@ -159,3 +161,74 @@ void get_batch_indices_positions(TensorView batch_indices, TensorView positions,
                "get_batch_indices_positions");
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(get_batch_indices_positions, get_batch_indices_positions);
+
+// MLA's cache: ckv_cache[slot of token i] = append_ckv[i], kpe_cache[slot] = append_kpe[i]; the
+// caches are [pages, page_size, ckv_dim] and [pages, page_size, kpe_dim], slots as for
+// append_paged_kv_cache.
+void append_paged_mla_kv_cache(TensorView ckv_cache, TensorView kpe_cache, TensorView append_ckv,
+                               TensorView append_kpe, TensorView batch_indices, TensorView positions,
+                               TensorView kv_indices, TensorView kv_indptr, TensorView kv_last_page_len,
+                               int64_t enable_pdl) {
+  // 1. Validate: the new rows, the indices, the scalars, the caches, devices.
+  aotinfer::CheckDim(2, append_ckv, "append_ckv");
+  CheckLastContiguous(append_ckv, "append_ckv");
+  CheckCacheDtype(append_ckv, "append_ckv");
+  aotinfer::CheckDim(2, append_kpe, "append_kpe");
+  CheckLastContiguous(append_kpe, "append_kpe");
+  aotinfer::CheckSameDtype(append_kpe, append_ckv, "append_kpe", "append_ckv");
+  const int64_t nnz = append_ckv.size(0);
+  if (append_kpe.size(0) != nnz) {
+    AOTINFER_THROW(ValueError) << "Expected append_kpe to have " << nnz << " rows (append_ckv's), got shape "
+                              << aotinfer::ShapeString(append_kpe.shape());
+  }
+  aotinfer::AppendParams p;
+  p.batch_indices = CheckIds(batch_indices, "batch_indices", nnz, "append_ckv's tokens");
+  p.positions = CheckIds(positions, "positions", nnz, "append_ckv's tokens");
+  p.kv_indices = CheckIds(kv_indices, "kv_indices", -1, "kv_indptr[-1]");
+  p.kv_indptr = CheckIds(kv_indptr, "kv_indptr", -1, "batch_size + 1");
+  const int64_t batch_size = kv_indptr.size(0) - 1;
+  if (batch_size < 0) AOTINFER_THROW(ValueError) << "Expected kv_indptr to have at least 1 element, got none";
+  CheckIds(kv_last_page_len, "kv_last_page_len", batch_size, "batch_size, from kv_indptr");
+  aotinfer::CheckEnablePdl(enable_pdl);
+  int64_t page_size = -1;
+  const int64_t bytes = append_ckv.dtype().bits / 8;
+  for (const auto& [cache, name, rows] : {std::tuple<const TensorView&, const char*, const TensorView&>{
+                                              ckv_cache, "ckv_cache", append_ckv},
+                                          {kpe_cache, "kpe_cache", append_kpe}}) {
+    if (cache.ndim() != 3 || cache.size(2) != rows.size(1) || (page_size >= 0 && cache.size(1) != page_size)) {
+      AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape [pages, page_size, " << rows.size(1)
+                                << "]" << (page_size >= 0 ? " (ckv_cache's page_size " + std::to_string(page_size) + ")" : "")
+                                << ", got " << aotinfer::ShapeString(cache.shape());
+    }
+    aotinfer::CheckSameDtype(cache, append_ckv, name, "append_ckv");
+    CheckLastContiguous(cache, name);
+    page_size = cache.size(1);
+  }
+  aotinfer::CheckOnOneGpu({{append_ckv, "append_ckv"}, {append_kpe, "append_kpe"}, {batch_indices, "batch_indices"},
+                           {positions, "positions"}, {kv_indices, "kv_indices"}, {kv_indptr, "kv_indptr"},
+                           {kv_last_page_len, "kv_last_page_len"}, {ckv_cache, "ckv_cache"},
+                           {kpe_cache, "kpe_cache"}});
+  if (nnz == 0) return;
+  if (page_size < 1) AOTINFER_THROW(ValueError) << "Expected ckv_cache to have a page_size of at least 1, got 0";
+  if ((append_ckv.size(1) + append_kpe.size(1)) * bytes > INT_MAX / 64 || page_size > INT_MAX) {
+    AOTINFER_THROW(ValueError) << "Expected smaller rows and pages, got append_ckv "
+                              << aotinfer::ShapeString(append_ckv.shape()) << " and page_size " << page_size;
+  }
+  p.k_cache = {aotinfer::data_ptr<char>(ckv_cache), ckv_cache.stride(0) * bytes, 0, ckv_cache.stride(1) * bytes};
+  p.v_cache = {aotinfer::data_ptr<char>(kpe_cache), kpe_cache.stride(0) * bytes, 0, kpe_cache.stride(1) * bytes};
+  p.key = {aotinfer::data_ptr<const char>(append_ckv), append_ckv.stride(0) * bytes, 0};
+  p.value = {aotinfer::data_ptr<const char>(append_kpe), append_kpe.stride(0) * bytes, 0};
+  p.nnz = nnz;
+  p.num_heads = 1;
+  p.key_row_bytes = int(append_ckv.size(1) * bytes);
+  p.value_row_bytes = int(append_kpe.size(1) * bytes);
+  p.page_size = int(page_size);
+
+  // 2. Guard the device; 3. get the stream; 4. launch.
+  const int device = append_ckv.device().device_id;
+  aotinfer::DeviceGuard guard(device);
+  cudaStream_t stream = aotinfer::get_stream(append_ckv.device());
+  CHECK_LAUNCH(aotinfer::AppendPagedKV(p, int(bytes), stream, aotinfer::UsePdl(enable_pdl, device)),
+               "append_paged_mla_kv_cache");
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(append_paged_mla_kv_cache, append_paged_mla_kv_cache);

@@ -209,3 +209,54 @@ def _append(key=KEY, value=KEY, batch=_i(5), pos=_i(5), cache=(_h(9, 16, 2, 64),
 def test_argument_errors(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# ---- append_paged_mla_kv_cache ------------------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_append_paged_mla_kv_cache(page_size, dtype):
+    torch.manual_seed(page_size)
+    ckv_dim, kpe_dim = 512, 64
+    case = make_case(page_size, 1, 8, dtype, "NHD", False)  # for its requests and pages
+    nnz, num_pages = case["nnz"], case["k_cache"].shape[0]
+    ckv_cache = torch.randn(num_pages, page_size, ckv_dim).to(dtype)
+    kpe_cache = torch.randn(num_pages, page_size, kpe_dim).to(dtype)
+    # The new rows as slices of one [nnz, ckv_dim + kpe_dim] tensor, as DeepSeek's projection gives them.
+    latent = torch.randn(nnz, ckv_dim + kpe_dim).to(dtype)
+    append_indptr = torch.tensor([0] + case["new"].tolist()).cumsum(0)
+    batch, pos = reference_batch_positions(append_indptr, case["seq_lens"], nnz)
+    ckv_want, kpe_want = ckv_cache.clone(), kpe_cache.clone()
+    for i in range(nnz):
+        r, p = int(batch[i]), int(pos[i])
+        page = int(case["kv_indices"][int(case["kv_indptr"][r]) + p // page_size])
+        ckv_want[page, p % page_size] = latent[i, :ckv_dim]
+        kpe_want[page, p % page_size] = latent[i, ckv_dim:]
+    ckv_gpu, kpe_gpu, latent_gpu = ckv_cache.cuda(), kpe_cache.cuda(), latent.cuda()
+    aotinfer.append_paged_mla_kv_cache(latent_gpu[:, :ckv_dim], latent_gpu[:, ckv_dim:], batch.cuda(), pos.cuda(),
+                                       ckv_gpu, kpe_gpu, case["kv_indices"].int().cuda(), case["kv_indptr"].int().cuda(),
+                                       case["last_page_len"].int().cuda())
+    assert same_bits(ckv_gpu, ckv_want)
+    assert same_bits(kpe_gpu, kpe_want)
+
+
+def _mla(ckv=_h(5, 512), kpe=_h(5, 64), ckv_cache=_h(9, 16, 512), kpe_cache=_h(9, 16, 64), batch=_i(5)):
+    return aotinfer.append_paged_mla_kv_cache(ckv, kpe, batch, _i(5), ckv_cache, kpe_cache, _i(9), _i(3), _i(2))
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: _mla(kpe=_h(4, 64)), ValueError, "append_kpe to have 5 rows"),
+        (lambda: _mla(kpe=_h(5, 64, dtype=torch.bfloat16)), TypeError, "append_kpe and append_ckv to have the same dtype"),
+        (lambda: _mla(ckv_cache=_h(9, 16, 256)), ValueError, r"ckv_cache to have shape \[pages, page_size, 512\]"),
+        (lambda: _mla(kpe_cache=_h(9, 8, 64)), ValueError, "kpe_cache to have shape .*page_size 16"),
+        (lambda: _mla(batch=_i(4)), ValueError, r"batch_indices to have shape \[5\]"),
+        (lambda: _mla(), ValueError, "append_ckv to be a CUDA tensor"),
+    ],
+)
+def test_mla_argument_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

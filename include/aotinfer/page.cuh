@@ -37,8 +37,9 @@ struct AppendParams {
   AppendSide key, value;
   Ids batch_indices, positions, kv_indices, kv_indptr;
   int64_t nnz = 0;
-  int num_heads = 0;
-  int row_bytes = 0;  // head_dim * element size
+  int num_heads = 0;        // of K and of V
+  int key_row_bytes = 0;    // a head's bytes: head_dim * element size (MLA: ckv_dim and kpe_dim)
+  int value_row_bytes = 0;
   int page_size = 0;
 };
 
@@ -47,17 +48,18 @@ constexpr int kAppendMaxThreads = 512;
 template <typename Access>
 __global__ void __launch_bounds__(kAppendMaxThreads) AppendPagedKVKernel(const AppendParams p, int tokens_per_block) {
   constexpr int kBytes = sizeof(Access);
-  const int chunks = p.row_bytes / kBytes;
-  const int per_side = p.num_heads * chunks;
-  const int units_per_token = 2 * per_side;
+  const int key_chunks = p.key_row_bytes / kBytes, value_chunks = p.value_row_bytes / kBytes;
+  const int key_units = p.num_heads * key_chunks;
+  const int units_per_token = key_units + p.num_heads * value_chunks;
   const int64_t first = int64_t(blockIdx.x) * tokens_per_block;
   const int tokens = int(min(int64_t(tokens_per_block), p.nnz - first));
   WaitForPriorGrids();  // the new K/V and the indices may come from the kernel before
   for (int w = threadIdx.x; w < tokens * units_per_token; w += blockDim.x) {
     const int t = w / units_per_token;
     int rest = w - t * units_per_token;
-    const bool is_value = rest >= per_side;
-    rest -= is_value ? per_side : 0;
+    const bool is_value = rest >= key_units;
+    rest -= is_value ? key_units : 0;
+    const int chunks = is_value ? value_chunks : key_chunks;
     const int head = rest / chunks;
     const int offset = (rest - head * chunks) * kBytes;
     const int64_t n = first + t;
@@ -74,7 +76,8 @@ __global__ void __launch_bounds__(kAppendMaxThreads) AppendPagedKVKernel(const A
 
 template <typename Access>
 cudaError_t LaunchAppendPagedKV(const AppendParams& p, cudaStream_t stream, bool pdl) {
-  const int64_t units_per_token = 2 * int64_t(p.num_heads) * (p.row_bytes / int(sizeof(Access)));
+  const int64_t units_per_token =
+      int64_t(p.num_heads) * ((p.key_row_bytes + p.value_row_bytes) / int(sizeof(Access)));
   if (units_per_token == 0) return cudaSuccess;
   if (units_per_token > INT_MAX / 2) return cudaErrorInvalidValue;
   const int64_t tokens_per_block = std::min<int64_t>(units_per_token >= 256 ? 1 : 256 / units_per_token, p.nnz);
@@ -85,8 +88,9 @@ cudaError_t LaunchAppendPagedKV(const AppendParams& p, cudaStream_t stream, bool
                 int(tokens_per_block));
 }
 
-// Copies key[i] and value[i] (every head) to the cache slot of token i. `element_bytes` is the
-// dtype's size (1, 2 or 4); pointers and strides must be multiples of it.
+// Copies key[i] and value[i] (every head) to the cache slot of token i (MLA: ckv and kpe, one head
+// each). `element_bytes` is the dtype's size (1, 2 or 4); pointers, strides and rows must be
+// multiples of it.
 inline cudaError_t AppendPagedKV(const AppendParams& p, int element_bytes, cudaStream_t stream, bool pdl) {
   if (p.nnz == 0) return cudaSuccess;
   auto aligned16 = [](const void* ptr, std::initializer_list<int64_t> strides) {
@@ -96,7 +100,7 @@ inline cudaError_t AppendPagedKV(const AppendParams& p, int element_bytes, cudaS
     }
     return true;
   };
-  if (p.row_bytes % 16 == 0 &&
+  if (p.key_row_bytes % 16 == 0 && p.value_row_bytes % 16 == 0 &&
       aligned16(p.k_cache.data, {p.k_cache.stride_page, p.k_cache.stride_h, p.k_cache.stride_n}) &&
       aligned16(p.v_cache.data, {p.v_cache.stride_page, p.v_cache.stride_h, p.v_cache.stride_n}) &&
       aligned16(p.key.data, {p.key.stride_n, p.key.stride_h}) &&

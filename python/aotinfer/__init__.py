@@ -19,7 +19,7 @@ from .decode import (
 )
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
-from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -65,6 +65,7 @@ __all__ = [
     "NoCompatibleBuild",
     "__version__",
     "append_paged_kv_cache",
+    "append_paged_mla_kv_cache",
     "apply_llama31_rope",
     "apply_llama31_rope_inplace",
     "apply_llama31_rope_pos_ids",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 _append_paged_kv_cache = kernel("page", "append_paged_kv_cache")
 _get_batch_indices_positions = kernel("page", "get_batch_indices_positions")
+_append_paged_mla_kv_cache = kernel("page", "append_paged_mla_kv_cache")
 
 _KV_LAYOUTS = {"NHD": 0, "HND": 1}
 
@@ -78,6 +79,49 @@ def append_paged_kv_cache(
     k_cache, v_cache = unpack_kv_cache(paged_kv_cache, kv_layout)
     _append_paged_kv_cache(k_cache, v_cache, append_key, append_value, batch_indices, positions, kv_indices,
                            kv_indptr, kv_last_page_len, _KV_LAYOUTS[kv_layout], -1)
+
+
+def append_paged_mla_kv_cache(
+    append_ckv: torch.Tensor,
+    append_kpe: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    *,
+    skip_check: bool = False,
+) -> None:
+    """MLA's append: new tokens' compressed KV and rotary key copied into their slots.
+
+    Token ``i`` goes to entry ``positions[i] % page_size`` of page
+    ``kv_indices[kv_indptr[batch_indices[i]] + positions[i] // page_size]`` of both caches.
+
+    Parameters
+    ----------
+    append_ckv : torch.Tensor
+        ``[nnz, ckv_dim]`` (512 for DeepSeek), float16, bfloat16, float32 or FP8, last dimension contiguous.
+    append_kpe : torch.Tensor
+        ``[nnz, kpe_dim]`` (64), ``append_ckv``'s dtype.
+    batch_indices, positions : torch.Tensor
+        ``[nnz]``, int32 or int64 (see :func:`get_batch_indices_positions`).
+    ckv_cache : torch.Tensor
+        ``[pages, page_size, ckv_dim]``, ``append_ckv``'s dtype; written in place.
+    kpe_cache : torch.Tensor
+        ``[pages, page_size, kpe_dim]``; written in place.
+    kv_indices, kv_indptr, kv_last_page_len : torch.Tensor
+        As for :func:`append_paged_kv_cache`.
+    skip_check : bool
+        No Python checks to skip (the binding checks every tensor); for a uniform signature.
+
+    Returns
+    -------
+    None
+    """
+    _append_paged_mla_kv_cache(ckv_cache, kpe_cache, append_ckv, append_kpe, batch_indices, positions, kv_indices,
+                               kv_indptr, kv_last_page_len, -1)
 
 
 def get_batch_indices_positions(
