@@ -4,7 +4,8 @@
 
 Bandwidth at tokens x (32 q + 8 k heads) x head_dim 128: bytes = q and k read once + written once
 (the rotated dims only, in place with rotary_dim < head_dim); append: the new K and V read once +
-written once into scattered pages of 16 entries. Each row gives ratios to torch's copy_ of the same
+written once into scattered pages of 16 entries; mla_rope_quantize_fp8 and append_paged_mla_kv_cache at
+DeepSeek's sizes (bytes: 16-bit inputs read, FP8 outputs written). Each row gives ratios to torch's copy_ of the same
 bytes and to the streaming limit (benchmarks/_bandwidth.py), timed beside the case, and eager
 torch's ratio (vLLM's native RoPE; advanced-index stores for the append). Every op is checked
 against a float32 reference before it is timed. Latency: GPU time per call from CUDA-graph replays
@@ -160,6 +161,67 @@ def append_case(tokens, heads, dtype, page_size=16):
     return ours, torch_append, 2 * (key.numel() + value.numel()) * key.element_size(), check_append
 
 
+def mla_cases(tokens, dtype):
+    """mla_rope_quantize_fp8 and append_paged_mla_kv_cache at DeepSeek's sizes: 128 q heads of
+    nope 512 (after absorption) + rope 64, one K head of 512 + 64."""
+    heads, nope, rope = 128, 512, 64
+    q = torch.randn(tokens, heads, nope + rope, device="cuda", dtype=dtype)
+    q_nope, q_rope = q[..., :nope], q[..., nope:]
+    latent = torch.randn(tokens, nope + rope, device="cuda", dtype=dtype)
+    k_nope, k_rope = latent[:, :nope], latent[:, nope:]
+    pos = torch.randint(0, 8192, (tokens,), device="cuda")
+    cache = cos_sin_cache(8192, rope)
+    outs = [torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn) for x in (q_rope, k_rope, q_nope, k_nope)]
+
+    def quantize():
+        aotinfer.mla_rope_quantize_fp8(q_rope, k_rope, q_nope, k_nope, cache, pos, q_rope_out=outs[0],
+                                       k_rope_out=outs[1], q_nope_out=outs[2], k_nope_out=outs[3])
+
+    def torch_quantize():
+        qr, kr = torch_rope(q_rope, k_rope[:, None], pos, cache, rope)
+        for out, x in zip(outs, (qr, kr[:, 0], q_nope, k_nope)):
+            out.copy_(x)
+
+    def check_quantize():
+        quantize()
+        qr, kr = torch_rope(q_rope, k_rope[:, None], pos, cache, rope)
+        for out, x in zip(outs, (qr, kr[:, 0], q_nope, k_nope)):
+            torch.testing.assert_close(out.float(), x.float().clamp(-448, 448).to(torch.float8_e4m3fn).float(),
+                                       rtol=0.13, atol=2e-2)  # one FP8 step
+
+    read = (q.numel() + latent.numel()) * q.element_size()
+    quant = ("mla_rope_quantize_fp8 128 heads", quantize, torch_quantize, read + read // q.element_size(), check_quantize,
+             (2, 1))
+
+    page_size = 64
+    num_pages = -(-tokens // page_size)
+    ckv_cache = torch.zeros(num_pages, page_size, nope, device="cuda", dtype=dtype)
+    kpe_cache = torch.zeros(num_pages, page_size, rope, device="cuda", dtype=dtype)
+    kv_indices = torch.randperm(num_pages, device="cuda", dtype=torch.int32)
+    kv_indptr = torch.tensor([0, num_pages], device="cuda", dtype=torch.int32)
+    last = torch.tensor([tokens - (num_pages - 1) * page_size], device="cuda", dtype=torch.int32)
+    batch = torch.zeros(tokens, device="cuda", dtype=torch.int32)
+    positions = torch.arange(tokens, device="cuda", dtype=torch.int32)
+    page = kv_indices[positions // page_size].long()
+    entry = (positions % page_size).long()
+
+    def append():
+        aotinfer.append_paged_mla_kv_cache(k_nope, k_rope, batch, positions, ckv_cache, kpe_cache, kv_indices,
+                                           kv_indptr, last)
+
+    def torch_append():
+        ckv_cache[page, entry] = k_nope
+        kpe_cache[page, entry] = k_rope
+
+    def check_append():
+        append()
+        assert torch.equal(ckv_cache[page, entry], k_nope) and torch.equal(kpe_cache[page, entry], k_rope)
+
+    mla_append = ("append_paged_mla_kv_cache", append, torch_append, 2 * latent.numel() * latent.element_size(),
+                  check_append, (1, 1))
+    return [quant, mla_append]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
@@ -178,6 +240,9 @@ def main():
         check_fn()
         label = f"append_paged_kv_cache {heads} heads"
         ratios[label], _, _ = bandwidth_row(label, ours, torch_fn, nbytes, copy_bw, (1, 1))
+    for label, ours, torch_fn, nbytes, check_fn, streams in mla_cases(args.tokens, dtype):
+        check_fn()
+        ratios[label], _, _ = bandwidth_row(label, ours, torch_fn, nbytes, copy_bw, streams)
     print(f"lowest ratio to copy_: {min(ratios.values()):.3f} ({min(ratios, key=ratios.get)})")
 
     print("\nlatency under CUDA-graph replay (us per call), beside a copy_ of the same bytes")
