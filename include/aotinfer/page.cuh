@@ -4,8 +4,8 @@
 //
 // The append is a scattered copy, so it moves bytes, whatever the dtype: 16-byte accesses where
 // every row start allows them, else accesses of one element. A block takes one token (or a few,
-// when a token has few bytes) with all its heads; each thread loads its piece before it looks up
-// the slot, so that the loads overlap the chain of index reads.
+// when a token has few bytes) with all its heads; each thread loads two pieces before it looks up
+// their slots, so that the loads overlap the chains of index reads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +45,10 @@ struct AppendParams {
 
 constexpr int kAppendMaxThreads = 512;
 
+// Units a thread moves at once: their loads are all issued before the first slot is looked up,
+// so that the loads overlap the chains of index reads.
+constexpr int kAppendUnits = 2;
+
 template <typename Access>
 __global__ void __launch_bounds__(kAppendMaxThreads) AppendPagedKVKernel(const AppendParams p, int tokens_per_block) {
   constexpr int kBytes = sizeof(Access);
@@ -52,25 +56,38 @@ __global__ void __launch_bounds__(kAppendMaxThreads) AppendPagedKVKernel(const A
   const int key_units = p.num_heads * key_chunks;
   const int units_per_token = key_units + p.num_heads * value_chunks;
   const int64_t first = int64_t(blockIdx.x) * tokens_per_block;
-  const int tokens = int(min(int64_t(tokens_per_block), p.nnz - first));
+  const int total = int(min(int64_t(tokens_per_block), p.nnz - first)) * units_per_token;
   WaitForPriorGrids();  // the new K/V and the indices may come from the kernel before
-  for (int w = threadIdx.x; w < tokens * units_per_token; w += blockDim.x) {
-    const int t = w / units_per_token;
-    int rest = w - t * units_per_token;
-    const bool is_value = rest >= key_units;
-    rest -= is_value ? key_units : 0;
-    const int chunks = is_value ? value_chunks : key_chunks;
-    const int head = rest / chunks;
-    const int offset = (rest - head * chunks) * kBytes;
-    const int64_t n = first + t;
-    const AppendSide& src = is_value ? p.value : p.key;
-    const Access x = *reinterpret_cast<const Access*>(src.data + n * src.stride_n + head * src.stride_h + offset);
-    const int64_t position = p.positions[n];
-    const int64_t page = p.kv_indices[p.kv_indptr[p.batch_indices[n]] + position / p.page_size];
-    const int64_t entry = position % p.page_size;
-    const PagedSide& dst = is_value ? p.v_cache : p.k_cache;
-    *reinterpret_cast<Access*>(dst.data + page * dst.stride_page + head * dst.stride_h + entry * dst.stride_n +
-                               offset) = x;
+  for (int w0 = threadIdx.x; w0 < total; w0 += kAppendUnits * blockDim.x) {
+    Access x[kAppendUnits];
+    int64_t n[kAppendUnits];
+    int head[kAppendUnits], offset[kAppendUnits];
+    bool is_value[kAppendUnits];
+#pragma unroll
+    for (int k = 0; k < kAppendUnits; ++k) {
+      const int w = w0 + k * blockDim.x;
+      if (w >= total) break;
+      const int t = w / units_per_token;
+      int rest = w - t * units_per_token;
+      is_value[k] = rest >= key_units;
+      rest -= is_value[k] ? key_units : 0;
+      const int chunks = is_value[k] ? value_chunks : key_chunks;
+      head[k] = rest / chunks;
+      offset[k] = (rest - head[k] * chunks) * kBytes;
+      n[k] = first + t;
+      const AppendSide& src = is_value[k] ? p.value : p.key;
+      x[k] = *reinterpret_cast<const Access*>(src.data + n[k] * src.stride_n + head[k] * src.stride_h + offset[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kAppendUnits; ++k) {
+      if (w0 + k * blockDim.x >= total) break;
+      const int64_t position = p.positions[n[k]];
+      const int64_t page = p.kv_indices[p.kv_indptr[p.batch_indices[n[k]]] + position / p.page_size];
+      const int64_t entry = position % p.page_size;
+      const PagedSide& dst = is_value[k] ? p.v_cache : p.k_cache;
+      *reinterpret_cast<Access*>(dst.data + page * dst.stride_page + head[k] * dst.stride_h +
+                                 entry * dst.stride_n + offset[k]) = x[k];
+    }
   }
 }
 
@@ -79,9 +96,11 @@ cudaError_t LaunchAppendPagedKV(const AppendParams& p, cudaStream_t stream, bool
   const int64_t units_per_token =
       int64_t(p.num_heads) * ((p.key_row_bytes + p.value_row_bytes) / int(sizeof(Access)));
   if (units_per_token == 0) return cudaSuccess;
-  if (units_per_token > INT_MAX / 2) return cudaErrorInvalidValue;
-  const int64_t tokens_per_block = std::min<int64_t>(units_per_token >= 256 ? 1 : 256 / units_per_token, p.nnz);
-  const int threads = int(std::min<int64_t>((tokens_per_block * units_per_token + 31) / 32 * 32, kAppendMaxThreads));
+  if (units_per_token > INT_MAX / 4) return cudaErrorInvalidValue;
+  // Enough tokens a block for about 512 units, kAppendUnits a thread.
+  const int64_t tokens_per_block = std::min<int64_t>(units_per_token >= 512 ? 1 : 512 / units_per_token, p.nnz);
+  const int64_t threads_wanted = (tokens_per_block * units_per_token + kAppendUnits - 1) / kAppendUnits;
+  const int threads = int(std::min<int64_t>((threads_wanted + 31) / 32 * 32, kAppendMaxThreads));
   const int64_t blocks = (p.nnz + tokens_per_block - 1) / tokens_per_block;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   return Launch(AppendPagedKVKernel<Access>, dim3(unsigned(blocks)), dim3(threads), stream, pdl, p,
