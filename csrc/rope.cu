@@ -67,7 +67,6 @@ void CheckOutput(const TensorView& out, const char* out_name, const TensorView& 
 
 struct Frequencies {
   const float* cos_sin_cache = nullptr;
-  int rotary_dim = 0;  // of the cache: its second dimension
   double rope_scale = 1, rope_theta = 1e4;
   bool llama31 = false;
   double low_freq_factor = 1, high_freq_factor = 4, old_context_len = 8192;
@@ -223,7 +222,7 @@ void apply_llama31_rope(TensorView q_rope, TensorView k_rope, TensorView q, Tens
                         TensorView offsets, int64_t rotary_dim, bool interleave, double rope_scale,
                         double rope_theta, double low_freq_factor, double high_freq_factor, double old_context_len,
                         int64_t enable_pdl) {
-  Frequencies f{nullptr, 0, rope_scale, rope_theta, true, low_freq_factor, high_freq_factor, old_context_len};
+  Frequencies f{nullptr, rope_scale, rope_theta, true, low_freq_factor, high_freq_factor, old_context_len};
   Run(q_rope, k_rope, q, k, nullptr, &indptr, &offsets, nullptr, rotary_dim, interleave, f, enable_pdl,
       "apply_llama31_rope");
 }
@@ -245,7 +244,7 @@ void apply_llama31_rope_pos_ids(TensorView q_rope, TensorView k_rope, TensorView
                                 TensorView pos_ids, int64_t rotary_dim, bool interleave, double rope_scale,
                                 double rope_theta, double low_freq_factor, double high_freq_factor,
                                 double old_context_len, int64_t enable_pdl) {
-  Frequencies f{nullptr, 0, rope_scale, rope_theta, true, low_freq_factor, high_freq_factor, old_context_len};
+  Frequencies f{nullptr, rope_scale, rope_theta, true, low_freq_factor, high_freq_factor, old_context_len};
   Run(q_rope, k_rope, q, k, &pos_ids, nullptr, nullptr, nullptr, rotary_dim, interleave, f, enable_pdl,
       "apply_llama31_rope_pos_ids");
 }
