@@ -31,14 +31,6 @@ void CheckValues(const TensorView& v, int ndim, const char* name) {
   }
 }
 
-void CheckOnDevice(std::initializer_list<std::pair<const TensorView*, const char*>> tensors) {
-  const TensorView& first = *tensors.begin()->first;
-  for (auto [t, name] : tensors) {
-    aotinfer::CheckCuda(*t, name);
-    aotinfer::CheckSameDevice(*t, first, name, tensors.begin()->second);
-  }
-}
-
 // The states of v [seq, (states,) heads, head_dim] and s [seq, (states,) heads].
 template <typename T>
 aotinfer::StateSet<T> States(const TensorView& v, const TensorView& s) {
@@ -97,8 +89,8 @@ void merge_state(TensorView v_merged, TensorView s_merged, TensorView v_a, Tenso
   aotinfer::CheckSameShape(v_merged, v_a, "v_merged", "v_a");
   aotinfer::CheckSameDtype(v_merged, v_a, "v_merged", "v_a");
   CheckLse(s_merged, v_merged, "s_merged");
-  CheckOnDevice({{&v_a, "v_a"}, {&s_a, "s_a"}, {&v_b, "v_b"}, {&s_b, "s_b"}, {&v_merged, "v_merged"},
-                 {&s_merged, "s_merged"}});
+  aotinfer::CheckOnOneGpu({{v_a, "v_a"}, {s_a, "s_a"}, {v_b, "v_b"}, {s_b, "s_b"}, {v_merged, "v_merged"},
+                          {s_merged, "s_merged"}});
   Run(v_a, enable_pdl, "merge_state", [&](cudaStream_t stream, bool pdl) {
     cudaError_t status = cudaSuccess;
     DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(v_a.dtype(), T, [&] {
@@ -135,8 +127,8 @@ void merge_state_in_place(TensorView v, TensorView s, TensorView v_other, Tensor
     aotinfer::CheckContiguous(mask, "mask");
   }
   aotinfer::CheckEnablePdl(enable_pdl);
-  CheckOnDevice({{&v, "v"}, {&s, "s"}, {&v_other, "v_other"}, {&s_other, "s_other"}});
-  if (masked) CheckOnDevice({{&v, "v"}, {&mask, "mask"}});
+  aotinfer::CheckOnOneGpu({{v, "v"}, {s, "s"}, {v_other, "v_other"}, {s_other, "s_other"}});
+  if (masked) aotinfer::CheckOnOneGpu({{v, "v"}, {mask, "mask"}});
   Run(v, enable_pdl, "merge_state_in_place", [&](cudaStream_t stream, bool pdl) {
     cudaError_t status = cudaSuccess;
     DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(v.dtype(), T, [&] {
@@ -164,7 +156,7 @@ void merge_states(TensorView v_merged, TensorView s_merged, TensorView v, Tensor
                               << v.size(3) << "], got " << aotinfer::ShapeString(v_merged.shape());
   }
   CheckLse(s_merged, v_merged, "s_merged");
-  CheckOnDevice({{&v, "v"}, {&s, "s"}, {&v_merged, "v_merged"}, {&s_merged, "s_merged"}});
+  aotinfer::CheckOnOneGpu({{v, "v"}, {s, "s"}, {v_merged, "v_merged"}, {s_merged, "s_merged"}});
   Run(v, enable_pdl, "merge_states", [&](cudaStream_t stream, bool pdl) {
     cudaError_t status = cudaSuccess;
     DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(v.dtype(), T, [&] {

@@ -35,8 +35,9 @@ void CheckDtype(const TensorView& x, DLDataType dtype, const char* name, const c
   }
 }
 
-// [rows, hidden] with the last dimension contiguous (rows may be slices of wider tensors).
-aotinfer::cutedsl::Rows CheckRows(const TensorView& x, const char* name) {
+// The DSL kernels' view of x, checked: [rows, hidden] with the last dimension contiguous (rows may
+// be slices of wider tensors). (Not attention_checks.h's CheckRows16, a check of 16-byte rows.)
+aotinfer::cutedsl::Rows CheckedRows(const TensorView& x, const char* name) {
   if (x.ndim() != 2) {
     AOTINFER_THROW(ValueError) << "Expected " << name << " to have 2 dimensions [rows, hidden], got " << x.ndim()
                               << " (shape " << aotinfer::ShapeString(x.shape()) << ")";
@@ -108,7 +109,7 @@ aotinfer::cutedsl::Rows CheckOut(const TensorView& out, const TensorView& input)
   if (DtypeName(out.dtype()).rfind("float8", 0) != 0) {
     AOTINFER_THROW(TypeError) << "Expected out to have dtype float8_e4m3fn or float8_e5m2, got " << out.dtype();
   }
-  return CheckRows(out, "out");
+  return CheckedRows(out, "out");
 }
 
 bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
@@ -185,7 +186,7 @@ void rmsnorm_quant(TensorView out, TensorView input, TensorView weight, TensorVi
                    double eps, int64_t enable_pdl) {
   CheckInput(input);
   nq::Params p{};
-  p.input = CheckRows(input, "input");
+  p.input = CheckedRows(input, "input");
   p.residual = p.input;  // not read
   p.weight = CheckVector(weight, "weight", input, input.dtype(), "input's");
   p.bias = p.weight;  // not read
@@ -211,10 +212,10 @@ void fused_add_rmsnorm_quant(TensorView out, TensorView input, TensorView residu
                              double scale_value, double eps, int64_t enable_pdl) {
   CheckInput(input);
   nq::Params p{};
-  p.input = CheckRows(input, "input");
+  p.input = CheckedRows(input, "input");
   aotinfer::CheckSameShape(residual, input, "residual", "input");
   aotinfer::CheckSameDtype(residual, input, "residual", "input");
-  p.residual = CheckRows(residual, "residual");
+  p.residual = CheckedRows(residual, "residual");
   p.weight = CheckVector(weight, "weight", input, input.dtype(), "input's");
   p.bias = p.weight;  // not read
   bool on_device = false;
@@ -240,7 +241,7 @@ void layernorm_quant(TensorView out, TensorView input, TensorView gemma, TensorV
                      double scale_value, double eps, int64_t enable_pdl) {
   CheckInput(input);
   nq::Params p{};
-  p.input = CheckRows(input, "input");
+  p.input = CheckedRows(input, "input");
   p.residual = p.input;  // not read
   p.weight = CheckVector(gemma, "gemma", input, kFloat32, "float32");
   p.bias = CheckVector(beta, "beta", input, kFloat32, "float32");

@@ -79,12 +79,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   }
   CheckEnablePdl(enable_pdl);
   const AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
-  const TensorView* on_gpu[] = {&q, &k, &v, &work, &requests, &out};
-  const char* names[] = {"q", "k", "v", "work", "requests", "out"};
-  for (int i = 0; i < 6; ++i) {
-    CheckCuda(*on_gpu[i], names[i]);
-    CheckSameDevice(*on_gpu[i], q, names[i], "q");
-  }
+  CheckOnOneGpu({{q, "q"}, {k, "k"}, {v, "v"}, {work, "work"}, {requests, "requests"}, {out, "out"}});
   if (paged) CheckSameDevice(indices, q, "indices", "q");
   CheckOptionalDevices(sinks, has_sinks, lse, partial_out, partial_lse, given, q);
   if (total_q > 0x7fffffff || num_kv_heads > 0xffff || batch > 0x7fffffff) {

@@ -14,7 +14,7 @@
 
 namespace {
 
-using Tensors = std::vector<std::pair<const TensorView*, const char*>>;
+using Tensors = aotinfer::TensorsToPlace;
 
 // A [rows, vocab] tensor with a contiguous last dimension; returns its row stride.
 int64_t CheckRows(const TensorView& x, const char* name) {
@@ -86,11 +86,6 @@ const int64_t* RandomStateOf(const TensorView& values, int64_t batch, const char
   *stride = values.size(0) == 1 ? 0 : int(values.stride(0));
   on_gpu.push_back({&values, name});
   return aotinfer::data_ptr<int64_t>(values);
-}
-
-void CheckOnDevice(const Tensors& tensors) {
-  for (const auto& [t, name] : tensors) aotinfer::CheckCuda(*t, name);
-  for (const auto& [t, name] : tensors) aotinfer::CheckSameDevice(*t, *tensors.front().first, name, tensors.front().second);
 }
 
 template <typename Launch>
@@ -166,7 +161,7 @@ void sample(TensorView out, TensorView valid, TensorView scratch, TensorView pro
     }
     CheckOneARow(valid, batch, "valid", on_gpu);
   }
-  CheckOnDevice(on_gpu);
+  aotinfer::CheckOnOneGpu(on_gpu);
   if (batch == 0) return;
   if (probs.size(1) == 0 || probs.size(1) > 0x7FFFFFFF) {
     AOTINFER_THROW(ValueError) << "Expected " << probs_name << " to have 1 to 2^31 - 1 columns, got " << probs.size(1);
@@ -219,7 +214,7 @@ void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p
   aotinfer::CheckSameDtype(out, probs, "out", "probs");
   const int64_t out_stride = CheckRows(out, "out");
   on_gpu.push_back({&out, "out"});
-  CheckOnDevice(on_gpu);
+  aotinfer::CheckOnOneGpu(on_gpu);
   if (probs.numel() == 0) return;
   p.in_stride = in_stride;
   p.out_stride = out_stride;
@@ -249,7 +244,7 @@ void top_k_mask_logits(TensorView out, TensorView logits, TensorView top_k, int6
   aotinfer::CheckSameDtype(out, logits, "out", "logits");
   const int64_t out_stride = CheckRows(out, "out");
   on_gpu.push_back({&out, "out"});
-  CheckOnDevice(on_gpu);
+  aotinfer::CheckOnOneGpu(on_gpu);
   if (logits.numel() == 0) return;
   p.in_stride = in_stride;
   p.out_stride = out_stride;
@@ -283,7 +278,7 @@ void softmax(TensorView out, TensorView logits, TensorView temperature, double t
   CheckFloat32(out, "out");
   const int64_t out_stride = CheckRows(out, "out");
   on_gpu.push_back({&out, "out"});
-  CheckOnDevice(on_gpu);
+  aotinfer::CheckOnOneGpu(on_gpu);
   if (logits.numel() == 0) return;
   p.in_stride = in_stride;
   p.out = aotinfer::data_ptr<float>(out);

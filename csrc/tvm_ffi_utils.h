@@ -33,6 +33,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 using tvm::ffi::TensorView;
 
@@ -219,11 +220,21 @@ inline void CheckEnablePdl(int64_t enable_pdl) {
 }
 
 // The last check: every tensor on a CUDA device, each on the first one's. Tensors are named in
-// the order given, inputs first.
+// the order given, inputs first. The one check of "all on one GPU": a fixed list of tensors, or a
+// list a binding built from the optional tensors it was given.
+using TensorsToPlace = std::vector<std::pair<const TensorView*, const char*>>;
+
+inline void CheckOnOneGpu(const TensorsToPlace& tensors) {
+  for (const auto& [tensor, name] : tensors) CheckCuda(*tensor, name);
+  const auto& [first, first_name] = tensors.front();
+  for (const auto& [tensor, name] : tensors) CheckSameDevice(*tensor, *first, name, first_name);
+}
+
 inline void CheckOnOneGpu(std::initializer_list<std::pair<const TensorView&, const char*>> tensors) {
-  for (const auto& [tensor, name] : tensors) CheckCuda(tensor, name);
-  const auto& [first, first_name] = *tensors.begin();
-  for (const auto& [tensor, name] : tensors) CheckSameDevice(tensor, first, name, first_name);
+  TensorsToPlace placed;
+  placed.reserve(tensors.size());
+  for (const auto& [tensor, name] : tensors) placed.push_back({&tensor, name});
+  CheckOnOneGpu(placed);
 }
 
 }  // namespace aotinfer
