@@ -51,3 +51,65 @@ def test_info_cc_names_a_buildable_arch(capsys):
 def test_info_bad_cc():
     out = subprocess.run([sys.executable, "-m", "aotinfer", "info", "--cc", "sm90"], capture_output=True, text=True)
     assert out.returncode == 2 and "compute capability like 8.9" in out.stderr
+
+
+@pytest.mark.parametrize("text", ["08.9", "8.10", "99.0", "1000.0", "0.9", "8", "8.9.1", "-8.9"])
+def test_info_and_build_reject_what_cuda_never_prints_as_a_compute_capability(text):
+    for command in (["info"], ["build", "scale"]):
+        out = subprocess.run([sys.executable, "-m", "aotinfer", *command, "--cc", text], capture_output=True, text=True)
+        assert out.returncode == 2 and f"expected a compute capability like 8.9" in out.stderr, out.stderr
+        assert repr(text) in out.stderr and "Traceback" not in out.stderr
+
+
+def test_parse_cc_takes_what_cuda_prints():
+    from aotinfer._device import MAX_CC_MAJOR, parse_cc
+
+    assert parse_cc("8.9") == (8, 9) and parse_cc(" 12.1 ") == (12, 1) and parse_cc("10.3") == (10, 3)
+    assert parse_cc(f"{MAX_CC_MAJOR}.0") == (MAX_CC_MAJOR, 0)
+    with pytest.raises(ValueError):
+        parse_cc(f"{MAX_CC_MAJOR + 1}.0")
+
+
+def _imports(path, package):
+    """The aotinfer modules that ``path`` imports, at its top or inside functions."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            base = (base + "." + node.module if node.module else base) if node.level else node.module
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_no_import_circles():
+    """No aotinfer module imports, even lazily, one that imports it back (the package's own
+    __init__, which every submodule's import runs first, aside): each can be read without the
+    others, and the CLI, the JIT and the loader are layered (_device, _manifest < jit < _loader)."""
+    from pathlib import Path
+
+    root = Path(_loader.__file__).resolve().parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        if "_ops" in parts or "_src" in parts:
+            continue
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = (path, name if parts[-1] == "__init__" else name.rpartition(".")[0])
+    graph = {}
+    for name, (path, package) in modules.items():
+        targets = _imports(path, package)
+        # 'from . import x' of a submodule imports x, not the package's __init__ as a dependency.
+        graph[name] = {t for t in targets if t in modules and t != name
+                       and not any(o.startswith(t + ".") for o in targets if o in modules)}
+
+    def reaches(start, goal, seen):
+        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in graph[start])
+
+    circles = sorted(name for name in graph if reaches(name, name, set()))
+    assert circles == [], circles

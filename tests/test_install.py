@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import aotinfer
-from aotinfer import _loader, cli
+from aotinfer import _device, _loader, _manifest, cli
 
 PACKAGE = Path(aotinfer.__file__).resolve().parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,10 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def fresh_manifest():
     """Clear the loader's cached manifests around a test that changes what they read."""
-    _loader._main_manifest.cache_clear()
+    _manifest._main_manifest.cache_clear()
     _loader.manifest.cache_clear()
     yield
-    _loader._main_manifest.cache_clear()
+    _manifest._main_manifest.cache_clear()
     _loader.manifest.cache_clear()
 
 
@@ -56,7 +56,7 @@ def make_provider(site: Path, name: str, manifest, files=()) -> None:
 
 
 def provider_manifest(arch="7.5", file="scale_sm75.so", **changes):
-    main = _loader._main_manifest()
+    main = _manifest._main_manifest()
     data = {
         "package_version": main["package_version"],
         "cuda_version": main["cuda_version"],
@@ -193,11 +193,11 @@ def test_declared_functions_reads_only_the_main_manifest(monkeypatch, fresh_mani
     def no_providers(*args):
         raise AssertionError("declared_functions must not look for providers")
 
-    monkeypatch.setattr(_loader, "provider_manifests", no_providers)
+    monkeypatch.setattr(_manifest, "provider_manifests", no_providers)
     assert _loader.declared_functions() == declared
     times = []
     for _ in range(21):
-        _loader._main_manifest.cache_clear()
+        _manifest._main_manifest.cache_clear()
         start = time.perf_counter()
         _loader.declared_functions()
         times.append(time.perf_counter() - start)
@@ -312,13 +312,13 @@ def test_info_refuses_a_driver_older_than_the_build(tmp_path, monkeypatch, capsy
     arch, cc = installed_arch()
     built = tuple(map(int, _loader.manifest()["cuda_version"].split(".")))
     old = (built[0] - 1) * 1000 + 20  # e.g. 12.2 for a CUDA 13 build
-    monkeypatch.setattr(cli, "LIBCUDA", stand_in_libcuda(tmp_path, old, cc))
+    monkeypatch.setattr(_device, "LIBCUDA", stand_in_libcuda(tmp_path, old, cc))
     assert cli.main(["info"]) == 1
     text = capsys.readouterr().out
     assert f"driver: supports CUDA {built[0] - 1}.2" in text and "Stand-in GPU" in text
     assert f"needs a driver for CUDA {built[0]}.0 or newer" in text and "exact match" not in text
     # A driver of the build's major loads it.
-    monkeypatch.setattr(cli, "LIBCUDA", stand_in_libcuda(tmp_path, built[0] * 1000, cc))
+    monkeypatch.setattr(_device, "LIBCUDA", stand_in_libcuda(tmp_path, built[0] * 1000, cc))
     assert cli.main(["info"]) == 0
     assert "cannot load" not in capsys.readouterr().out
 

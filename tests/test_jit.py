@@ -493,9 +493,9 @@ def test_compilation_context(monkeypatch):
 
 
 def test_no_gpu_and_no_list_says_so(monkeypatch):
-    import aotinfer.cli
+    from aotinfer import _device
 
-    monkeypatch.setattr(aotinfer.cli, "driver_gpus", lambda: (None, [], "no NVIDIA driver found"))
+    monkeypatch.setattr(_device, "driver_gpus", lambda: (None, [], "no NVIDIA driver found"))
     ctx = CompilationContext()
     assert ctx.TARGET_CUDA_ARCHS == ()
     with pytest.raises(RuntimeError, match="No CUDA architectures to build for: the visible GPUs: none"):

@@ -148,6 +148,13 @@ def supported_archs(archs: Iterable[Arch], sm_majors: Optional[Sequence[int]]) -
     return tuple(a for a in archs if sm_majors is None or a.major in sm_majors)
 
 
+def arch_for_gpu(cc: Tuple[int, int]) -> Arch:
+    """The arch a build for one GPU of compute capability ``cc`` targets: SASS for that GPU, with
+    the 'a' suffix from 9.0 on (9.0 -> 9.0a, 8.9 -> 8.9), as the JIT builds for the GPU in front of it."""
+    major, minor = int(cc[0]), int(cc[1])
+    return Arch(major, minor, "a" if major >= SUFFIX_MIN_MAJOR["a"] else "")
+
+
 class Choice(collections.namedtuple("Choice", "arch jit reason")):
     """The build a GPU loads; ``jit`` when the driver must compile its PTX at first load."""
 

@@ -12,76 +12,18 @@ compatibility), and PTX needs a driver at least as new as the toolkit that wrote
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import re
 import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _loader
+from . import _device, _loader
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .jit import cli as jit_cli
 
-#: The driver library; tests point it at a stand-in.
-LIBCUDA = "libcuda.so.1"
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
-
-
-def driver_gpus() -> Tuple[Optional[str], List[Dict[str, Any]], Optional[str]]:
-    """(driver's CUDA version, [{index, name, cc}], why no GPU is listed) from libcuda."""
-    try:
-        cuda = ctypes.CDLL(LIBCUDA)
-    except OSError:
-        return None, [], f"no NVIDIA driver found ({LIBCUDA} does not load)"
-    version = ctypes.c_int()
-    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
-        return None, [], "cuDriverGetVersion failed"
-    driver = f"{version.value // 1000}.{version.value % 1000 // 10}"
-    status = cuda.cuInit(0)
-    if status != 0:
-        return driver, [], f"cuInit failed with CUDA driver error {status}"
-    count = ctypes.c_int()
-    cuda.cuDeviceGetCount(ctypes.byref(count))
-    gpus = []
-    for index in range(count.value):
-        device = ctypes.c_int()
-        cuda.cuDeviceGet(ctypes.byref(device), index)
-        name = ctypes.create_string_buffer(256)
-        cuda.cuDeviceGetName(name, 256, device)
-        cc = []
-        for attr in (_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR):
-            value = ctypes.c_int()
-            cuda.cuDeviceGetAttribute(ctypes.byref(value), attr, device)
-            cc.append(value.value)
-        gpus.append({"index": index, "name": name.value.decode(), "compute_capability": tuple(cc)})
-    return driver, gpus, None if gpus else "the driver reports no GPU"
-
-
-def _version(text: str) -> Tuple[int, int]:
-    major, _, minor = text.partition(".")
-    return int(major), int(minor or 0)
-
-
-def driver_problem(driver: Optional[str], built_with: str, jit: bool) -> Optional[str]:
-    """Why a driver supporting CUDA ``driver`` cannot load a build of CUDA ``built_with``, or None.
-
-    Binaries of CUDA X.y run on a driver of any CUDA X.z (minor-version compatibility) or newer;
-    PTX needs a driver at least as new as the toolkit that wrote it. None when the driver is unknown.
-    """
-    if driver is None:
-        return None
-    have, need = _version(driver), _version(built_with)
-    if have[0] < need[0]:
-        return (f"the driver supports CUDA {driver}, and this CUDA {built_with} build needs a driver"
-                f" for CUDA {need[0]}.0 or newer")
-    if jit and have < need:
-        return (f"the driver supports CUDA {driver}, too old to compile PTX written by CUDA {built_with};"
-                f" it needs a driver for CUDA {built_with} or newer")
-    return None
+driver_problem = _device.driver_problem  # what a driver loads: _device.py
 
 
 def choices_for(cc: Tuple[int, int], driver: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -152,7 +94,7 @@ def info(cc: Optional[Tuple[int, int]] = None, driver: Optional[str] = None) -> 
         report["gpus"] = [{"index": None, "name": "--cc", "compute_capability": cc}]
         report["no_gpu_reason"] = None
     else:
-        report["driver_cuda_version"], report["gpus"], report["no_gpu_reason"] = driver_gpus()
+        report["driver_cuda_version"], report["gpus"], report["no_gpu_reason"] = _device.driver_gpus()
         if driver is not None:
             report["driver_cuda_version"] = driver
     report["jit"] = jit_cli.info_report()
@@ -166,19 +108,6 @@ def failures(report: Dict[str, Any]) -> List[str]:
     """The modules a GPU of the report should load and cannot (not those it does not support)."""
     return [f"{gpu['name']} {name}" for gpu in report["gpus"] for name, choice in gpu["modules"].items()
             if choice["error"] and not choice["unsupported"]]
-
-
-def _parse_cc(text: str) -> Tuple[int, int]:
-    m = re.fullmatch(r"(\d+)\.(\d+)", text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"expected a compute capability like 8.9, got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def _parse_driver(text: str) -> str:
-    if re.fullmatch(r"\d+\.\d+", text.strip()) is None:
-        raise argparse.ArgumentTypeError(f"expected the CUDA version a driver supports, like 12.2, got {text!r}")
-    return text.strip()
 
 
 def format_info(report: Dict[str, Any]) -> str:
@@ -238,8 +167,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aotinfer")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="versions, builds in this install, and what each GPU loads")
-    p.add_argument("--cc", type=_parse_cc, help="answer for a GPU of this compute capability (e.g. 8.9)")
-    p.add_argument("--driver", type=_parse_driver,
+    p.add_argument("--cc", type=_device.cc_argument, help="answer for a GPU of this compute capability (e.g. 8.9)")
+    p.add_argument("--driver", type=_device.driver_argument,
                    help="answer for a driver supporting this CUDA version (e.g. 12.2) instead of the installed one")
     p.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("verify", help="check every installed kernel file against its sha256 in the manifest")

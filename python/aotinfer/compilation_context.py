@@ -16,17 +16,11 @@ from __future__ import annotations
 
 import os
 
-from ._arch import SUFFIX_MIN_MAJOR, Arch, parse_arch_list
+from ._arch import Arch, arch_for_gpu, parse_arch_list  # noqa: F401  (arch_for_gpu: part of this module's API)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable, List, Optional, Sequence, Tuple
-
-
-def arch_for_gpu(cc: Tuple[int, int]) -> Arch:
-    """The arch a JIT build for a GPU of compute capability ``cc`` targets: 9.0 -> 9.0a, 8.9 -> 8.9."""
-    major, minor = int(cc[0]), int(cc[1])
-    return Arch(major, minor, "a" if major >= SUFFIX_MIN_MAJOR["a"] else "")
 
 
 def nvcc_arch_flags(archs: Iterable[Arch]) -> List[str]:
@@ -51,9 +45,9 @@ class CompilationContext:
                 raise ValueError(f"AOTINFER_CUDA_ARCH_LIST: {e}") from None
             self.source = "AOTINFER_CUDA_ARCH_LIST"
         else:
-            from .cli import driver_gpus
+            from . import _device
 
-            _, gpus, why_none = driver_gpus()
+            _, gpus, why_none = _device.driver_gpus()
             self.TARGET_CUDA_ARCHS = tuple(sorted({arch_for_gpu(g["compute_capability"]) for g in gpus}))
             self.source = "the visible GPUs" if gpus else f"the visible GPUs: none ({why_none})"
 

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from .. import _loader
+from .. import _manifest
 from .._arch import Arch, NoCompatibleBuild, parse_arch_list
 from . import cache, toolchain
 from .core import JitUnavailable
@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 
 def add_build_arguments(parser) -> None:
-    from ..cli import _parse_cc
+    from .._device import cc_argument
 
     parser.add_argument("modules", nargs="*", metavar="MODULE", help="modules of modules.toml (default: all)")
     target = parser.add_mutually_exclusive_group()
-    target.add_argument("--cc", type=_parse_cc,
+    target.add_argument("--cc", type=cc_argument,
                         help="build what a GPU of this compute capability (e.g. 10.3) needs and the install lacks")
     target.add_argument("--arch-list", help='build these archs, e.g. "10.0f 12.0+PTX" (as AOTINFER_CUDA_ARCH_LIST)')
 
@@ -88,7 +88,7 @@ def _targets(args) -> List[Tuple[Optional[Tuple[int, int]], Arch]]:
     if args.cc is not None:
         ccs = [args.cc]
     else:
-        from ..cli import driver_gpus
+        from .._device import driver_gpus
 
         _, gpus, why_none = driver_gpus()
         if not gpus:
@@ -106,8 +106,8 @@ def _targets(args) -> List[Tuple[Optional[Tuple[int, int]], Arch]]:
 def _installed_for(name: str, cc: Tuple[int, int]) -> Optional[str]:
     """'scale_sm90a.so runs on 9.0 (...)' if an installed build serves ``cc``, else None."""
     try:
-        choice, path = _loader.resolve(name, cc)
-    except (NoCompatibleBuild, _loader.NotBuiltError, KeyError):
+        choice, path = _manifest.resolve(name, cc)
+    except (NoCompatibleBuild, _manifest.NotBuiltError, KeyError):
         return None
     return f"{os.path.basename(path)} runs on {cc[0]}.{cc[1]} ({choice.reason})"
 

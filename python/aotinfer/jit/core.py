@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 logger = logging.getLogger("aotinfer.jit")
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 #: Bump when the build recipe changes in a way the flags below do not show.
 RECIPE = 1
@@ -170,14 +171,13 @@ class JitSpec:
         """The installed build of this spec (the wheel's or a provider's), if any."""
         if self.module is None or len(self.arch_list) != 1 or self.extra_cuda_cflags:
             return None
-        from .. import _loader
-        from .modules import packaged_source_dir
+        from .. import _manifest
 
         if self.source_dir != packaged_source_dir():
             return None  # sources other than those the wheel was built from
         try:
-            build = _loader.module_builds(self.module).get(self.arch_list[0])
-        except (_loader.NotBuiltError, KeyError):
+            build = _manifest.module_builds(self.module).get(self.arch_list[0])
+        except (_manifest.NotBuiltError, KeyError):
             return None
         return Path(build["dir"], build["file"]) if build else None
 
@@ -371,12 +371,12 @@ def _call(command: List[str], env: Dict[str, str]) -> _Result:
 def _runtime_library() -> Tuple[Path, Dict[str, Any]]:
     """The CUDA runtime library of this install (path, and what the key records of it: where it is,
     since the object names its directory, and its sha256)."""
-    from .. import _loader
+    from .. import _manifest
 
-    entry = _loader.manifest().get("runtime")
+    entry = _manifest.manifest().get("runtime")
     if not isinstance(entry, dict):
         raise JitUnavailable("this install has no CUDA runtime library (libaotinfer_cudart.so) to link against")
-    path = Path(_loader.OPS_DIR, entry["file"])
+    path = Path(_manifest.OPS_DIR, entry["file"])
     return path, {"path": str(path), "sha256": entry["sha256"]}
 
 
@@ -399,6 +399,21 @@ def _dsl_version() -> Optional[str]:
         return importlib.metadata.version("nvidia-cutlass-dsl")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def packaged_source_dir() -> Optional[Path]:
+    """The kernel sources installed with the wheel (aotinfer/_src), if present."""
+    path = _PACKAGE / "_src"
+    return path if (path / "modules.toml").is_file() else None
+
+
+def kernel_source_dir() -> Optional[Path]:
+    """The kernel sources to build from: the wheel's, else the checkout aotinfer runs from."""
+    packaged = packaged_source_dir()
+    if packaged is not None:
+        return packaged
+    checkout = _PACKAGE.parent.parent
+    return checkout if (checkout / "modules.toml").is_file() and (checkout / "csrc").is_dir() else None
 
 
 def _digest(data: Any) -> str:
@@ -426,7 +441,6 @@ def gen_jit_spec(
     """
     from .. import compilation_context
     from .._arch import parse_arch_list
-    from .modules import kernel_source_dir
 
     if not name.isidentifier():
         raise ValueError(f"a JIT spec name must be an identifier, got {name!r}")

@@ -18,29 +18,11 @@ from pathlib import Path
 
 from .._arch import Arch, Choice, NoCompatibleBuild, choose_arch, parse_arch_list, supported_archs
 from . import cache, core, toolchain
-from .core import JitSpec, JitUnavailable
+from .core import JitSpec, JitUnavailable, kernel_source_dir, packaged_source_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
-
-_PACKAGE = Path(__file__).resolve().parent.parent
-
-
-def packaged_source_dir() -> Optional[Path]:
-    """The kernel sources installed with the wheel (aotinfer/_src), if present."""
-    path = _PACKAGE / "_src"
-    return path if (path / "modules.toml").is_file() else None
-
-
-def kernel_source_dir() -> Optional[Path]:
-    """The kernel sources to build from: the wheel's, else the checkout aotinfer runs from."""
-    packaged = packaged_source_dir()
-    if packaged is not None:
-        return packaged
-    checkout = _PACKAGE.parent.parent
-    return checkout if (checkout / "modules.toml").is_file() and (checkout / "csrc").is_dir() else None
-
 
 def declarations(root: Optional[Path] = None) -> Dict[str, Dict[str, Any]]:
     """The module declarations of ``root``/modules.toml (default: ``kernel_source_dir()``)."""

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 
-from .._arch import Arch
+from .._arch import Arch, arch_for_gpu
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,8 +69,6 @@ class Toolchain:
         SASS for the GPU itself ('a' from 9.0 on) where nvcc builds for it; for a GPU newer than
         the toolkit, the newest arch of nvcc's not above it as '+PTX' (the driver compiles it).
         """
-        from ..compilation_context import arch_for_gpu
-
         cc = (int(cc[0]), int(cc[1]))
         if cc in self.gpu_codes:
             return arch_for_gpu(cc)
