@@ -36,8 +36,9 @@ def fork_safe_lock() -> threading.Lock:
     return lock
 
 
-_lock = fork_safe_lock()
+_lock = fork_safe_lock()  # guards _modules and _loading; never held while a module loads
 _modules: "Dict[Tuple[str, int], Any]" = {}
+_loading: "Dict[Tuple[str, int], _Pending]" = {}  # loads in progress, by (module, device index)
 _properties: "Dict[int, Any]" = {}  # device index -> torch.cuda.get_device_properties
 _jit_warned: set = set()
 
@@ -62,15 +63,72 @@ def device_capability(index: int) -> Tuple[int, int]:
 def get_module(name: str, index: int) -> Any:
     """The loaded tvm-ffi module ``name`` for CUDA device ``index`` (``tensor.get_device()``);
     for index -1 (no GPU among the arguments), any build: its binding's checks then reject the
-    arguments by name before anything touches a device."""
+    arguments by name before anything touches a device.
+
+    One thread loads each (module, device); others asking meanwhile wait for it. The loader's
+    lock is held only to look up and record, never across the load: a load can be a JIT build of
+    a minute, and a thread that forks meanwhile must not wait for it (the fork handler takes the
+    lock, and a build ending under filelock's fork handling would wait for the fork in turn).
+    """
     key = (name, index)
     module = _modules.get(key)
-    if module is None:
+    if module is not None:
+        return module
+    with _lock:
+        module = _modules.get(key)
+        if module is not None:
+            return module
+        pending = _loading.get(key)
+        loader = pending is None
+        if loader:
+            pending = _loading[key] = _Pending()
+    if not loader:
+        return pending.wait()
+    try:
+        module = _load(name, index)
+    except BaseException as e:
         with _lock:
-            module = _modules.get(key)
-            if module is None:
-                module = _modules[key] = _load(name, index)
+            del _loading[key]  # not remembered: the next call tries again
+        pending.fail(e)
+        raise
+    with _lock:
+        _modules[key] = module
+        del _loading[key]
+    pending.done(module)
     return module
+
+
+class _Pending:
+    """A load in progress in another thread: its module or its error, once it ends."""
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self._module: Any = None
+        self._error: Optional[BaseException] = None
+
+    def done(self, module: Any) -> None:
+        self._module = module
+        self._ended.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._ended.set()
+
+    def wait(self) -> Any:
+        self._ended.wait()
+        if self._error is not None:
+            raise self._error
+        return self._module
+
+
+def _forget_loads_of_other_threads() -> None:
+    # In a child, the threads that were loading do not exist: its callers load for themselves
+    # (a JIT build waits on the cache's file lock like any other process's).
+    _loading.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_loads_of_other_threads)
 
 
 def _load(name: str, index: int) -> Any:
