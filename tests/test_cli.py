@@ -1,6 +1,7 @@
 """``python -m aotinfer info``, with and without a GPU."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -113,3 +114,52 @@ def test_no_import_circles():
 
     circles = sorted(name for name in graph if reaches(name, name, set()))
     assert circles == [], circles
+
+
+def test_info_says_which_modules_a_gpu_lacks_by_design(capsys):
+    """On an Ampere part, prefill_sm90 (Hopper only) and norm_quant (sm_90 and newer) are not a
+    fault of the install: info says so, and they do not make it exit 1."""
+    status = cli.main(["info", "--cc", "8.6"])
+    text = capsys.readouterr().out
+    assert re.search(r"^\s*prefill_sm90 +not for compute capability 8\.6: Hopper only \(SM major 9\), by design$",
+                     text, re.M), text
+    assert re.search(r"^\s*norm_quant +not for compute capability 8\.6: sm_90 and newer \(SM majors 9, 10, 11, 12\),"
+                     r" by design$", text, re.M), text
+    report = cli.info(cc=(8, 6))
+    assert all(report["gpus"][0]["modules"][m]["unsupported"] for m in ("prefill_sm90", "norm_quant"))
+    assert status == (1 if cli.failures(report) else 0)
+    assert not any("prefill_sm90" in f or "norm_quant" in f for f in cli.failures(report))
+
+
+def test_info_agrees_about_a_driver_older_than_the_build(capsys):
+    """A driver of the CUDA major below the build's runs nothing of it: neither the installed
+    objects (a GPU they cover) nor JIT builds (a GPU they do not), which link the same runtime."""
+    built = int(_loader.manifest()["cuda_version"].split(".")[0])
+    old = f"{built - 1}.8"
+    covered = "{}.{}".format(*sorted((a.major, a.minor) for a in _loader.module_builds("scale"))[0])
+    for cc in (covered, "10.3", "8.6"):
+        assert cli.main(["info", "--cc", cc, "--driver", old]) == 1, cc
+        text = capsys.readouterr().out
+        assert f"driver: supports CUDA {old}; too old for this build" in text and "Nothing loads" in text
+        assert "JIT-compiles" not in text, text
+        line = [line for line in text.splitlines() if line.strip().startswith("scale ")][-1]  # the GPU's
+        assert f"cannot load: the driver supports CUDA {old}, and this CUDA" in line, line
+        report = cli.info(cc=tuple(map(int, cc.split("."))), driver=old)
+        assert all(c["error"] for c in report["gpus"][0]["modules"].values()), cc
+    # A driver of the build's own major: the same GPUs load (or JIT-build) what they did.
+    assert "too old" not in cli.format_info(cli.info(cc=(10, 3), driver=f"{built}.0"))
+
+
+def test_info_into_a_closed_pipe_exits_quietly():
+    for args in (["info", "--json"], ["info"], ["verify"]):
+        out = subprocess.run(f"{sys.executable} -m aotinfer {' '.join(args)} | head -c 10 >/dev/null;"
+                             " echo ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True,
+                             text=True)
+        assert out.stderr == "", out.stderr
+        assert out.stdout.strip() in ("0", "1", "141"), out.stdout  # 141 when the pipe closed first
+
+
+def test_info_help_documents_the_exit_status():
+    out = subprocess.run([sys.executable, "-m", "aotinfer", "info", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "exit status:" in out.stdout and "by design" in out.stdout
+    assert "141" in out.stdout and "2    bad arguments" in out.stdout

@@ -221,10 +221,18 @@ LOAD = textwrap.dedent(
 )
 
 
+def _flip_one_byte(data):
+    data = bytearray(data)
+    data[len(data) // 2] ^= 0xFF
+    return bytes(data)
+
+
+# What the loader says of each, after the module's name and the file's path: verify's words.
 DAMAGE = {
-    "missing": (lambda data: None, "is missing"),
-    "truncated": (lambda data: data[:4096], "has 4096 bytes, the manifest says"),  # dlopen: SIGBUS
-    "not_elf": (lambda data: b"NOPE" + data[4:], "does not load"),
+    "missing": (lambda data: None, ": missing;"),
+    "truncated": (lambda data: data[:4096], ": has 4096 bytes, the manifest says"),  # dlopen: SIGBUS
+    "not_elf": (lambda data: b"NOPE" + data[4:], ": sha256 differs from the manifest;"),
+    "one_byte_flipped": (_flip_one_byte, ": sha256 differs from the manifest;"),  # loaded before
 }
 
 
@@ -241,8 +249,38 @@ def test_load_failure_names_file_and_repair(damage, tmp_path):
         path.write_bytes(data)
     out = run_with(site, "-c", LOAD.format(cc=cc))
     assert out.returncode == 3, out
-    assert str(path) in out.stdout and "pip install --force-reinstall" in out.stdout
-    assert message in out.stdout
+    assert f"{path}{message}" in out.stdout and "pip install --force-reinstall" in out.stdout
+    # verify says the same of the file; info says it of the object, and fails for a GPU that loads it.
+    out = run_with(site, "-m", "aotinfer", "verify")
+    assert out.returncode == 1 and f"{path}{message.rstrip(';')}" in out.stdout, out
+    out = run_with(site, "-m", "aotinfer", "info", "--cc", "{}.{}".format(*cc), "--json")
+    assert out.returncode == 1, out
+    report = json.loads(out.stdout)
+    assert report["integrity"][str(path)].startswith(message.strip(": ;"))
+    assert all(problem is None for p, problem in report["integrity"].items() if p != str(path))
+    choice = report["gpus"][0]["modules"]["scale"]
+    assert choice["error"].startswith(f"{path}{message}"), choice
+
+
+def test_a_listed_object_the_dynamic_loader_refuses(tmp_path):
+    """A file whose sha256 matches a manifest that lists a bad object (a broken build or provider):
+    the loader refuses it at dlopen; info says so from its ELF header, without loading it."""
+    arch, cc = installed_arch()
+    site = copy_of_package(tmp_path)
+    path = site / "aotinfer/_ops" / f"scale_sm{arch.tag}.so"
+    data = b"NOPE" + path.read_bytes()[4:]
+    path.write_bytes(data)
+    manifest_path = site / "aotinfer/_ops/manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    import hashlib
+
+    manifest["modules"]["scale"]["builds"][arch.name].update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    manifest_path.write_text(json.dumps(manifest))
+    out = run_with(site, "-c", LOAD.format(cc=cc))
+    assert out.returncode == 3 and f"{path} does not load" in out.stdout, out
+    out = run_with(site, "-m", "aotinfer", "info", "--cc", "{}.{}".format(*cc))
+    assert out.returncode == 1, out
+    assert f"{path}: not an ELF file, which the dynamic loader refuses" in out.stdout, out.stdout
 
 
 def test_load_without_the_cuda_runtime_library_names_it(tmp_path):
@@ -270,7 +308,9 @@ def test_verify_names_changed_and_missing_files(tmp_path):
     assert "pip install --force-reinstall" in out.stdout
     # info shows the missing file and fails for a GPU that needs it.
     out = run_with(site, "-m", "aotinfer", "info", "--cc", "{}.{}".format(*cc))
-    assert out.returncode == 1 and f"MISSING: {missing.name}" in out.stdout and "is missing" in out.stdout, out
+    assert out.returncode == 1 and f"MISSING: {missing.name}" in out.stdout and f"{missing}: missing" in out.stdout, out
+    assert f"DAMAGED: {changed.name}: sha256 differs from the manifest" in out.stdout
+    assert "files: 2 of " in out.stdout
 
 
 def test_verify_checks_providers(tmp_path, monkeypatch, fresh_manifest):

@@ -7,8 +7,8 @@ tvm-ffi and caches it under (module, device index); later calls are one dict loo
 
 A damaged install fails with BrokenInstall (a NotBuiltError), naming the file and the pip command
 that reinstalls aotinfer from where it came; a broken provider package is skipped with a warning.
-Loading checks only that the file is there with the size the manifest records; ``verify()``
-(``python -m aotinfer verify``) hashes everything.
+Each object (and the CUDA runtime library) is checked against the manifest's size and sha256 when
+it is first loaded, in the words of ``python -m aotinfer verify``, which checks every file.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import threading
 from ._arch import Choice, NoCompatibleBuild
 # What the install holds (the manifest and its files): _manifest.py, also used by the JIT.
 from ._manifest import (MANIFEST, OPS_DIR, PROVIDER_GROUP, BrokenInstall, NotBuiltError, declared_functions,
-                        manifest, module_builds, module_entry, no_build_advice, provider_manifests, repair_command,
-                        resolve, verify)
+                        file_problem, manifest, module_builds, module_entry, no_build_advice, provider_manifests,
+                        repair_command, resolve, verify)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -137,29 +137,28 @@ def _load(name: str, index: int) -> Any:
     if index < 0:  # no GPU among the arguments: any build, whose checks name them (get_module)
         arch, build = next(iter(module_builds(name).items()))
         choice, path = Choice(arch, False, "any build"), os.path.join(build["dir"], build["file"])
-        expected = build.get("size")
     else:
         cc = device_capability(index)
         try:
             choice, path = resolve(name, cc)
-            expected = module_builds(name)[choice.arch].get("size")
+            build = module_builds(name)[choice.arch]
         except NoCompatibleBuild as e:  # none installed: the JIT cache, else a JIT build
             from . import jit
 
             choice, path = jit.resolve(name, cc, str(e))
-            expected = None  # the JIT checked the object's sha256 before handing it over
-    # Cheap checks only (`python -m aotinfer verify` hashes everything): a missing file, or a
-    # truncated one, which dlopen would map and crash on (SIGBUS) instead of reporting.
-    try:
-        size = os.stat(path).st_size
-    except OSError as e:
-        problem = "is missing" if isinstance(e, FileNotFoundError) else f"is unreadable ({e.strerror})"
-    else:
-        problem = None if expected in (None, size) else f"has {size} bytes, the manifest says {expected}"
-    if problem:
-        raise BrokenInstall(
-            f"aotinfer module {name!r}: {path} {problem}; reinstall aotinfer: {repair_command(manifest()['arch_list'])}"
-        )
+            build = None  # the JIT checked the object's sha256 against its sidecar before handing it over
+    # The object and the CUDA runtime library it links, against the manifest: size, then sha256,
+    # once per file and process. A tampered or corrupted file is refused in verify's words; a
+    # truncated one would crash dlopen (SIGBUS) instead of failing.
+    runtime = manifest().get("runtime")
+    for file, entry in ([(path, build)] if build is not None else []) + (
+            [(os.path.join(OPS_DIR, runtime["file"]), runtime)] if isinstance(runtime, dict) else []):
+        problem = file_problem(file, entry)
+        if problem:
+            raise BrokenInstall(
+                f"aotinfer module {name!r}: {file}: {problem}; reinstall aotinfer:"
+                f" {repair_command(manifest()['arch_list'])}"
+            )
     if choice.jit and path not in _jit_warned:
         _jit_warned.add(path)
         warnings.warn(

@@ -232,13 +232,12 @@ def no_build_advice(cc: Tuple[int, int]) -> str:
     )
 
 
-def verify() -> List[Tuple[str, Optional[str]]]:
+def verify(cached: bool = False) -> List[Tuple[str, Optional[str]]]:
     """(path, problem or None) for every file the manifests list: this install's and providers'.
 
-    Hashes every file (reads them all): for ``python -m aotinfer verify``, never at load time.
+    Hashes every file (``python -m aotinfer verify``; afresh unless ``cached``); the loader checks
+    each file it loads the same way (``file_problem``), once per process.
     """
-    from hashlib import sha256
-
     main = _main_manifest()
     sources = [(OPS_DIR, main)] + [(ops_dir, m) for _, ops_dir, m in provider_manifests(main)]
     results = []
@@ -248,14 +247,76 @@ def verify() -> List[Tuple[str, Optional[str]]]:
             files.append(listed["runtime"])
         for build in files:
             path = os.path.join(ops_dir, build["file"])
-            try:
-                with open(path, "rb") as f:
-                    digest = sha256(f.read()).hexdigest()
-            except FileNotFoundError:
-                results.append((path, "missing"))
-                continue
-            except OSError as e:
-                results.append((path, f"unreadable ({e.strerror})"))
-                continue
-            results.append((path, None if digest == build["sha256"] else "sha256 differs from the manifest"))
+            results.append((path, file_problem(path, build, cached=cached)))
     return results
+
+
+#: path -> ((size, mtime_ns, inode), problem or None): the verdicts of file_problem in this process.
+_verdicts: Dict[str, Tuple[Tuple[int, int, int], Optional[str]]] = {}
+
+
+def file_problem(path: str, build: Dict[str, Any], cached: bool = True) -> Optional[str]:
+    """What is wrong with the file at ``path`` that the manifest entry ``build`` describes, in the
+    words ``verify`` prints ('missing', 'has 4096 bytes, the manifest says 776520', 'sha256 differs
+    from the manifest'); None when it is intact.
+
+    The size first, then the sha256 (a few ms for a 1-2 MB object, docs/design/loader.md). With
+    ``cached``, a verdict is kept for the process while the file's size, mtime and inode stay the
+    same: several devices of one arch load the same file, and ``info`` asks for every file.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    expected = build.get("size")
+    if expected is not None and st.st_size != expected:
+        # Truncated files are common (a full disk, a killed copy) and dlopen would map them and
+        # crash (SIGBUS) instead of reporting; this says so without reading the file.
+        return f"has {st.st_size} bytes, the manifest says {expected}"
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    verdict = _verdicts.get(path) if cached else None
+    if verdict is not None and verdict[0] == stamp:
+        return verdict[1]
+    from hashlib import sha256
+
+    digest = sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    problem = None if digest.hexdigest() == build.get("sha256") else "sha256 differs from the manifest"
+    _verdicts[path] = (stamp, problem)
+    return problem
+
+
+#: ELF e_machine of the machines aotinfer builds for, by ``platform.machine()``.
+_ELF_MACHINES = {"x86_64": 62, "AMD64": 62, "aarch64": 183, "arm64": 183}
+
+
+def elf_problem(path: str) -> Optional[str]:
+    """Why the dynamic loader would refuse ``path`` from its ELF header alone, or None: not an
+    ELF file, not a shared object, or built for another machine. Reads 20 bytes; ``info`` asks
+    it of each file a GPU would load, where the file's sha256 may match a manifest that lists a
+    bad object."""
+    import platform
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return "not an ELF file, which the dynamic loader refuses"
+    little = header[5] == 1
+    e_type, e_machine = struct.unpack("<HH" if little else ">HH", header[16:20])
+    if e_type != 3:  # ET_DYN
+        return f"an ELF file of type {e_type}, not a shared object, which the dynamic loader refuses"
+    want = _ELF_MACHINES.get(platform.machine())
+    if header[4] != 2 or (want is not None and e_machine != want):
+        return f"an ELF object for another machine (e_machine {e_machine}), not this {platform.machine()}"
+    return None

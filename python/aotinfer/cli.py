@@ -18,41 +18,79 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _device, _loader
+from . import _device, _loader, _manifest
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .jit import cli as jit_cli
+from .jit import toolchain as jit_toolchain
 
 driver_problem = _device.driver_problem  # what a driver loads: _device.py
+
+
+def by_design(majors: List[int]) -> str:
+    """'Hopper only (SM major 9), by design' for a module's sm_majors."""
+    majors = sorted(majors)
+    if majors == [9]:
+        what = "Hopper only (SM major 9)"
+    elif majors == list(range(majors[0], max(majors[-1], 12) + 1)):
+        what = f"sm_{majors[0]}0 and newer (SM majors {', '.join(map(str, majors))})"
+    else:
+        what = f"SM majors {', '.join(map(str, majors))} only"
+    return f"{what}, by design"
 
 
 def choices_for(cc: Tuple[int, int], driver: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
     """For each module of this install, the file a GPU of compute capability ``cc`` loads.
 
     Each entry has "error" (None when the module loads) and "unsupported" (the module declares
-    no support for this GPU: by design, not a fault of the install).
+    no support for this GPU: by design, not a fault of the install; "error" then says so too).
+    With ``driver``, what the driver cannot run is an error, JIT builds included: they link this
+    install's CUDA runtime, so a driver too old for the install is too old for them.
     """
     m = _loader.manifest()
-    runtime = m.get("runtime") or {}
-    runtime_missing = runtime.get("file") and not os.path.isfile(os.path.join(_loader.OPS_DIR, runtime["file"]))
+    repair = f"reinstall aotinfer: {_loader.repair_command(m['arch_list'])}"
+    runtime = m.get("runtime")
+    runtime_path = os.path.join(_loader.OPS_DIR, runtime["file"]) if isinstance(runtime, dict) else None
+    runtime_problem = _manifest.file_problem(runtime_path, runtime) if runtime_path else None
+    tools = jit_toolchain.find()
     result = {}
     for name, entry in m["modules"].items():
+        majors = entry["sm_majors"]
+        if majors is not None and cc[0] not in majors:
+            result[name] = {"file": None, "unsupported": True,
+                            "error": f"not for compute capability {cc[0]}.{cc[1]}: {by_design(majors)}"}
+            continue
         try:
             choice, path = _loader.resolve(name, cc)
         except NoCompatibleBuild as e:
-            majors = entry["sm_majors"]
             # No installed build: a cached JIT build, or one the JIT can make, serves the GPU.
-            result[name] = jit_cli.choice_without_installed(name, cc, str(e))
-            served = result[name]["file"] is not None or result[name].get("jit_build")
-            result[name]["error"] = None if served else result[name]["error"]
-            result[name]["unsupported"] = majors is not None and cc[0] not in majors
+            choice = result[name] = jit_cli.choice_without_installed(name, cc, str(e))
+            served = choice["file"] is not None or choice.get("jit_build")
+            choice["error"] = None if served else choice["error"]
+            choice["unsupported"] = False
+            if served:
+                nvcc = tools.cuda_version if tools else m["cuda_version"]
+                ptx = choice.get("driver_compiles_ptx") or choice.get("jit_build_ptx", False)
+                problem = (driver_problem(driver, m["cuda_version"], False)
+                           or driver_problem(driver, nvcc, ptx))
+                if choice["file"] is not None and not problem:
+                    problem = _manifest.elf_problem(choice["path"])
+                    problem = problem and f"{choice['path']}: {problem}"
+                if problem:
+                    why = ("; a JIT build cannot help: its objects link this install's CUDA"
+                           f" {m['cuda_version']} runtime" if choice.pop("jit_build", None) else "")
+                    choice["error"] = problem + why
             continue
-        error = driver_problem(driver, m["cuda_version"], choice.jit)
-        if not os.path.isfile(path):
-            error = f"{path} is missing; reinstall aotinfer: {_loader.repair_command(m['arch_list'])}"
-        elif runtime_missing and not error:
-            error = (f"{runtime['file']} (the CUDA runtime of every module) is missing; reinstall aotinfer:"
-                     f" {_loader.repair_command(m['arch_list'])}")
+        build = _loader.module_builds(name)[choice.arch]
+        problem = _manifest.file_problem(path, build)
+        if problem is None:
+            problem = _manifest.elf_problem(path)  # a listed file that the dynamic loader refuses
+        if problem:
+            error = f"{path}: {problem}; {repair}"
+        elif runtime_problem:
+            error = f"{runtime_path} (the CUDA runtime of every module): {runtime_problem}; {repair}"
+        else:
+            error = driver_problem(driver, m["cuda_version"], choice.jit)
         result[name] = {
             "file": os.path.basename(path),
             "arch": str(choice.arch),
@@ -88,7 +126,12 @@ def info(cc: Optional[Tuple[int, int]] = None, driver: Optional[str] = None) -> 
             }
             for name, entry in m["modules"].items()
         },
+        "integrity": integrity(m),
     }
+    for name, module in report["modules"].items():
+        files = {os.path.join(b["dir"], b["file"]): b["file"] for b in m["modules"][name]["builds"].values()}
+        module["damaged"] = {file: report["integrity"][path] for path, file in sorted(files.items())
+                             if report["integrity"].get(path) not in (None, "missing")}
     if cc is not None:
         report["driver_cuda_version"] = driver
         report["gpus"] = [{"index": None, "name": "--cc", "compute_capability": cc}]
@@ -104,10 +147,24 @@ def info(cc: Optional[Tuple[int, int]] = None, driver: Optional[str] = None) -> 
     return report
 
 
+def integrity(m: Dict[str, Any]) -> Dict[str, Optional[str]]:
+    """Every file the loader may load (the builds of the merged manifest ``m``, providers' among
+    them, and the CUDA runtime) against its size and sha256, as the loader and ``verify`` check
+    them: path -> problem, None when intact."""
+    files = [b for entry in m["modules"].values() for b in entry["builds"].values()]
+    if isinstance(m.get("runtime"), dict):
+        files.append(dict(m["runtime"], dir=_loader.OPS_DIR))
+    return {os.path.join(b["dir"], b["file"]): _manifest.file_problem(os.path.join(b["dir"], b["file"]), b)
+            for b in files}
+
+
 def failures(report: Dict[str, Any]) -> List[str]:
-    """The modules a GPU of the report should load and cannot (not those it does not support)."""
+    """What makes ``info`` exit 1: the modules a GPU of the report should load and cannot (not
+    those it does not support by design), and the files of the install that are missing or
+    damaged."""
     return [f"{gpu['name']} {name}" for gpu in report["gpus"] for name, choice in gpu["modules"].items()
-            if choice["error"] and not choice["unsupported"]]
+            if choice["error"] and not choice["unsupported"]] + [
+        path for path, problem in report["integrity"].items() if problem]
 
 
 def format_info(report: Dict[str, Any]) -> str:
@@ -126,16 +183,28 @@ def format_info(report: Dict[str, Any]) -> str:
         lines.append(f"  {name:<{width}}  {' '.join(module['archs'])}  ({where})")
         for file in module["missing"]:
             lines.append(f"  {'':<{width}}  MISSING: {file}")
+        for file, problem in module["damaged"].items():
+            lines.append(f"  {'':<{width}}  DAMAGED: {file}: {problem}")
+    bad = sum(1 for problem in report["integrity"].values() if problem)
+    lines.append(f"files: {bad} of {len(report['integrity'])} missing or differ from the manifests' sha256"
+                 if bad else f"files: all {len(report['integrity'])} match the manifests' sha256")
     lines += jit_cli.format_info(report["jit"])
-    if report["driver_cuda_version"]:
-        lines.append(f"driver: supports CUDA {report['driver_cuda_version']}")
+    driver = report["driver_cuda_version"]
+    if driver:
+        too_old = driver_problem(driver, report["cuda_version"], False)
+        lines.append(f"driver: supports CUDA {driver}" + (
+            f"; too old for this build: {report['cuda_version']} needs an NVIDIA driver >= {report['driver_min']}."
+            " Nothing loads, JIT builds included (they link this install's CUDA runtime): upgrade the"
+            " driver, or install the release wheel of the driver's CUDA major" if too_old else ""))
     if not report["gpus"]:
         lines.append(f"GPUs: none ({report['no_gpu_reason']})")
     for gpu in report["gpus"]:
         label = "--cc" if gpu["index"] is None else f"cuda:{gpu['index']} {gpu['name']}"
         lines.append(f"{label} (compute capability {gpu['compute_capability']}):")
         for name, choice in gpu["modules"].items():
-            if choice.get("jit_build"):
+            if choice["unsupported"]:
+                lines.append(f"  {name:<{width}}  {choice['error']}")
+            elif choice.get("jit_build"):
                 lines.append(f"  {name:<{width}}  {choice['jit_build']}")
             elif choice["file"] is None:
                 lines.append(f"  {name:<{width}}  cannot load: {choice['error']}")
@@ -145,7 +214,7 @@ def format_info(report: Dict[str, Any]) -> str:
                 lines.append(f"  {name:<{width}}  {choice['file']}  ({choice['reason']})")
     failed = failures(report)
     if failed:
-        lines.append(f"{len(failed)} module(s) cannot load where they should; see above")
+        lines.append(f"{len(failed)} module(s) or file(s) cannot load where they should; see above")
     return "\n".join(lines)
 
 
@@ -163,10 +232,40 @@ def verify_command() -> int:
     return 0
 
 
+#: Exit statuses of ``python -m aotinfer``, as ``--help`` prints them.
+EXIT_STATUS = """exit status:
+  0    info: every module each GPU (or --cc) should load loads, and every listed file matches its
+       sha256; modules a GPU does not support by design (e.g. prefill_sm90 off Hopper) do not count.
+       verify: every file matches. build: everything asked for is built or cached.
+  1    info: a module a GPU should load cannot, or a file is missing or damaged; verify: a file
+       differs; build: a build failed; any command: the install is broken (the message says how
+       to repair it)
+  2    bad arguments
+  141  the output was closed early (e.g. piped into head), as for a program killed by SIGPIPE
+"""
+#: 128 + SIGPIPE: the status a shell reports for a writer whose reader went away.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aotinfer")
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # inside the try: a closed pipe shows up here for buffered output
+        return status
+    except BrokenPipeError:
+        # The reader (head, grep -q) went away: no traceback, and no second error when Python
+        # flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Optional[List[str]]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m aotinfer", epilog=EXIT_STATUS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="versions, builds in this install, and what each GPU loads")
+    p = sub.add_parser("info", help="versions, builds in this install, and what each GPU loads", epilog=EXIT_STATUS,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cc", type=_device.cc_argument, help="answer for a GPU of this compute capability (e.g. 8.9)")
     p.add_argument("--driver", type=_device.driver_argument,
                    help="answer for a driver supporting this CUDA version (e.g. 12.2) instead of the installed one")

@@ -179,7 +179,7 @@ def choice_without_installed(name: str, cc: Tuple[int, int], error: str) -> Dict
     majors = declarations().get(name, {}).get("sm_majors") if off is None else None
     if arch is not None and (majors is None or cc[0] in majors):
         what = f"{arch.sass}{'+PTX' if arch.ptx else ''}"
-        return {"file": None, "error": error,
+        return {"file": None, "error": error, "jit_build_ptx": arch.ptx,
                 "jit_build": f"JIT-compiles {what} on first use (nvcc {tools.cuda_version});"
                              f" prebuild: python -m aotinfer build {name} --cc {cc[0]}.{cc[1]}"}
     return {"file": None, "error": f"{error}; JIT build: {off or 'not possible for this GPU'}"}
