@@ -380,12 +380,12 @@ def test_cli_build_without_the_dsl(monkeypatch, capsys):
     monkeypatch.setattr(jit_core, "dsl_available", lambda: False)
     assert jit_cli.build(SimpleNamespace(modules=["norm_quant"], cc=None, arch_list="9.0a")) == 1
     assert "cannot build norm_quant_sm90a: it is written in CuTeDSL" in capsys.readouterr().err
-    real_build = jit_core.JitSpec.build
+    real_build = jit_core.JitSpec.ensure_built
 
     def build_only_cutedsl(spec, *args, **kwargs):  # the other modules' compiles are not the point here
-        return real_build(spec, *args, **kwargs) if spec.cutedsl is not None else Path(f"{spec.stem}.so")
+        return real_build(spec, *args, **kwargs) if spec.cutedsl is not None else (Path(f"{spec.stem}.so"), "built")
 
-    monkeypatch.setattr(jit_core.JitSpec, "build", build_only_cutedsl)
+    monkeypatch.setattr(jit_core.JitSpec, "ensure_built", build_only_cutedsl)
     assert jit_cli.build(SimpleNamespace(modules=[], cc=None, arch_list="9.0a")) == 0
     out = capsys.readouterr().out
     assert "norm_quant: skipped 9.0a: cannot build norm_quant_sm90a: it is written in CuTeDSL" in out
@@ -570,3 +570,43 @@ def test_info_creates_no_cache_dir(tmp_path):
     """, tmp_path / "never")
     assert out.returncode == 0, out.stderr
     assert "JIT cache" in out.stdout and not (tmp_path / "never").exists()
+
+
+CLI_BUILD = """
+    import sys
+    import jit_fakes
+    from aotinfer import cli
+    jit_fakes.install(float(sys.argv[1]), sys.argv[2])
+    sys.exit(cli.main(["build", "scale", "--arch-list", "8.9"]))
+"""
+
+
+def test_a_second_concurrent_build_says_it_waited(tmp_path):
+    """Two `build` commands for one object at once: one compiles (faked, 4 s) and says "built in";
+    the other waits for its lock and says so, not "built in"."""
+    build = next(iter(_loader.module_builds("scale").values()))
+    stand_in = os.path.join(build["dir"], build["file"])
+    tests = str(Path(__file__).resolve().parent)
+    env = dict(os.environ, AOTINFER_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join([tests, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CLI_BUILD), "4", stand_in], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "cache" / "tmp").glob("scale_sm89-*")):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-c", textwrap.dedent(CLI_BUILD), "4", stand_in], env=env,
+                                capture_output=True, text=True, timeout=120)
+        out, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert first.returncode == 0 and second.returncode == 0, err + second.stderr
+    assert re.search(r"^scale: sm_89 built in \d+\.\d s: ", out, re.M), out
+    assert re.search(r"^scale: sm_89 built by another process \(waited \d+\.\d s for it\): ", second.stdout,
+                     re.M), second.stdout
+    assert "built in" not in second.stdout and "fake build" not in second.stdout
+    assert "waiting for process" in second.stderr
+    third = subprocess.run([sys.executable, "-c", textwrap.dedent(CLI_BUILD), "4", stand_in], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert re.search(r"^scale: sm_89 cached: ", third.stdout, re.M), third.stdout

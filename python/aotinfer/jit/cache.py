@@ -246,16 +246,19 @@ def lock_timeout() -> float:
 
 
 @contextlib.contextmanager
-def locked(entry: Entry, what: str) -> Iterator[None]:
-    """Hold the build lock of ``entry``; ``what`` ('scale for sm_103a') names the build for others."""
+def locked(entry: Entry, what: str) -> Iterator[bool]:
+    """Hold the build lock of ``entry``; ``what`` ('scale for sm_103a') names the build for others.
+    Yields whether another process held it first (this one waited)."""
     from filelock import FileLock, Timeout
 
     path = subdir(entry.root, "locks") / f"{entry.name}.lock"
     holder = path.with_suffix(".holder")
     lock = FileLock(str(path), mode=0o600, thread_local=False)
+    waited = False
     try:
         lock.acquire(timeout=0)
     except Timeout:
+        waited = True
         logger.warning("aotinfer: waiting for %s (lock %s)", _describe_holder(holder), path)
         timeout = lock_timeout()
         try:
@@ -267,7 +270,7 @@ def locked(entry: Entry, what: str) -> Iterator[None]:
             ) from None
     try:
         _write_json(holder, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": what})
-        yield
+        yield waited
     finally:
         lock.release()
 

@@ -56,16 +56,17 @@ def build(args) -> int:
                     print(f"{name}: the installed {covered}; nothing to build")
                     continue
                 spec = gen_module_spec(name, arch)
-                cached = spec.cached_entry(cache.open_root())
                 start = time.monotonic()
                 try:
-                    path = spec.build()
+                    path, outcome = spec.ensure_built()
                 except JitUnavailable as e:
                     if args.modules:  # asked for by name: an error
                         raise
                     print(f"{name}: skipped {arch}: {e}")
                     continue
-                how = "cached" if cached is not None else f"built in {time.monotonic() - start:.1f} s"
+                seconds = time.monotonic() - start
+                how = {"built": f"built in {seconds:.1f} s", "cached": "cached",
+                       "waited": f"built by another process (waited {seconds:.1f} s for it)"}[outcome]
                 print(f"{name}: {arch.sass}{'+PTX' if arch.ptx else ''} {how}: {path}")
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)

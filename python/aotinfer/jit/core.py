@@ -232,26 +232,31 @@ class JitSpec:
         ``prebuild``) and one after, with the time taken. Other processes asking for the same
         object meanwhile wait for this build instead of starting theirs.
         """
+        return self.ensure_built(why, prebuild)[0]
+
+    def ensure_built(self, why: str = "", prebuild: str = "") -> Tuple[Path, str]:
+        """``build()``, and how the object came to be there: "built" (by this call), "waited"
+        (built by another process while this one waited for its lock) or "cached"."""
         tools = toolchain.find()
         if tools is None:
             entry = self.cached_entry()
             if entry is not None:
-                return entry.library
+                return entry.library, "cached"
             raise JitUnavailable(f"cannot build {self.stem}: {toolchain.why_not_found()}")
         tools.check_archs(self.arch_list)
         if self.cutedsl is not None and not dsl_available():
             raise JitUnavailable(f"cannot build {self.stem}: {DSL_MISSING}")
         entry = self.entry(cache.open_root(), tools)
         if entry.problem() is None:
-            return entry.library
-        with cache.locked(entry, self.describe()):
+            return entry.library, "cached"
+        with cache.locked(entry, self.describe()) as waited:
             problem = entry.problem()
             if problem is None:  # built by the process we waited for
-                return entry.library
+                return entry.library, "waited" if waited else "cached"
             if problem != "missing":
                 logger.warning("aotinfer: cached %s fails its check (%s); rebuilding it", entry.dir, problem)
             self._build_entry(entry, tools, why, prebuild)
-        return entry.library
+        return entry.library, "built"
 
     def load(self):
         """Load the object (installed or cached and checked) as a tvm-ffi module."""
