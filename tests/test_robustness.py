@@ -137,3 +137,25 @@ THREADS_LOAD_ONCE = """
 def test_threads_share_one_load(tmp_path):
     out = run_script(THREADS_LOAD_ONCE, tmp_path, 120, *uncovered_cc(), stand_in_object())
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr
+
+
+# ---- the trace dump directory ---------------------------------------------------------------------
+
+
+def test_trace_dump_dir_that_cannot_be_written_names_the_variable(tmp_path, monkeypatch):
+    import torch
+
+    import aotinfer
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a directory below a file can be created by no one, root included
+    x, w = torch.ones(2, 8), torch.ones(8)
+    monkeypatch.setenv("AOTINFER_TRACE_DUMP_DIR", str(blocker / "traces"))
+    with pytest.raises(OSError, match=r"rmsnorm\.trace cannot write .*a-file/traces/.*\.json .*"
+                                      r"AOTINFER_TRACE_DUMP_DIR='.*a-file/traces' must name a directory"):
+        aotinfer.rmsnorm.trace(x, w)
+    with pytest.raises(OSError, match=r"dump_dir='.*a-file/given' must name a directory"):
+        aotinfer.rmsnorm.trace(x, w, dump_dir=str(blocker / "given"))
+    monkeypatch.setenv("AOTINFER_TRACE_DUMP_DIR", str(tmp_path / "fine"))
+    definition = aotinfer.rmsnorm.trace(x, w)
+    assert json.loads((tmp_path / "fine" / f"{definition['name']}.json").read_text()) == definition

@@ -246,9 +246,16 @@ def attach_trace(op: Callable, trace: Any) -> None:
         if directory:
             import json
 
-            os.makedirs(directory, exist_ok=True)
-            with open(os.path.join(directory, definition["name"] + ".json"), "w") as f:
-                json.dump(definition, f, indent=2)
+            path = os.path.join(directory, definition["name"] + ".json")
+            try:
+                os.makedirs(directory, exist_ok=True)
+                with open(path, "w") as f:
+                    json.dump(definition, f, indent=2)
+            except OSError as e:
+                # Say which setting named the directory: a bare FileNotFoundError does not.
+                where = "dump_dir" if dump_dir else "AOTINFER_TRACE_DUMP_DIR"
+                raise type(e)(e.errno, f"{op.__name__}.trace cannot write {path} ({e.strerror}): {where}={directory!r}"
+                                       " must name a directory this process can create or write") from None
         return definition
 
     trace_call.__doc__ = f"The trace definition of a call of {op.__name__} with these arguments."
