@@ -4,6 +4,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from aotinfer._arch import RELEASE_ARCH_LISTS, release_arch_list
 
 try:
@@ -53,3 +55,59 @@ def test_supported_gpus_table_matches_the_release_lists():
 def test_readme_never_tells_to_install_from_pypi():
     code = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
     assert not re.search(r"pip install aotinfer\b", code)
+
+
+def python_blocks():
+    return re.findall(r"^```python\n(.*?)^```$", README, re.S | re.M)
+
+
+def test_python_examples_call_the_api_as_it_is():
+    """Every call of an aotinfer function, class or wrapper method in the README's examples binds
+    to its current signature (positional count and keyword names)."""
+    import ast
+    import inspect
+
+    import aotinfer
+
+    calls = 0
+    for block in python_blocks():
+        classes = {}  # variable -> the aotinfer class it was made from
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                func = node.value.func
+                if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "aotinfer":
+                    for target in node.targets:
+                        if isinstance(target, ast.Name) and inspect.isclass(getattr(aotinfer, func.attr)):
+                            classes[target.id] = getattr(aotinfer, func.attr)
+        for node in ast.walk(ast.parse(block)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)):
+                continue
+            owner, name = node.func.value.id, node.func.attr
+            if owner == "aotinfer":
+                target, extra = getattr(aotinfer, name), ()
+                if inspect.isclass(target):
+                    target, extra = target.__init__, (None,)
+            elif owner in classes:
+                target, extra = getattr(classes[owner], name), (None,)
+            else:
+                continue
+            positional = [None] * len(node.args)
+            keywords = {k.arg: None for k in node.keywords}
+            inspect.signature(target).bind(*extra, *positional, **keywords)  # TypeError names the mismatch
+            calls += 1
+    assert calls >= 20, calls  # the quickstarts' calls were found
+
+
+@pytest.mark.gpu
+def test_python_examples_run():
+    """The README's Python blocks run in order, in one namespace (later blocks use earlier ones' names)."""
+    import torch
+
+    namespace = {}
+    for block in python_blocks():
+        exec(compile(block, "README.md", "exec"), namespace)
+    torch.cuda.synchronize()
+    tokens = namespace["tokens"]
+    assert tokens.dtype == torch.int32 and tokens.shape == (4,) and bool(((tokens >= 0) & (tokens < 128256)).all())
+    assert namespace["out"].shape == (3, 32, 128) and bool(torch.isfinite(namespace["out"]).all())

@@ -61,6 +61,7 @@ def manifest_of(wheel):
         return json.loads(z.read("aotinfer/_ops/manifest.json"))
 
 
+@pytest.mark.slow  # builds wheels: most of the suite's time
 def test_each_shard_holds_one_arch(shards):
     for arch, wheel in zip(SHARDS, shards):
         assert manifest_of(wheel)["arch_list"] == arch
@@ -68,6 +69,7 @@ def test_each_shard_holds_one_arch(shards):
         assert "check_wheel: OK" in report
 
 
+@pytest.mark.slow  # builds wheels: most of the suite's time
 def test_merged_wheel_passes_the_check(merged):
     manifest = manifest_of(merged)
     assert manifest["arch_list"] == "8.6 10.0f"
@@ -85,6 +87,7 @@ def test_merged_wheel_passes_the_check(merged):
     assert runtimes == ["aotinfer/_ops/libaotinfer_cudart.so"]
 
 
+@pytest.mark.slow  # builds wheels: most of the suite's time
 def test_merged_wheel_loads(merged, tmp_path):
     import tvm_ffi
 
@@ -98,6 +101,7 @@ def test_merged_wheel_loads(merged, tmp_path):
                 assert module.get_function_metadata(function)["type_schema"]
 
 
+@pytest.mark.slow  # builds wheels: most of the suite's time
 def test_check_catches_a_changed_object(merged, tmp_path):
     bad = tmp_path / merged.name
     with zipfile.ZipFile(merged) as src, zipfile.ZipFile(bad, "w") as dst:
@@ -113,6 +117,7 @@ def test_check_catches_a_changed_object(merged, tmp_path):
     assert out.returncode == 1 and "arch list" in out.stdout
 
 
+@pytest.mark.slow  # builds wheels: most of the suite's time
 def test_provider_wheel_is_picked_up(shards, tmp_path):
     from aotinfer import _loader
 
