@@ -2,11 +2,12 @@
 whether the installed files are intact. ``python -m aotinfer build``: compile modules into the JIT
 cache ahead of time (jit/cli.py).
 
-GPUs are listed through the CUDA driver API (libcuda, by ctypes), not torch, so the command works
-without a GPU, without torch's CUDA state, and in the same order and visibility as CUDA programs
-(CUDA_VISIBLE_DEVICES applies). ``info`` checks what the driver can load, not only which file
-matches the GPU: a CUDA 13 build needs a driver for CUDA 13.0 or newer (CUDA's minor-version
-compatibility), and PTX needs a driver at least as new as the toolkit that wrote it.
+GPUs are listed through the CUDA driver API (``_device.driver_gpus``), not torch, so the command
+works without a GPU and without torch's CUDA state. ``info`` checks what the driver can load, not
+only which file matches the GPU: a CUDA 13 build needs a driver for CUDA 13.0 or newer (CUDA's
+minor-version compatibility), JIT builds included (they link the install's CUDA runtime), and PTX
+needs a driver at least as new as the toolkit that wrote it. It checks every file against the
+manifest's sha256, as the loader does at first load. Exit statuses: EXIT_STATUS below (``--help``).
 """
 
 from __future__ import annotations
