@@ -57,7 +57,7 @@ def test_level_0_public_ops_are_their_own_functions():
         assert op.__code__.co_filename == __import__(op.__module__, fromlist=["_"]).__file__
 
 
-@pytest.mark.parametrize("text", ["verbose", "-1", "3.5"])
+@pytest.mark.parametrize("text", ["verbose", "-1", "3.5", "99"])
 def test_bad_level_warns_and_logs_nothing(monkeypatch, text):
     monkeypatch.setenv("AOTINFER_LOGLEVEL", text)
     monkeypatch.setattr(api_logging, "_warned", set())

@@ -49,7 +49,7 @@ def log_level() -> int:
         level = int(text)
     except ValueError:
         level = -1
-    if level < 0:
+    if not 0 <= level <= 5:
         _warn_once(f"AOTINFER_LOGLEVEL={text!r} is not a level (0, 1, 3 or 5): logging stays off")
         return 0
     return level
