@@ -4,6 +4,11 @@ input[..., d:]`` for act SiLU, GELU (erf) and GELU (tanh approximation), compute
 ``input``'s last dimension must be contiguous; 2-D and 3-D inputs may have strided rows, inputs of
 more dimensions must be contiguous. ``enable_pdl``: True launches with programmatic dependent
 launch on sm90+ GPUs (a no-op below), False never does, None (default) does where supported.
+The keyword ``skip_check=True`` skips the Python-side check of ``enable_pdl`` (the kernels check
+every tensor).
+
+Each op takes ``input`` ``[..., 2d]`` (float16, bfloat16 or float32) and ``out`` ``[..., d]`` of
+input's dtype (allocated when None), and returns ``out``.
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ def silu_and_mul(
 ) -> torch.Tensor:
     r"""``silu(input[..., :d]) * input[..., d:]`` with ``silu(x) = x / (1 + exp(-x))``.
 
-    ``input``: ``[..., 2d]``, float16, bfloat16 or float32. ``out``: ``[..., d]``; allocated when missing.
+    ``input``: ``[..., 2d]``, float16, bfloat16 or float32. ``out``: ``[..., d]`` of input's dtype;
+    allocated when missing. Returns ``out``.
     """
     return _act_and_mul(_silu_and_mul, input, out, enable_pdl, skip_check)
 
@@ -63,7 +69,10 @@ def gelu_and_mul(
     *,
     skip_check: bool = False,
 ) -> torch.Tensor:
-    r"""``gelu(input[..., :d]) * input[..., d:]`` with the exact ``gelu(x) = x / 2 * (1 + erf(x / sqrt(2)))``."""
+    r"""``gelu(input[..., :d]) * input[..., d:]`` with the exact ``gelu(x) = x / 2 * (1 + erf(x / sqrt(2)))``.
+
+    ``input``: ``[..., 2d]``, float16, bfloat16 or float32. Returns ``out``, ``[..., d]`` of input's dtype.
+    """
     return _act_and_mul(_gelu_and_mul, input, out, enable_pdl, skip_check)
 
 
@@ -76,5 +85,8 @@ def gelu_tanh_and_mul(
     skip_check: bool = False,
 ) -> torch.Tensor:
     r"""``gelu_tanh(input[..., :d]) * input[..., d:]`` with
-    ``gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))``."""
+    ``gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))``.
+
+    ``input``: ``[..., 2d]``, float16, bfloat16 or float32. Returns ``out``, ``[..., d]`` of input's dtype.
+    """
     return _act_and_mul(_gelu_tanh_and_mul, input, out, enable_pdl, skip_check)

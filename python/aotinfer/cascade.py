@@ -41,7 +41,8 @@ def merge_state(
     Parameters
     ----------
     v_a, v_b : torch.Tensor
-        Attention outputs of the segments, ``[seq_len, num_heads, head_dim]``, one dtype.
+        Attention outputs of the segments, ``[seq_len, num_heads, head_dim]``, one dtype (float16,
+        bfloat16 or float32).
     s_a, s_b : torch.Tensor
         Their log-sum-exp values (base 2), ``[seq_len, num_heads]``; converted to float32 when
         they are not (as FlashInfer does).
@@ -81,7 +82,7 @@ def merge_state_in_place(
     Parameters
     ----------
     v : torch.Tensor
-        ``[seq_len, num_heads, head_dim]``, updated in place.
+        ``[seq_len, num_heads, head_dim]``, float16, bfloat16 or float32, updated in place.
     s : torch.Tensor
         ``[seq_len, num_heads]``, float32 (it is written), updated in place.
     v_other : torch.Tensor
@@ -91,6 +92,11 @@ def merge_state_in_place(
     mask : Optional[torch.Tensor]
         ``[seq_len]`` bool: rows where it is False keep their state (useful under CUDA graphs,
         where the rows to merge change between replays). None merges every row.
+
+    Returns
+    -------
+    None
+        The merged state is in ``v`` and ``s``.
     """
     import torch
 
@@ -109,7 +115,7 @@ def merge_states(
     Parameters
     ----------
     v : torch.Tensor
-        ``[seq_len, num_states, num_heads, head_dim]``.
+        ``[seq_len, num_states, num_heads, head_dim]``, float16, bfloat16 or float32.
     s : torch.Tensor
         ``[seq_len, num_states, num_heads]``; converted to float32 when it is not (as FlashInfer
         does).

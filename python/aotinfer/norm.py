@@ -4,7 +4,8 @@
 be slices of wider tensors. Statistics are accumulated in float32.
 
 ``enable_pdl``: True launches with programmatic dependent launch on sm90+ GPUs (a no-op below),
-False never does, None (default) does where the GPU supports it.
+False never does, None (default) does where the GPU supports it. The keyword ``skip_check=True``
+skips the Python-side checks of ``eps`` and ``enable_pdl`` (the kernels check every tensor).
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def fused_add_rmsnorm(
     ``residual = s`` (rounded to its dtype) and ``input = s / sqrt(mean(s**2) + eps) * weight``.
     The norm is of the float32 sum, not of the rounded residual.
 
-    ``input`` and ``residual`` have the same shape (2-D or 3-D) and dtype; ``weight`` is ``[hidden]``.
+    ``input`` and ``residual``: the same shape, ``[tokens, hidden]`` or ``[tokens, heads, hidden]``,
+    and dtype (float16, bfloat16 or float32); ``weight``: ``[hidden]``, their dtype. Returns None:
+    the results are in ``input`` and ``residual``.
     """
     if not skip_check:
         _check_eps_and_pdl(eps, enable_pdl)
@@ -110,7 +113,9 @@ def gemma_rmsnorm(
     *,
     skip_check: bool = False,
 ) -> torch.Tensor:
-    r"""Gemma's RMSNorm: as :func:`rmsnorm` with the weight applied as ``1 + weight``."""
+    r"""Gemma's RMSNorm: as :func:`rmsnorm` with the weight applied as ``1 + weight``:
+    ``out[i] = input[i] / sqrt(mean(input[i]**2) + eps) * (1 + weight)``. Same shapes and dtypes;
+    returns ``out`` (input's shape and dtype)."""
     if not skip_check:
         _check_eps_and_pdl(eps, enable_pdl)
     if out is None:
@@ -131,7 +136,8 @@ def gemma_fused_add_rmsnorm(
     *,
     skip_check: bool = False,
 ) -> None:
-    r"""Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with the weight applied as ``1 + weight``."""
+    r"""Gemma's fused add + RMSNorm: as :func:`fused_add_rmsnorm` with the weight applied as
+    ``1 + weight``. In place; returns None."""
     if not skip_check:
         _check_eps_and_pdl(eps, enable_pdl)
     _fused_add_rmsnorm(input, residual, weight, eps, True, -1 if enable_pdl is None else enable_pdl)
@@ -144,7 +150,8 @@ def layernorm(
     r"""Layer normalization: ``(input - mean) / sqrt(var + eps) * gemma + beta`` per row.
 
     ``input``: 2-D or 3-D, float16, bfloat16 or float32; ``gemma`` (the scale, FlashInfer's name)
-    and ``beta``: ``[hidden]``, both float32 or both input's dtype. Returns a new tensor.
+    and ``beta``: ``[hidden]``, both float32 or both input's dtype. Mean and variance over the
+    last dimension, in float32. Returns a new tensor of input's shape and dtype.
     """
     import torch
 

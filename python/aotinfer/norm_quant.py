@@ -14,7 +14,10 @@ sm90 and newer GPUs (FP8 conversions in hardware); for one the wheel has no buil
 the module where the DSL (nvidia-cutlass-dsl) and nvcc are installed, else the error says so.
 
 ``enable_pdl``: True launches with programmatic dependent launch, False never does, None
-(default) does where the GPU supports it.
+(default) does where the GPU supports it. The keyword ``skip_check=True`` skips the Python-side
+checks of ``scale``, ``eps`` and ``enable_pdl`` (the kernels check every tensor and value).
+
+Every op writes ``out`` and returns None.
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ def rmsnorm_quant(
         Added to the mean square.
     enable_pdl : Optional[bool]
         Programmatic dependent launch (see the module doc).
+
+    Returns
+    -------
+    None
+        The result is in ``out``.
     """
     if not skip_check:
         _check_scalars(scale, eps, enable_pdl)
@@ -111,7 +119,7 @@ def fused_add_rmsnorm_quant(
 
     ``out``, ``input`` and ``residual`` are ``[tokens, hidden]``; ``input`` and ``residual``
     float16 or bfloat16 of one dtype, ``weight`` ``[hidden]`` of that dtype; ``out`` and ``scale``
-    as in :func:`rmsnorm_quant`.
+    as in :func:`rmsnorm_quant`. Returns None: the results are in ``out`` and ``residual``.
     """
     if not skip_check:
         _check_scalars(scale, eps, enable_pdl)
@@ -136,7 +144,8 @@ def layernorm_quant(
     ``out = fp8(clamp(((input - mean) / sqrt(var + eps) * gemma + beta) / scale))`` per row.
 
     ``input``: ``[tokens, hidden]`` float16 or bfloat16; ``gemma`` (the scale, FlashInfer's name)
-    and ``beta``: ``[hidden]`` float32; ``out`` and ``scale`` as in :func:`rmsnorm_quant`.
+    and ``beta``: ``[hidden]`` float32; ``out`` and ``scale`` as in :func:`rmsnorm_quant`. Returns
+    None: the result is in ``out``.
     """
     if not skip_check:
         _check_scalars(scale, eps, None)

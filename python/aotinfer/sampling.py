@@ -30,6 +30,9 @@ Probabilities <= 0 (and NaN) are never drawn. A row with nothing to draw gives t
 ``indices`` outside probs' rows gives -1. With ``return_valid=True`` a sampler returns ``(tokens,
 valid)``, ``valid`` bool ``[batch_size]``: False exactly for those two cases (FlashInfer's flag for
 rows without a valid distribution, NaN rows among them).
+
+Every op takes the keyword ``skip_check=True`` to skip the Python-side checks of its scalar
+parameters and options (the kernels check every tensor).
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ if TYPE_CHECKING:
 
     import torch
 
-    _Tokens = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]  # tokens, or (tokens, valid)
 
 _sample = kernel("sampling", "sample")
 _renorm = kernel("sampling", "renorm")
@@ -202,11 +204,42 @@ def sampling_from_probs(probs: torch.Tensor, indices: Optional[torch.Tensor] = N
                         generator: Optional[torch.Generator] = None, check_nan: bool = False,
                         seed: Optional[Union[int, torch.Tensor]] = None,
                         offset: Optional[Union[int, torch.Tensor]] = None,
-                        return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
+                        return_valid: bool = False, *,
+                        skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Draw one token per row with probability ``probs[i, j] / sum(probs[i])``.
 
-    probs : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted), last dimension
-    contiguous. Returns the tokens, ``[batch_size]``. Other parameters: see the module doc.
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[num_rows, vocab_size]`` probabilities of any positive scale (a row need not sum to 1;
+        entries <= 0 are never drawn): float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
     """
     if not skip_check:
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
@@ -220,11 +253,42 @@ def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] =
                          generator: Optional[torch.Generator] = None, check_nan: bool = False,
                          seed: Optional[Union[int, torch.Tensor]] = None,
                          offset: Optional[Union[int, torch.Tensor]] = None,
-                         return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
+                         return_valid: bool = False, *,
+                         skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Draw one token per row from ``softmax(logits[i])``, as ``argmax(logits + Gumbel noise)`` in one
     pass (no softmax is written).
 
-    logits : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted). Returns the tokens.
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[num_rows, vocab_size]``: float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
     """
     if not skip_check:
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
@@ -239,11 +303,45 @@ def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, fl
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
                               offset: Optional[Union[int, torch.Tensor]] = None,
-                              return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
+                              return_valid: bool = False, *,
+                              skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Top-p (nucleus) sampling: draw from the smallest set of most probable tokens whose mass
     reaches ``top_p`` of the row's.
 
-    top_p : a float in (0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[num_rows, vocab_size]`` probabilities of any positive scale (a row need not sum to 1;
+        entries <= 0 are never drawn): float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    top_p : float or torch.Tensor
+        A float in (0, 1] for every row, or float32 ``[batch_size]``, one a row (1 keeps the row).
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
     """
     if not skip_check:
         _check_fraction(top_p, "top_p", low_open=True)
@@ -259,10 +357,45 @@ def top_k_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, in
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
                               offset: Optional[Union[int, torch.Tensor]] = None,
-                              return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
-    """Top-k sampling: draw from the ``top_k`` most probable tokens, renormalized.
+                              return_valid: bool = False, *,
+                              skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Top-k sampling: draw from the ``top_k`` most probable tokens (ties with the k-th kept),
+    renormalized.
 
-    top_k : an int >= 1, or int32 ``[batch_size]`` per output row. Returns the tokens.
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[num_rows, vocab_size]`` probabilities of any positive scale (a row need not sum to 1;
+        entries <= 0 are never drawn): float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    top_k : int or torch.Tensor
+        An int >= 1 for every row, or int32 ``[batch_size]``, one a row (<= 0 keeps the row).
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
     """
     if not skip_check:
         _check_top_k(top_k)
@@ -278,11 +411,45 @@ def min_p_sampling_from_probs(probs: torch.Tensor, min_p: Union[torch.Tensor, fl
                               generator: Optional[torch.Generator] = None, check_nan: bool = False,
                               seed: Optional[Union[int, torch.Tensor]] = None,
                               offset: Optional[Union[int, torch.Tensor]] = None,
-                              return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
+                              return_valid: bool = False, *,
+                              skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Min-p sampling: draw from the tokens whose probability is at least ``min_p`` times the
     row's largest.
 
-    min_p : a float in [0, 1], or float32 ``[batch_size]`` per output row. Returns the tokens.
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[num_rows, vocab_size]`` probabilities of any positive scale (a row need not sum to 1;
+        entries <= 0 are never drawn): float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    min_p : float or torch.Tensor
+        A float in [0, 1] for every row, or float32 ``[batch_size]``, one a row.
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
     """
     if not skip_check:
         _check_fraction(min_p, "min_p", low_open=False)
@@ -299,11 +466,49 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tens
                                     generator: Optional[torch.Generator] = None, check_nan: bool = False,
                                     seed: Optional[Union[int, torch.Tensor]] = None,
                                     offset: Optional[Union[int, torch.Tensor]] = None,
-                                    return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
+                                    return_valid: bool = False, *,
+                                    skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """Top-k and top-p sampling in one kernel.
 
-    filter_apply_order : "top_k_first" (top-p over the renormalized top-k set) or "joint" (a token
-    kept where both filters, applied to the original row, keep it). Returns the tokens.
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[num_rows, vocab_size]`` probabilities of any positive scale (a row need not sum to 1;
+        entries <= 0 are never drawn): float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    top_k : int or torch.Tensor
+        An int >= 1 for every row, or int32 ``[batch_size]``, one a row (<= 0 keeps the row).
+    top_p : float or torch.Tensor
+        A float in (0, 1] for every row, or float32 ``[batch_size]``, one a row (1 keeps the row).
+    filter_apply_order : str
+        ``"top_k_first"``: top-p over the renormalized top-k set; ``"joint"``: both filters over
+        the original row, a token kept where both keep it.
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
     """
     if not skip_check:
         _check_top_k_top_p(top_k, top_p, filter_apply_order)
@@ -320,7 +525,8 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
                                      generator: Optional[torch.Generator] = None, check_nan: bool = False,
                                      seed: Optional[Union[int, torch.Tensor]] = None,
                                      offset: Optional[Union[int, torch.Tensor]] = None,
-                                     return_valid: bool = False, *, skip_check: bool = False) -> _Tokens:
+                                     return_valid: bool = False, *,
+                                     skip_check: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """``top_k_top_p_sampling_from_probs(softmax(logits))``. Top-k first over the softmax is top-k
     over the logits, softmax, then top-p, as FlashInfer does it.
 
@@ -328,7 +534,47 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
     the logits: its floor gathers the top logits in one pass and their softmax among themselves is
     the top-k set's distribution (rows where top-k keeps the whole row, or the floor misses, take
     their probabilities inside the kernel). Elsewhere: the softmax kernel, then the probabilities'
-    sampler."""
+    sampler.
+
+    ``batch_size`` is ``indices``' length, else the input's rows.
+
+    Parameters
+    ----------
+    logits : torch.Tensor
+        ``[num_rows, vocab_size]``: float32, or float16/bfloat16 (converted to float32); last
+        dimension contiguous.
+    top_k : int or torch.Tensor
+        An int >= 1 for every row, or int32 ``[batch_size]``, one a row (<= 0 keeps the row).
+    top_p : float or torch.Tensor
+        A float in (0, 1] for every row, or float32 ``[batch_size]``, one a row (1 keeps the row).
+    filter_apply_order : str
+        ``"top_k_first"``: top-p over the renormalized top-k set; ``"joint"``: both filters over
+        the original row, a token kept where both keep it.
+    indices : Optional[torch.Tensor]
+        int32 or int64 ``[batch_size]`` on the GPU: output row ``i`` draws from input row
+        ``indices[i]`` (rows may repeat); None: one output row per input row.
+    deterministic : bool
+        Accepted for FlashInfer's API: draws are reproducible whatever it says.
+    generator : Optional[torch.Generator]
+        The CUDA generator that gives the seed and offset when ``seed`` and ``offset`` are not
+        both set; each call advances its offset. None: the device's default generator.
+    check_nan : bool
+        Raise ValueError when the input holds a NaN (reads it on the host: a synchronization).
+    seed, offset : Optional[Union[int, torch.Tensor]]
+        The Philox key and counter offset, used when both are set: Python ints, or int64 GPU
+        tensors of 1 or ``batch_size`` elements that the kernel reads when it runs (so a CUDA graph
+        draws anew on each replay once they change). The same input, seed and offset give the
+        same tokens.
+    return_valid : bool
+        Also return ``valid``.
+
+    Returns
+    -------
+    torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+        ``tokens``, ``[batch_size]`` token ids: int32, or ``indices``' dtype when given. With
+        ``return_valid``, ``(tokens, valid)``, ``valid`` bool ``[batch_size]``: False for a row with
+        nothing to draw (its token 0) or an index outside the input (its token -1).
+    """
     if not skip_check:
         _check_top_k_top_p(top_k, top_p, filter_apply_order)
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
@@ -353,8 +599,9 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
 def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float], *, skip_check: bool = False) -> torch.Tensor:
     """Zero the probabilities outside each row's top-p set and divide the rest by their sum.
 
-    probs : float32 ``[batch_size, vocab_size]``. top_p : a float in (0, 1] or float32
-    ``[batch_size]``. Returns float32 ``[batch_size, vocab_size]``.
+    probs : float32 ``[batch_size, vocab_size]`` (float16/bfloat16 converted to float32). top_p : a
+    float in (0, 1] for every row, or float32 ``[batch_size]``, one a row. Returns float32
+    ``[batch_size, vocab_size]``.
     """
     if not skip_check:
         _check_fraction(top_p, "top_p", low_open=True)
@@ -375,8 +622,8 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], *, 
     """Zero all but the ``top_k`` largest probabilities of each row (ties with the k-th kept) and
     divide the rest by their sum.
 
-    probs : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 or int32
-    ``[batch_size]`` (<= 0 keeps the row). Returns probs' dtype and shape (the sums in float32).
+    probs : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 for every
+    row, or int32 ``[batch_size]``, one a row (<= 0 keeps the row). Returns probs' dtype and shape (the sums in float32).
     """
     if not skip_check:
         _check_top_k(top_k)
@@ -394,8 +641,8 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], *, 
 def top_k_mask_logits(logits: torch.Tensor, top_k: Union[torch.Tensor, int], *, skip_check: bool = False) -> torch.Tensor:
     """Set all but the ``top_k`` largest logits of each row to -inf (ties with the k-th kept).
 
-    logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 or
-    int32 ``[batch_size]`` (<= 0 keeps the row). Returns logits' dtype and shape.
+    logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. top_k : an int >= 1 for
+    every row, or int32 ``[batch_size]``, one a row (<= 0 keeps the row). Returns logits' dtype and shape.
     """
     if not skip_check:
         _check_top_k(top_k)
@@ -416,7 +663,8 @@ def softmax(logits: torch.Tensor, temperature: Optional[Union[torch.Tensor, floa
     sum, one that writes).
 
     logits : float32, float16 or bfloat16 ``[batch_size, vocab_size]``. temperature : None (1), a
-    positive float, or float32 ``[batch_size]``. Returns float32 ``[batch_size, vocab_size]``.
+    positive float for every row, or float32 ``[batch_size]``, one a row. enable_pdl : programmatic
+    dependent launch; None where the GPU supports it. Returns float32 ``[batch_size, vocab_size]``.
     """
     if not skip_check:
         _check_temperature(temperature)
