@@ -111,3 +111,16 @@ def test_python_examples_run():
     tokens = namespace["tokens"]
     assert tokens.dtype == torch.int32 and tokens.shape == (4,) and bool(((tokens >= 0) & (tokens < 128256)).all())
     assert namespace["out"].shape == (3, 32, 128) and bool(torch.isfinite(namespace["out"]).all())
+
+
+def test_performance_table_is_the_one_perf_chart_prints():
+    """The README's table comes from benchmarks/perf_figures.json (python benchmarks/perf_chart.py)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("perf_chart", ROOT / "benchmarks/perf_chart.py")
+    perf_chart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(perf_chart)
+    families = json.loads((ROOT / "benchmarks/perf_figures.json").read_text())["families"]
+    assert perf_chart.markdown_table(families) in README
+    assert (ROOT / "docs/perf.png").is_file()
