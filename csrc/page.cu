@@ -7,24 +7,6 @@
 
 namespace {
 
-bool IsIndex(const TensorView& x) {
-  const DLDataType dtype = x.dtype();
-  return dtype.code == kDLInt && (dtype.bits == 32 || dtype.bits == 64) && dtype.lanes == 1;
-}
-
-// A 1-D int32/int64 tensor of `length` elements (any length where length < 0), contiguous.
-aotinfer::Ids CheckIds(const TensorView& x, const char* name, int64_t length, const char* length_says) {
-  if (x.ndim() != 1 || (length >= 0 && x.size(0) != length)) {
-    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape ["
-                              << (length >= 0 ? std::to_string(length) : std::string(length_says)) << "] ("
-                              << (length >= 0 ? length_says : "one dimension") << "), got "
-                              << aotinfer::ShapeString(x.shape());
-  }
-  if (!IsIndex(x)) AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int32 or int64, got " << x.dtype();
-  aotinfer::CheckContiguous(x, name);
-  return aotinfer::Ids{static_cast<const char*>(x.data_ptr()) + x.byte_offset(), x.dtype().bits == 64};
-}
-
 // The dtypes a cache holds: 16-bit floats, float32 and FP8 (the append copies bytes).
 void CheckCacheDtype(const TensorView& x, const char* name) {
   switch (aotinfer::DtypeKey(x.dtype())) {
@@ -88,13 +70,13 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
   CheckLastContiguous(append_value, "append_value");
   const int64_t nnz = append_key.size(0);
   aotinfer::AppendParams p;
-  p.batch_indices = CheckIds(batch_indices, "batch_indices", nnz, "append_key's tokens");
-  p.positions = CheckIds(positions, "positions", nnz, "append_key's tokens");
-  p.kv_indices = CheckIds(kv_indices, "kv_indices", -1, "kv_indptr[-1]");
-  p.kv_indptr = CheckIds(kv_indptr, "kv_indptr", -1, "batch_size + 1");
+  p.batch_indices = aotinfer::CheckIds(batch_indices, "batch_indices", nnz, "append_key's tokens");
+  p.positions = aotinfer::CheckIds(positions, "positions", nnz, "append_key's tokens");
+  p.kv_indices = aotinfer::CheckIds(kv_indices, "kv_indices", -1, "kv_indptr[-1]");
+  p.kv_indptr = aotinfer::CheckIds(kv_indptr, "kv_indptr", -1, "batch_size + 1");
   const int64_t batch_size = kv_indptr.size(0) - 1;
   if (batch_size < 0) AOTINFER_THROW(ValueError) << "Expected kv_indptr to have at least 1 element, got none";
-  CheckIds(kv_last_page_len, "kv_last_page_len", batch_size, "batch_size, from kv_indptr");
+  aotinfer::CheckIds(kv_last_page_len, "kv_last_page_len", batch_size, "batch_size, from kv_indptr");
   if (kv_layout != 0 && kv_layout != 1) {
     AOTINFER_THROW(ValueError) << "Expected kv_layout to be 0 (NHD) or 1 (HND), got " << kv_layout;
   }
@@ -135,10 +117,10 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(append_paged_kv_cache, append_paged_kv_cache);
 // and positions[i] = seq_lens[r] - (append_indptr[r + 1] - i). Other entries are left as they are.
 void get_batch_indices_positions(TensorView batch_indices, TensorView positions, TensorView append_indptr,
                                  TensorView seq_lens, int64_t enable_pdl) {
-  const aotinfer::Ids indptr = CheckIds(append_indptr, "append_indptr", -1, "batch_size + 1");
+  const aotinfer::Ids indptr = aotinfer::CheckIds(append_indptr, "append_indptr", -1, "batch_size + 1");
   const int64_t batch_size = append_indptr.size(0) - 1;
   if (batch_size < 0) AOTINFER_THROW(ValueError) << "Expected append_indptr to have at least 1 element, got none";
-  const aotinfer::Ids lens = CheckIds(seq_lens, "seq_lens", batch_size, "batch_size, from append_indptr");
+  const aotinfer::Ids lens = aotinfer::CheckIds(seq_lens, "seq_lens", batch_size, "batch_size, from append_indptr");
   aotinfer::CheckEnablePdl(enable_pdl);
   for (const auto& [x, name] : {std::pair<const TensorView&, const char*>{batch_indices, "batch_indices"},
                                 {positions, "positions"}}) {
@@ -182,13 +164,13 @@ void append_paged_mla_kv_cache(TensorView ckv_cache, TensorView kpe_cache, Tenso
                               << aotinfer::ShapeString(append_kpe.shape());
   }
   aotinfer::AppendParams p;
-  p.batch_indices = CheckIds(batch_indices, "batch_indices", nnz, "append_ckv's tokens");
-  p.positions = CheckIds(positions, "positions", nnz, "append_ckv's tokens");
-  p.kv_indices = CheckIds(kv_indices, "kv_indices", -1, "kv_indptr[-1]");
-  p.kv_indptr = CheckIds(kv_indptr, "kv_indptr", -1, "batch_size + 1");
+  p.batch_indices = aotinfer::CheckIds(batch_indices, "batch_indices", nnz, "append_ckv's tokens");
+  p.positions = aotinfer::CheckIds(positions, "positions", nnz, "append_ckv's tokens");
+  p.kv_indices = aotinfer::CheckIds(kv_indices, "kv_indices", -1, "kv_indptr[-1]");
+  p.kv_indptr = aotinfer::CheckIds(kv_indptr, "kv_indptr", -1, "batch_size + 1");
   const int64_t batch_size = kv_indptr.size(0) - 1;
   if (batch_size < 0) AOTINFER_THROW(ValueError) << "Expected kv_indptr to have at least 1 element, got none";
-  CheckIds(kv_last_page_len, "kv_last_page_len", batch_size, "batch_size, from kv_indptr");
+  aotinfer::CheckIds(kv_last_page_len, "kv_last_page_len", batch_size, "batch_size, from kv_indptr");
   aotinfer::CheckEnablePdl(enable_pdl);
   int64_t page_size = -1;
   const int64_t bytes = append_ckv.dtype().bits / 8;

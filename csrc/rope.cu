@@ -8,24 +8,6 @@
 
 namespace {
 
-bool IsIndex(const TensorView& x) {
-  const DLDataType dtype = x.dtype();
-  return dtype.code == kDLInt && (dtype.bits == 32 || dtype.bits == 64) && dtype.lanes == 1;
-}
-
-// A 1-D int32/int64 tensor of `length` elements (any length where length < 0), contiguous.
-aotinfer::Ids CheckIds(const TensorView& x, const char* name, int64_t length, const char* length_says) {
-  if (x.ndim() != 1 || (length >= 0 && x.size(0) != length)) {
-    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape ["
-                              << (length >= 0 ? std::to_string(length) : std::string(length_says)) << "] ("
-                              << (length >= 0 ? length_says : "one dimension") << "), got "
-                              << aotinfer::ShapeString(x.shape());
-  }
-  if (!IsIndex(x)) AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int32 or int64, got " << x.dtype();
-  aotinfer::CheckContiguous(x, name);
-  return aotinfer::Ids{static_cast<const char*>(x.data_ptr()) + x.byte_offset(), x.dtype().bits == 64};
-}
-
 // Heads [nnz, heads, dims] with the last dimension contiguous, from dim `from` on.
 template <typename T>
 aotinfer::RopeTensor<T> HeadsOf(const TensorView& x, int64_t from = 0) {
@@ -111,15 +93,15 @@ void Run(const TensorView& q_rope, const TensorView& k_rope, const TensorView& q
   aotinfer::Ids ids_pos, ids_indptr, ids_offsets;
   int64_t batch_size = 0;
   if (pos_ids != nullptr) {
-    ids_pos = CheckIds(*pos_ids, "pos_ids", nnz, "q's tokens");
+    ids_pos = aotinfer::CheckIds(*pos_ids, "pos_ids", nnz, "q's tokens");
   } else {
-    ids_indptr = CheckIds(*indptr, "indptr", -1, "batch_size + 1");
+    ids_indptr = aotinfer::CheckIds(*indptr, "indptr", -1, "batch_size + 1");
     batch_size = indptr->size(0) - 1;
     if (batch_size < 1 && nnz > 0) {
       AOTINFER_THROW(ValueError) << "Expected indptr to have at least 2 elements for " << nnz << " tokens, got "
                                 << aotinfer::ShapeString(indptr->shape());
     }
-    ids_offsets = CheckIds(*offsets, "offsets", std::max<int64_t>(batch_size, 0), "batch_size, from indptr");
+    ids_offsets = aotinfer::CheckIds(*offsets, "offsets", std::max<int64_t>(batch_size, 0), "batch_size, from indptr");
     if (offsets->dtype() != indptr->dtype()) {
       AOTINFER_THROW(TypeError) << "Expected offsets and indptr to have the same dtype, got " << offsets->dtype()
                                << " and " << indptr->dtype();
@@ -295,7 +277,7 @@ void rope_quantize(TensorView q_rope_out, TensorView k_rope_out, TensorView q_no
                               << aotinfer::ShapeString(q_nope_in.shape()) << " and "
                               << aotinfer::ShapeString(k_nope_in.shape());
   }
-  const aotinfer::Ids ids = CheckIds(pos_ids, "pos_ids", nnz, "q_rope_in's tokens");
+  const aotinfer::Ids ids = aotinfer::CheckIds(pos_ids, "pos_ids", nnz, "q_rope_in's tokens");
   aotinfer::CheckDim(2, cos_sin_cache, "cos_sin_cache");
   if (!(cos_sin_cache.dtype().code == kDLFloat && cos_sin_cache.dtype().bits == 32)) {
     AOTINFER_THROW(TypeError) << "Expected cos_sin_cache to have dtype float32, got " << cos_sin_cache.dtype();

@@ -28,6 +28,8 @@
 #include <tvm/ffi/extra/cuda/device_guard.h>
 #include <tvm/ffi/function.h>
 
+#include "aotinfer/ids.cuh"
+
 #include <algorithm>
 #include <initializer_list>
 #include <sstream>
@@ -217,6 +219,26 @@ inline void CheckEnablePdl(int64_t enable_pdl) {
   if (enable_pdl < -1 || enable_pdl > 1) {
     AOTINFER_THROW(ValueError) << "Expected enable_pdl to be -1 (where supported), 0 or 1, got " << enable_pdl;
   }
+}
+
+// An index tensor (positions, indptr, page indices): int32 or int64, one lane.
+inline bool IsIndex(const TensorView& x) {
+  const DLDataType dtype = x.dtype();
+  return dtype.code == kDLInt && (dtype.bits == 32 || dtype.bits == 64) && dtype.lanes == 1;
+}
+
+// A 1-D int32/int64 tensor of `length` elements (any length where length < 0), contiguous, as the
+// kernels' Ids. `length_says` names where the length comes from ("batch_size + 1" where any goes).
+inline Ids CheckIds(const TensorView& x, const char* name, int64_t length, const char* length_says) {
+  if (x.ndim() != 1 || (length >= 0 && x.size(0) != length)) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have shape ["
+                              << (length >= 0 ? std::to_string(length) : std::string(length_says)) << "] ("
+                              << (length >= 0 ? length_says : "one dimension") << "), got "
+                              << ShapeString(x.shape());
+  }
+  if (!IsIndex(x)) AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int32 or int64, got " << x.dtype();
+  CheckContiguous(x, name);
+  return Ids{static_cast<const char*>(x.data_ptr()) + x.byte_offset(), x.dtype().bits == 64};
 }
 
 // The last check: every tensor on a CUDA device, each on the first one's. Tensors are named in
