@@ -10,7 +10,13 @@ or ``[pages, heads, page_size, head_dim]`` (HND), or one 5-D tensor with K at ``
 from __future__ import annotations
 
 from ._kernels import kernel
+from .api_logging import aotinfer_api
 from .decode import unpack_kv_cache
+from .trace.templates.page import (
+    append_paged_kv_cache_trace,
+    append_paged_mla_kv_cache_trace,
+    get_batch_indices_positions_trace,
+)
 from .utils import check_int, check_tensor
 
 TYPE_CHECKING = False
@@ -26,6 +32,13 @@ _append_paged_mla_kv_cache = kernel("page", "append_paged_mla_kv_cache")
 _KV_LAYOUTS = {"NHD": 0, "HND": 1}
 
 
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+@aotinfer_api(trace=append_paged_kv_cache_trace)
 def append_paged_kv_cache(
     append_key: torch.Tensor,
     append_value: torch.Tensor,
@@ -76,11 +89,15 @@ def append_paged_kv_cache(
     """
     if not skip_check and kv_layout not in _KV_LAYOUTS:
         raise ValueError(f"Expected kv_layout to be 'NHD' or 'HND', got {kv_layout!r}")
+    if isinstance(paged_kv_cache, (tuple, list)) and not all(_is_tensor(t) for t in paged_kv_cache):
+        raise TypeError(f"Expected paged_kv_cache to be a torch.Tensor, got {type(paged_kv_cache).__name__} of "
+                        f"{', '.join(type(t).__name__ for t in paged_kv_cache)} (a (k_cache, v_cache) pair holds two tensors)")
     k_cache, v_cache = unpack_kv_cache(paged_kv_cache, kv_layout)
     _append_paged_kv_cache(k_cache, v_cache, append_key, append_value, batch_indices, positions, kv_indices,
                            kv_indptr, kv_last_page_len, _KV_LAYOUTS[kv_layout], -1)
 
 
+@aotinfer_api(trace=append_paged_mla_kv_cache_trace)
 def append_paged_mla_kv_cache(
     append_ckv: torch.Tensor,
     append_kpe: torch.Tensor,
@@ -124,6 +141,7 @@ def append_paged_mla_kv_cache(
                                kv_indptr, kv_last_page_len, -1)
 
 
+@aotinfer_api(trace=get_batch_indices_positions_trace)
 def get_batch_indices_positions(
     append_indptr: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -157,8 +175,8 @@ def get_batch_indices_positions(
     Tuple[torch.Tensor, torch.Tensor]
         ``(batch_indices, positions)``, each ``[nnz]`` int32 on ``append_indptr``'s device.
     """
+    check_tensor(append_indptr, "append_indptr")  # its device is read here, with or without skip_check
     if not skip_check:
-        check_tensor(append_indptr, "append_indptr")
         check_int(nnz, "nnz", 0)
         # The kernel writes up to append_indptr[-1], which only the device knows: the given
         # tensors must hold nnz entries, as the caller promises nnz >= append_indptr[-1].
@@ -180,11 +198,16 @@ def get_batch_indices_positions(
     return batch_indices, positions
 
 
-def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
+@aotinfer_api
+def get_seq_lens(
+    kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int, *, skip_check: bool = False
+) -> torch.Tensor:
     """Each request's KV length from its pages: ``max(pages - 1, 0) * page_size + kv_last_page_len``.
 
     ``kv_indptr``: ``[batch_size + 1]``, ``kv_last_page_len``: ``[batch_size]`` (integer tensors).
-    Returns a ``[batch_size]`` tensor of their dtype.
+    Returns a ``[batch_size]`` tensor of their dtype. Torch work alone (no kernel); ``skip_check``
+    skips the check of ``page_size``.
     """
-    check_int(page_size, "page_size", 1)
+    if not skip_check:
+        check_int(page_size, "page_size", 1)
     return (kv_indptr[1:] - kv_indptr[:-1] - 1).clamp(min=0) * page_size + kv_last_page_len

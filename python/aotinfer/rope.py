@@ -16,6 +16,20 @@ cos/sin are computed in float32 with accurate ``powf``/``sincosf``; each output 
 from __future__ import annotations
 
 from ._kernels import kernel
+from .api_logging import aotinfer_api
+from .trace.templates.rope import (
+    apply_llama31_rope_inplace_trace,
+    apply_llama31_rope_pos_ids_inplace_trace,
+    apply_llama31_rope_pos_ids_trace,
+    apply_llama31_rope_trace,
+    apply_rope_inplace_trace,
+    apply_rope_pos_ids_inplace_trace,
+    apply_rope_pos_ids_trace,
+    apply_rope_trace,
+    apply_rope_with_cos_sin_cache_inplace_trace,
+    apply_rope_with_cos_sin_cache_trace,
+    rope_quantize_fp8_trace,
+)
 from .utils import check_enable_pdl, check_int, check_real, check_tensor
 
 TYPE_CHECKING = False
@@ -40,12 +54,18 @@ def _check_bool(value, name: str) -> None:
 def _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta) -> None:
     """What the bindings cannot name: the scalars' types (their values and every tensor are the
     binding's to check)."""
-    check_tensor(q, "q")
     if rotary_dim is not None:
         check_int(rotary_dim, "rotary_dim", 1)
     _check_bool(interleave, "interleave")
     check_real(rope_scale, "rope_scale")
     check_real(rope_theta, "rope_theta")
+
+
+def _check_q_k(q, k) -> None:
+    """q and k are read here (their shapes, torch.empty_like) before a binding sees them: named
+    with or without skip_check."""
+    check_tensor(q, "q")
+    check_tensor(k, "k")
 
 
 def _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len) -> None:
@@ -57,6 +77,7 @@ def _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len) -
 # ---- RoPE with indptr/offsets ---------------------------------------------------------------------
 
 
+@aotinfer_api(trace=apply_rope_trace)
 def apply_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -98,6 +119,7 @@ def apply_rope(
     Tuple[torch.Tensor, torch.Tensor]
         ``(q_rope, k_rope)``, new contiguous tensors of ``q``'s and ``k``'s shapes and dtype.
     """
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
     import torch
@@ -109,6 +131,7 @@ def apply_rope(
     return q_rope, k_rope
 
 
+@aotinfer_api(trace=apply_rope_inplace_trace)
 def apply_rope_inplace(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -123,12 +146,14 @@ def apply_rope_inplace(
 ) -> None:
     """:func:`apply_rope` written into ``q`` and ``k`` themselves (dims past ``rotary_dim`` are
     neither read nor written). Same arguments; returns None."""
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
     _apply_rope(q, k, q, k, indptr, offsets, q.shape[-1] if rotary_dim is None else rotary_dim, interleave,
                 rope_scale, rope_theta, -1)
 
 
+@aotinfer_api(trace=apply_llama31_rope_trace)
 def apply_llama31_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -154,6 +179,7 @@ def apply_llama31_rope(
     ``old_context_len > 0``. Returns ``(q_rope, k_rope)``, new tensors of ``q``'s and ``k``'s
     shapes and dtype.
     """
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
         _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
@@ -167,6 +193,7 @@ def apply_llama31_rope(
     return q_rope, k_rope
 
 
+@aotinfer_api(trace=apply_llama31_rope_inplace_trace)
 def apply_llama31_rope_inplace(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -183,6 +210,7 @@ def apply_llama31_rope_inplace(
     skip_check: bool = False,
 ) -> None:
     """:func:`apply_llama31_rope` written into ``q`` and ``k`` themselves. Returns None."""
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
         _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
@@ -194,6 +222,7 @@ def apply_llama31_rope_inplace(
 # ---- RoPE with pos_ids ----------------------------------------------------------------------------
 
 
+@aotinfer_api(trace=apply_rope_pos_ids_trace)
 def apply_rope_pos_ids(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -210,6 +239,7 @@ def apply_rope_pos_ids(
     ``q``: ``[nnz, num_qo_heads, head_dim]``, ``k``: ``[nnz, num_kv_heads, head_dim]``, float16 or
     bfloat16. Returns ``(q_rope, k_rope)``, new tensors of ``q``'s and ``k``'s shapes and dtype.
     """
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
     import torch
@@ -221,6 +251,7 @@ def apply_rope_pos_ids(
     return q_rope, k_rope
 
 
+@aotinfer_api(trace=apply_rope_pos_ids_inplace_trace)
 def apply_rope_pos_ids_inplace(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -233,12 +264,14 @@ def apply_rope_pos_ids_inplace(
     skip_check: bool = False,
 ) -> None:
     """:func:`apply_rope_pos_ids` written into ``q`` and ``k`` themselves. Returns None."""
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
     _apply_rope_pos_ids(q, k, q, k, pos_ids, q.shape[-1] if rotary_dim is None else rotary_dim, interleave,
                         rope_scale, rope_theta, -1)
 
 
+@aotinfer_api(trace=apply_llama31_rope_pos_ids_trace)
 def apply_llama31_rope_pos_ids(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -255,6 +288,7 @@ def apply_llama31_rope_pos_ids(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_llama31_rope` with one position per token (``pos_ids``: ``[nnz]``, int32 or
     int64). Returns ``(q_rope, k_rope)``, new tensors of ``q``'s and ``k``'s shapes and dtype."""
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
         _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
@@ -268,6 +302,7 @@ def apply_llama31_rope_pos_ids(
     return q_rope, k_rope
 
 
+@aotinfer_api(trace=apply_llama31_rope_pos_ids_inplace_trace)
 def apply_llama31_rope_pos_ids_inplace(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -283,6 +318,7 @@ def apply_llama31_rope_pos_ids_inplace(
     skip_check: bool = False,
 ) -> None:
     """:func:`apply_llama31_rope_pos_ids` written into ``q`` and ``k`` themselves. Returns None."""
+    _check_q_k(q, k)
     if not skip_check:
         _check_rope_scalars(q, rotary_dim, interleave, rope_scale, rope_theta)
         _check_llama31_scalars(low_freq_factor, high_freq_factor, old_context_len)
@@ -295,8 +331,6 @@ def apply_llama31_rope_pos_ids_inplace(
 
 
 def _check_cos_sin_cache_call(query, key, head_size, is_neox) -> None:
-    check_tensor(query, "query")
-    check_tensor(key, "key")
     check_int(head_size, "head_size", 1)
     _check_bool(is_neox, "is_neox")
     for tensor, name in ((query, "query"), (key, "key")):
@@ -308,9 +342,12 @@ def _check_cos_sin_cache_call(query, key, head_size, is_neox) -> None:
 
 
 def _heads(x, head_size):
-    return x.view(x.shape[0], -1, head_size)
+    """[nnz, heads * head_size] as [nnz, heads, head_size]; a 3-D tensor as it is (the caller's own
+    tensor, so that an error of the binding names it as the caller did)."""
+    return x if x.dim() == 3 and x.shape[-1] == head_size else x.view(x.shape[0], -1, head_size)
 
 
+@aotinfer_api(trace=apply_rope_with_cos_sin_cache_trace)
 def apply_rope_with_cos_sin_cache(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -347,6 +384,8 @@ def apply_rope_with_cos_sin_cache(
     Tuple[torch.Tensor, torch.Tensor]
         ``(query_out, key_out)``: new contiguous tensors of ``query``'s and ``key``'s shapes and dtype.
     """
+    check_tensor(query, "query")  # read here, with or without skip_check
+    check_tensor(key, "key")
     if not skip_check:
         _check_cos_sin_cache_call(query, key, head_size, is_neox)
     import torch
@@ -359,6 +398,7 @@ def apply_rope_with_cos_sin_cache(
     return query_out, key_out
 
 
+@aotinfer_api(trace=apply_rope_with_cos_sin_cache_inplace_trace)
 def apply_rope_with_cos_sin_cache_inplace(
     positions: torch.Tensor,
     query: torch.Tensor,
@@ -371,6 +411,8 @@ def apply_rope_with_cos_sin_cache_inplace(
 ) -> None:
     """:func:`apply_rope_with_cos_sin_cache` written into ``query`` and ``key`` themselves (dims
     past the cache's rotary dim are neither read nor written). Returns None."""
+    check_tensor(query, "query")  # read here, with or without skip_check
+    check_tensor(key, "key")
     if not skip_check:
         _check_cos_sin_cache_call(query, key, head_size, is_neox)
     q = _heads(query, head_size)
@@ -386,6 +428,7 @@ def _heads_3d(x):
     return x.unsqueeze(1) if x is not None and x.dim() == 2 else x
 
 
+@aotinfer_api(trace=rope_quantize_fp8_trace)
 def rope_quantize_fp8(
     q_rope: torch.Tensor,
     k_rope: torch.Tensor,
@@ -450,9 +493,13 @@ def rope_quantize_fp8(
     """
     import torch
 
+    # Read here (shapes, torch.empty) before the binding sees them: named with or without skip_check.
+    check_tensor(q_rope, "q_rope")
+    check_tensor(k_rope, "k_rope")
+    for tensor, name in ((q_nope, "q_nope"), (k_nope, "k_nope")):
+        if tensor is not None:
+            check_tensor(tensor, name)
     if not skip_check:
-        check_tensor(q_rope, "q_rope")
-        check_tensor(k_rope, "k_rope")
         _check_bool(is_neox, "is_neox")
         check_real(quant_scale_q, "quant_scale_q")
         check_real(quant_scale_kv, "quant_scale_kv")
@@ -478,6 +525,7 @@ def rope_quantize_fp8(
     return tuple(outs)
 
 
+@aotinfer_api
 def mla_rope_quantize_fp8(
     q_rope: torch.Tensor,
     k_rope: torch.Tensor,
