@@ -59,6 +59,8 @@ _DEFAULT_TESTS = [
     "tests/attention/test_decode_prefill_lse.py",
     "tests/attention/test_non_contiguous_decode.py",
     "tests/attention/test_non_contiguous_prefill.py",
+    "tests/attention/test_rope.py",
+    "tests/attention/test_page.py",
 ]
 
 

@@ -25,7 +25,7 @@ if command -v compute-sanitizer >/dev/null; then
     python -m pytest tests/test_scale.py -m gpu -q -k "misaligned or out_and_in_place or empty"
 fi
 # One benchmark a module, and the first import's cost (bench_import).
-benches=(scale import norm activation norm_quant decode prefill sampling)
+benches=(scale import norm activation norm_quant decode prefill sampling rope)
 for b in "${benches[@]}"; do
   run "bench-$b" python "benchmarks/bench_$b.py"
 done
