@@ -70,6 +70,24 @@ class AttentionWorkspace:
         """The bytes of tables one plan can write (half the staging buffer, at most the workspace)."""
         return min((self._pin_memory_int_workspace_buffer.numel() // 2) // ALIGN * ALIGN, self._int_bytes.numel())
 
+    def _check_table_bytes(self, need: int, what: str) -> None:
+        """Refuse, before any work that grows with the batch, a plan whose tables cannot fit:
+        ``need`` is a lower bound on their bytes (O(1) from the sizes of the inputs)."""
+        if need > self._table_bytes():
+            raise ValueError(
+                f"The int workspace holds {self._table_bytes()} bytes of work tables, {what} needs at least {need}: "
+                "give reset_workspace_buffer a larger int_workspace_buffer"
+            )
+
+    def _require_workspace_on(self, device: "torch.device") -> None:
+        """run's kernels read the workspace where q is: a workspace elsewhere (a CPU one plans
+        fine) is refused before the launch, naming the device wanted."""
+        if device != self.device:
+            raise ValueError(
+                f"float_workspace_buffer is on {self.device}, q on {device}: run needs the workspace on q's device "
+                "(a contiguous buffer of 128 MB is plenty; the wrapper's plan says when more is needed)"
+            )
+
     def _write_tables(self, tables: Sequence[torch.Tensor], non_blocking: bool) -> List[torch.Tensor]:
         """Copy int32 CPU tables ``[rows, width]`` into the int workspace, each at a 16-byte
         boundary, in one copy from the pinned staging half not in flight; returns their views there."""

@@ -62,7 +62,7 @@ import math
 
 from . import _loader
 from ._kernels import kernel
-from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
+from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, _aligned, check_workspace
 from .api_logging import aotinfer_api
 from .trace.templates.decode import single_decode_with_kv_cache_trace
 from .trace.template import dtype_name
@@ -647,6 +647,11 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
                     f"Expected at most {self._paged_kv_indices_buf.numel()} indices (paged_kv_indices_buffer's size), "
                     f"got {indices.numel()}"
                 )
+        # Before any work that grows with the batch: the tables hold a request row, at least one
+        # work item and the counters of each request (10^7 requests are refused at once).
+        self._check_table_bytes(
+            _aligned(16 * batch) * 2 + _aligned(4 * batch * heads_ctas(num_qo_heads, num_kv_heads)), f"a plan of {batch} requests"
+        )
         indptr_host = indptr.to("cpu", torch.int64)
         last_host = last_page_len.to("cpu", torch.int64)
         pages = indptr_host[1:] - indptr_host[:-1]
@@ -787,6 +792,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchDecodeWithPagedKVCacheWrapper.run: call plan() first")
+        self._require_workspace_on(q.device)
         k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
         if k_cache.dtype != plan.kv_dtype:
             raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")

@@ -232,17 +232,22 @@ def keys_attended(t0: int, t1: int, kv_begin: int, kv_end: int, delta: int, caus
 class PrefillPartition:
     """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
 
-    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "spans", "halves", "merge_from")
+    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "span_table", "halves", "merge_from")
 
-    def __init__(self, work, requests, num_items, num_slots, chunk, spans, halves, merge_from):
+    def __init__(self, work, requests, num_items, num_slots, chunk, span_table, halves, merge_from):
         self.work = work  # [1 + items, 8]: the count row (heads, grouped: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
-        self.spans = spans  # each item's (request, first key, end key) attended, in the work table's order
+        self.span_table = span_table  # int64 [items, 3]: each item's (request, first key, end key) attended, in the work table's order
         self.halves = halves  # the last items: halves of a lone request's last tiles (tiles_to_halve)
         self.merge_from = merge_from  # the first query token (of the batch) with partials to merge; -1: none
         self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, split_from, 0)
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
         self.chunk = chunk  # KV tokens per chunk; 0: nothing split
+
+    @property
+    def spans(self) -> List[Tuple[int, int, int]]:
+        """``span_table`` as tuples (made when asked: thousands of tuples cost milliseconds)."""
+        return [tuple(span) for span in self.span_table.tolist()]
 
 
 def partition_prefill(
@@ -295,28 +300,52 @@ def partition_prefill(
         split_from[0], chunk = halving(q_len[0], kv_len[0], group, rows_per_tile, num_kv_heads, ctas_per_sm * num_sms,
                                        causal, window_left, page_size, last_wave_slots)
 
-    items, request_rows, num_slots, merge_from = [], [], 0, -1
+    # The request rows: a loop over the batch. The items (tiles x chunks, thousands for a large
+    # prefill): tensor ops on the host, no loop (plan's host cost, docs/design/prefill.md).
+    chunks_of, request_rows, num_slots, merge_from = [], [], 0, -1
     for b, (ql, kl) in enumerate(zip(q_len, kv_len)):
         n = num_chunks(0, kl, chunk) if chunk else 1
-        delta = kl - ql
         first = num_slots - split_from[b] * n if n > 1 else 0  # token t's slots: first + t * n + i
         if n > 1:
             num_slots += (ql - split_from[b]) * n
             merge_from = q_begin[b] + split_from[b] if merge_from < 0 else merge_from
         request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, split_from[b], 0))
-        for j in range(tiles[b]):
-            r0, r1 = j * rows_per_tile, min((j + 1) * rows_per_tile, ql * group) - 1
-            chunks = n if r0 >= split_from[b] * group else 1  # a whole tile of a split request: one item
-            for i in range(chunks):
-                kv_begin, kv_end = (i * chunk, min((i + 1) * chunk, kl)) if chunks > 1 else (0, kl)
-                lo, hi = keys_attended(r0 // group, r1 // group, kv_begin, kv_end, delta, causal, window_left)
-                items.append(((r1 - r0 + 1) * max(hi - lo, 0), (b, r0, kv_begin, kv_end, i, 0, 0, 0), (b, lo, hi)))
-    items.sort(key=lambda item: -item[0])  # stable
-    work = torch.tensor([(len(items), 0, 0, 0, 0, 0, 0, 0)] + [row for _, row, _ in items], dtype=torch.int32)
+        chunks_of.append(n)
+    i64 = torch.int64
+    tiles_t = torch.tensor(tiles, dtype=i64)
+    tile_request = torch.repeat_interleave(torch.arange(len(tiles), dtype=i64), tiles_t)
+    tile_index = torch.arange(tile_request.numel(), dtype=i64) - (tiles_t.cumsum(0) - tiles_t)[tile_request]
+    q_len_t, kv_len_t = torch.tensor(q_len, dtype=i64), torch.tensor(kv_len, dtype=i64)
+    tile_r0 = tile_index * rows_per_tile
+    tile_r1 = torch.minimum(tile_r0 + rows_per_tile, q_len_t[tile_request] * group) - 1
+    tile_split_row = torch.tensor(split_from, dtype=i64)[tile_request] * group
+    # A whole tile of a split request (rows before split_from): one item.
+    tile_chunks = torch.where(tile_r0 >= tile_split_row, torch.tensor(chunks_of, dtype=i64)[tile_request], 1)
+    item_tile = torch.repeat_interleave(torch.arange(tile_request.numel(), dtype=i64), tile_chunks)
+    item_chunk = torch.arange(item_tile.numel(), dtype=i64) - (tile_chunks.cumsum(0) - tile_chunks)[item_tile]
+    item_request, r0, r1 = tile_request[item_tile], tile_r0[item_tile], tile_r1[item_tile]
+    item_kv_len = kv_len_t[item_request]
+    split = tile_chunks[item_tile] > 1
+    kv_begin = torch.where(split, item_chunk * chunk, 0)
+    kv_end = torch.where(split, torch.minimum((item_chunk + 1) * chunk, item_kv_len), item_kv_len)
+    delta = item_kv_len - q_len_t[item_request]
+    lo, hi = kv_begin, kv_end  # keys_attended, on every item at once
+    if causal:
+        hi = torch.minimum(hi, r1 // group + delta + 1)
+    if window_left >= 0:
+        lo = torch.maximum(lo, r0 // group + delta - window_left)
+    cost = (r1 - r0 + 1) * (hi - lo).clamp(min=0)
+    order = torch.argsort(cost, descending=True, stable=True)  # most costly first, ties in item order
+    num_items = item_tile.numel()
+    zeros = torch.zeros_like(r0)
+    rows = torch.stack([item_request, r0, kv_begin, kv_end, item_chunk, zeros, zeros, zeros], 1)[order]
+    work = torch.empty(1 + num_items, _WORK_WIDTH, dtype=torch.int32)
+    work[0] = torch.tensor((num_items, 0, 0, 0, 0, 0, 0, 0), dtype=torch.int32)
+    work[1:] = rows
     requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
-    halves = sum(1 for _, row, _ in items if row[1] >= split_from[row[0]] * group) if any(split_from) else 0
-    spans = [span for _, _, span in items]
-    return PrefillPartition(work, requests, len(items), num_slots, chunk, spans, halves, merge_from)
+    halves = int((r0 >= tile_split_row[item_tile]).sum()) if any(split_from) else 0
+    span_table = torch.stack([item_request, lo, hi], 1)[order]
+    return PrefillPartition(work, requests, num_items, num_slots, chunk, span_table, halves, merge_from)
 
 
 def halving(q_len: int, kv_len: int, group: int, rows: int, heads: int, slots: int, causal: bool, window_left: int,
@@ -372,6 +401,8 @@ def items_in_head_groups(spans: List[Tuple[int, int, int]], num_kv_heads: int, k
     causal 8192-token prefill with 32 KV heads: in head groups alone, the last group's costly
     items start late and leave SMs idle at the end (3% by a model of the schedule), which its 6
     shortest items of every head, run last, fill."""
+    if not isinstance(spans, list):
+        spans = spans.tolist()  # a span table (int64 [items, 3])
     budget = l2_bytes // 3 // max(num_kv_heads * key_bytes, 1)  # keys
     tail, keys, hulls = 0, 0, {}
     for request, lo, hi in reversed(spans):
@@ -530,7 +561,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
             last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
         )  # fmt: skip
         partition.work[0, 1:3] = torch.tensor(
-            _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.spans, head_dim, kv_dtype.itemsize, self.device,
+            _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
                            partition.halves)
         )
 
@@ -767,6 +798,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
         q_dtype, kv_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type, paged=False)
+        # Before any work that grows with the batch: the tables hold a row a request and the
+        # count row (10^7 requests are refused at once).
+        _check_int32(qo_indptr, "qo_indptr")
+        self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
         qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
         kv_host = _indptr_on_host(kv_indptr, "kv_indptr", qo_host.numel() - 1)
         kv_len = kv_host[1:] - kv_host[:-1]
@@ -826,6 +861,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchPrefillWithRaggedKVCacheWrapper.run: call plan() first")
+        self._require_workspace_on(q.device)
         if self._kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
         return _run_prefill(self, plan, q, k, v, 0, out, lse, return_lse, enable_pdl, None, self._sm_scale_for(plan), None)
@@ -1023,6 +1059,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
         check_int(page_size, "page_size", 1)
         q_dtype, kv_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type, paged=True)
+        # Before any work that grows with the batch: the tables hold a row a request and the
+        # count row (10^7 requests are refused at once).
+        _check_int32(qo_indptr, "qo_indptr")
+        self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
         qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
         batch = qo_host.numel() - 1
         indptr_host = _indptr_on_host(paged_kv_indptr, "paged_kv_indptr", batch)
@@ -1113,6 +1153,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         plan = self._plan
         if plan is None:
             raise RuntimeError("BatchPrefillWithPagedKVCacheWrapper.run: call plan() first")
+        self._require_workspace_on(q.device)
         k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
         if k_cache.dtype != plan.kv_dtype:
             raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")
