@@ -35,6 +35,89 @@ namespace aotinfer {
 //   spread, so no rule keeps the race for small shares of a row; docs/design/sampling.md#top-p-draw).
 enum class Shortcut { kNone, kSampledFloor, kTopPDraws, kLogitsFloor, kChunkDraw };
 
+// Two of SamplingKernel's draws, as functions of their own. (The kernel's other phases stay in its
+// body: pulled out the same way, they changed the kernels' SASS, and two of them spilled more.)
+
+// No filter, from probabilities: the race over every element, or in kChunkDraw's kernel one draw
+// by the row's chunk masses (DrawByChunks), where the row allows it.
+template <int kVec, Shortcut kShortcut>
+__device__ __forceinline__ void SampleUnfiltered(const float* row, int64_t n, const RowRandom& rng, SamplingShared& sh,
+                                                 Best& best, bool& decided) {
+  if constexpr (kShortcut == Shortcut::kChunkDraw) {
+    decided = DrawByChunks<1>(row, n, rng, sh);
+    if (decided) {
+      best = RowPart() == 0 ? Best{INFINITY, sh.draw_index[0]} : Best{-INFINITY, INT32_MAX};
+      if (RowParts() > 1) SyncRow();  // the row's other blocks have read this one's chunk masses: it may leave
+    }
+  }
+  if (!decided) {  // no finite positive mass (the race draws nothing from it either), or too many chunks
+    ForEachGroup<float, kVec, true>(row, n, [&](const float* x, int count, int64_t first) {
+      Race<false>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
+    });
+  }
+}
+
+// Top-p alone after the level-0 histogram, its threshold's bin p_bin holding at most kCandidates:
+// one more pass gathers that bin. The kept set is the bins above (mass A, known now) and the
+// gathered elements at or above t (mass K, known after the pass). The draw comes from above with
+// probability A / (A + K), and then from the bin that one uniform picks by the bins' exact masses:
+// by a race among that bin's elements in the pass (one bin rather than every kept element: top-p
+// keeps most of a flat row), or, where the bin is dense, by rejection after the pass
+// (DrawByRejection), with no random numbers in the pass.
+template <int kVec>
+__device__ __forceinline__ void DrawFromTopPBin(const float* row, int64_t n, float top_p, int p_bin,
+                                                const RowRandom& rng, SamplingShared& sh, Best& best) {
+  const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
+  const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
+  const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
+  const double p_target = double(top_p) * sh.cum_mass[0];
+  const uint4 draw = rng.group(kDrawGroup);
+  const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
+  // A dense bin's element is drawn after the pass, by rejection, where needed: its race here
+  // would draw random numbers for a large part of the row.
+  const uint32_t race_bin_count =
+      race_bin >= 0 ? sh.cum_count[race_bin] - (race_bin + 1 < kSamplingBins ? sh.cum_count[race_bin + 1] : 0u) : 0u;
+  const bool dense = int64_t(race_bin_count) * kDenseBin >= n;
+  const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
+  const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
+  const uint32_t pass_race_lo = dense ? 0xFFFFFFFFu : race_lo, pass_race_hi = dense ? 0u : race_hi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sh.num_candidates = 0;
+    sh.sorted_count = -1;
+  }
+  __syncthreads();
+  ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
+    for (int e = 0; e < count; ++e) {
+      const uint32_t key = ProbKey(x[e]);
+      if (key >= range_lo && key <= range_hi && key != 0u) {  // AddCandidate was 6% slower here
+        const int slot = atomicAdd(&sh.num_candidates, 1);
+        sh.cand_key[slot] = key;
+        sh.cand_index[slot] = int(first + e);
+      }
+    }
+    Race<false>(x, count, first, rng, pass_race_lo, pass_race_hi, best);
+  });
+  __syncthreads();
+  ShareCandidates(sh);
+  const uint32_t t =
+      max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
+  const bool from_above =
+      Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
+  if (from_above && dense && RowPart() == 0) {
+    // Each proposal lands in the bin with probability >= 1/kDenseBin and is kept with
+    // probability >= 0.889 (a level-0 bin's values are within 1/8 of its largest), so a round
+    // accepts nothing with probability < 1e-6.
+    if (!DrawByRejection(row, n, race_lo, race_hi, __uint_as_float(race_hi), rng, sh, kDenseRounds, best)) {
+      best = RaceOverRow(row, n, race_lo, race_hi, rng, sh);
+    }
+  } else if (!from_above) {
+    // Every block holds every candidate: part 0 runs the race.
+    best = Best{-INFINITY, INT32_MAX};
+    if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
+  }
+}
+
 template <int kVec, Shortcut kShortcut>
 __global__ void __launch_bounds__(kRowThreads) SamplingKernel(SamplingParams p) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -66,18 +149,7 @@ __global__ void __launch_bounds__(kRowThreads) SamplingKernel(SamplingParams p) 
       Race<true>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
     });
   } else if (filter == Filter::kNone) {
-    if constexpr (kShortcut == Shortcut::kChunkDraw) {
-      decided = DrawByChunks<1>(row, n, rng, sh);
-      if (decided) {
-        best = RowPart() == 0 ? Best{INFINITY, sh.draw_index[0]} : Best{-INFINITY, INT32_MAX};
-        if (RowParts() > 1) SyncRow();  // the row's other blocks have read this one's chunk masses: it may leave
-      }
-    }
-    if (!decided) {  // no finite positive mass (the race draws nothing from it either), or too many chunks
-      ForEachGroup<float, kVec, true>(row, n, [&](const float* x, int count, int64_t first) {
-        Race<false>(x, count, first, rng, 1u, 0xFFFFFFFFu, best);
-      });
-    }
+    SampleUnfiltered<kVec, kShortcut>(row, n, rng, sh, best, decided);
   } else if (filter == Filter::kMinP) {
     best = MinPDraw<kVec>(row, n, p.min_p.at(out_row), p.gather_min_p, rng, sh);
   } else {
@@ -192,61 +264,7 @@ __global__ void __launch_bounds__(kRowThreads) SamplingKernel(SamplingParams p) 
         ShareCandidates(sh);
         best = TopKRace<kFloor>(sh, k, p_active ? top_p : 1.f, joint, row_mass, range_lo, range_hi, rng, decided);
       } else if (p_bin >= 0 && p_bin_count <= uint32_t(kCandidates)) {
-        // 2. Top-p alone: one more pass gathers the threshold's bin. The kept set is the bins above
-        // (mass A, known now) and the gathered elements at or above t (mass K, known after the pass).
-        // The draw comes from above with probability A / (A + K), and then from the bin that one
-        // uniform picks by the bins' exact masses: by a race among that bin's elements in the pass
-        // (one bin rather than every kept element: top-p keeps most of a flat row), or, where the bin
-        // is dense, by rejection after the pass (DrawByRejection), with no random numbers in the pass.
-        const uint32_t range_lo = uint32_t(p_bin) << 20, range_hi = range_lo | 0xFFFFFu;
-        const uint32_t above_count = p_bin + 1 < kSamplingBins ? sh.cum_count[p_bin + 1] : 0u;
-        const double above_mass = p_bin + 1 < kSamplingBins ? sh.cum_mass[p_bin + 1] : 0.0;
-        const double p_target = double(top_p) * sh.cum_mass[0];
-        const uint4 draw = rng.group(kDrawGroup);
-        const int race_bin = above_mass > 0 ? BinHoldingMass(sh, Uniform53(draw.x, draw.y) * above_mass) : -1;
-        // A dense bin's element is drawn after the pass, by rejection, where needed: its race here
-        // would draw random numbers for a large part of the row.
-        const uint32_t race_bin_count =
-            race_bin >= 0 ? sh.cum_count[race_bin] - (race_bin + 1 < kSamplingBins ? sh.cum_count[race_bin + 1] : 0u) : 0u;
-        const bool dense = int64_t(race_bin_count) * kDenseBin >= n;
-        const uint32_t race_lo = race_bin >= 0 ? uint32_t(race_bin) << 20 : 0xFFFFFFFFu;
-        const uint32_t race_hi = race_bin >= 0 ? race_lo | 0xFFFFFu : 0u;
-        const uint32_t pass_race_lo = dense ? 0xFFFFFFFFu : race_lo, pass_race_hi = dense ? 0u : race_hi;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          sh.num_candidates = 0;
-          sh.sorted_count = -1;
-        }
-        __syncthreads();
-        ForEachGroup<float, kVec>(row, n, [&](const float* x, int count, int64_t first) {
-          for (int e = 0; e < count; ++e) {
-            const uint32_t key = ProbKey(x[e]);
-            if (key >= range_lo && key <= range_hi && key != 0u) {  // AddCandidate was 6% slower here
-              const int slot = atomicAdd(&sh.num_candidates, 1);
-              sh.cand_key[slot] = key;
-              sh.cand_index[slot] = int(first + e);
-            }
-          }
-          Race<false>(x, count, first, rng, pass_race_lo, pass_race_hi, best);
-        });
-        __syncthreads();
-        ShareCandidates(sh);
-        const uint32_t t =
-            max(1u, CandidateThreshold(sh, Need::kMass, p_target, above_count, above_mass, range_lo, range_hi, true));
-        const bool from_above =
-            Uniform53(draw.z, draw.w) * (above_mass + CandidateMassFrom(sh, t, range_hi, true)) < above_mass;
-        if (from_above && dense && RowPart() == 0) {
-          // Each proposal lands in the bin with probability >= 1/kDenseBin and is kept with
-          // probability >= 0.889 (a level-0 bin's values are within 1/8 of its largest), so a round
-          // accepts nothing with probability < 1e-6.
-          if (!DrawByRejection(row, n, race_lo, race_hi, __uint_as_float(race_hi), rng, sh, kDenseRounds, best)) {
-            best = RaceOverRow(row, n, race_lo, race_hi, rng, sh);
-          }
-        } else if (!from_above) {
-          // Every block holds every candidate: part 0 runs the race.
-          best = Best{-INFINITY, INT32_MAX};
-          if (RowPart() == 0) best = RaceOverCandidates(sh, t, rng, best);
-        }
+        DrawFromTopPBin<kVec>(row, n, top_p, p_bin, rng, sh, best);
       } else {
         // The general path (no filter left, or a threshold's bin too full to gather): exact
         // thresholds over more passes, then the race.
