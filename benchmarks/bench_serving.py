@@ -80,7 +80,7 @@ class Batch:
         pool = torch.randperm(self.pool_pages, generator=g)[:total].to(torch.int32)
         self.page_begin = torch.cat([torch.zeros(1, dtype=torch.long), self.max_pages.cumsum(0)[:-1]])
         self.all_pages = pool  # request b owns all_pages[page_begin[b] : page_begin[b] + max_pages[b]]
-        self.tokens = torch.randint(0, VOCAB, (int(self.prompt.sum()),), generator=g, device=device)
+        self.tokens = torch.randint(0, VOCAB, (int(self.prompt.sum()),), generator=g).to(device)
         self.device = device
 
     def tables(self, kv_len):
