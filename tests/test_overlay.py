@@ -343,21 +343,6 @@ def test_started_processes_get_it_and_the_vllm_plugin(tmp_path):
     assert '[project.entry-points."vllm.general_plugins"]\naotinfer_flashinfer = "aotinfer.overlay:vllm_plugin"' in pyproject
 
 
-def test_info_says_whether_this_process_has_it(tmp_path):
-    run(tmp_path, """
-        from aotinfer import overlay
-        assert overlay.state()["in_this_process"] == "start-up hook waiting for the first import of flashinfer"
-        import flashinfer
-        assert overlay.state()["in_this_process"] == "installed"
-        print("ok")
-        """, "1")
-    run(tmp_path, """
-        from aotinfer import overlay
-        assert overlay.state()["in_this_process"].startswith("not installed: the start-up hook did not run")
-        print("ok")
-        """, "1", hook=False)
-
-
 def test_info_shows_the_overlay(monkeypatch, capsys):
     monkeypatch.setenv(overlay.ENV, "sampling")
     assert cli.main(["info", "--json"]) in (0, 1)

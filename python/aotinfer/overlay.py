@@ -480,9 +480,6 @@ def state() -> Dict[str, Any]:
         families, in_process = _overlay.families, "installed"
     elif any(getattr(f, "aotinfer_overlay_hook", False) for f in sys.meta_path):
         in_process = "start-up hook waiting for the first import of flashinfer"
-    elif families:
-        in_process = ("not installed: the start-up hook did not run (aotinfer outside site-packages, or"
-                      " python -S), so processes started this way do not get the overlay")
     else:
         in_process = "not installed"
     real = _find_real()
@@ -505,13 +502,12 @@ def state() -> Dict[str, Any]:
 def format_state(report: Dict[str, Any]) -> List[str]:
     """``info``'s lines about the overlay."""
     real = report["flashinfer"]
-    where = "FlashInfer: not installed" if real is None else f"FlashInfer: {real['version'] or 'version unknown'} at {real['path']}"
+    where = ("FlashInfer: not installed (unserved names raise NotServedError when used)" if real is None else
+             f"FlashInfer: {real['version'] or 'version unknown'} at {real['path']} (serves every other name)")
     if not report["families"]:
         why = f"{ENV}={report['variable']!r}: {report['error']}" if report["error"] else (
-            f"{ENV} is {'unset' if report['variable'] is None else repr(report['variable'])};"
-            f" set it to 1 or to families: {','.join(FAMILIES)}")
-        return [f"flashinfer overlay: off ({why})", f"  {where}"]
-    where += " (unserved names raise NotServedError when used)" if real is None else " (serves every other name)"
+            f"{ENV} is {'unset' if report['variable'] is None else repr(report['variable'])}")
+        return [f"flashinfer overlay: off ({why}; set it to 1 or to families: {','.join(FAMILIES)})", f"  {where}"]
     lines = [f"flashinfer overlay: on for {', '.join(report['families'])} ({ENV}={report['variable']!r});"
              f" in this process: {report['in_this_process']}", f"  {where}"]
     lines += [f"  {path}: {', '.join(names)}" for path, names in report["served"].items()]
