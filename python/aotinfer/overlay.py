@@ -330,9 +330,6 @@ class _Overlay:
             return module if name is None else getattr(module, name)
         if attr.startswith("__") or self.real_init_ran:
             raise AttributeError(f"module 'flashinfer' has no attribute {attr!r}")
-        if importlib.machinery.PathFinder.find_spec(f"{REAL}.{attr}", self.real_paths) is not None:
-            # A submodule: FlashInfer's own `from . import x` asks for it by hasattr first.
-            return importlib.import_module(f"{REAL}.{attr}")
         self.real_init_ran = True
         self.real_top_spec.loader.exec_module(real)  # FlashInfer's __init__, its imports all under REAL
         return getattr(real, attr)
