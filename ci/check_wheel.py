@@ -11,6 +11,7 @@
 - every (module, arch) that modules.toml and the arch list call for is there, its sha256 matches
   the manifest, nothing else is; each object holds SASS for its arch ('a' and 'f' variants
   included), and PTX exactly where the list says +PTX (read from the fatbin's entry headers);
+- the flashinfer overlay's hook (aotinfer_overlay.pth and its module) sits at the wheel's root;
 - the wheel is at most --max-mb megabytes. A table prints the bytes of every module at every arch,
   so growth shows in CI logs.
 The arch list checked is --arch-list ("release": the release list of the wheel's CUDA major and
@@ -218,6 +219,10 @@ def check(wheel: Path, arch_list: str | None, max_mb: float) -> list:
                        or p.name in ("cutlass", "nvidia_cutlass_dsl")]
         if shipped_dsl:
             problems.append(f"parts of NVIDIA's CuTeDSL in the wheel (a build dependency only): {shipped_dsl[:5]}")
+        for hook in ("aotinfer_overlay.pth", "_aotinfer_overlay_hook.py"):  # the flashinfer overlay's hook
+            shipped = Path(tmp) / hook
+            if not shipped.is_file() or shipped.read_bytes() != (ROOT / "python" / hook).read_bytes():
+                problems.append(f"{hook}: missing from the wheel's root or differs from python/{hook}")
         extra = {p.name for p in ops.glob("*.so")} - expected_files
         if extra:
             problems.append(f"shared objects nobody declared: {sorted(extra)}")

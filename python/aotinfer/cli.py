@@ -19,7 +19,7 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _device, _loader, _manifest
+from . import _device, _loader, _manifest, overlay
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .jit import cli as jit_cli
@@ -142,6 +142,7 @@ def info(cc: Optional[Tuple[int, int]] = None, driver: Optional[str] = None) -> 
         if driver is not None:
             report["driver_cuda_version"] = driver
     report["jit"] = jit_cli.info_report()
+    report["overlay"] = overlay.state()  # the flashinfer overlay (AOTINFER_FLASHINFER)
     for gpu in report["gpus"]:
         gpu["modules"] = choices_for(gpu["compute_capability"], report["driver_cuda_version"])
         gpu["compute_capability"] = "{}.{}".format(*gpu["compute_capability"])
@@ -190,6 +191,7 @@ def format_info(report: Dict[str, Any]) -> str:
     lines.append(f"files: {bad} of {len(report['integrity'])} missing or differ from the manifests' sha256"
                  if bad else f"files: all {len(report['integrity'])} match the manifests' sha256")
     lines += jit_cli.format_info(report["jit"])
+    lines += overlay.format_state(report["overlay"])
     driver = report["driver_cuda_version"]
     if driver:
         too_old = driver_problem(driver, report["cuda_version"], False)
