@@ -85,7 +85,9 @@ def run(tmp_path, script, variable=None, fake=None, hook=True):
     if variable is not None:
         env[overlay.ENV] = variable
     env["PYTHONPATH"] = os.pathsep.join([str(fake)] * (fake is not None) + [str(ROOT / "python"), env.get("PYTHONPATH", "")])
-    prologue = f"import site, sys\nsite.addsitedir({str(site_dir)!r})\n" if hook else "import sys\n"
+    # Without the hook: as if it never ran (an installed aotinfer's own .pth may have run it).
+    no_hook = "import sys\nsys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, 'aotinfer_overlay_hook', False)]\n"
+    prologue = f"import site, sys\nsite.addsitedir({str(site_dir)!r})\n" if hook else no_hook
     out = subprocess.run([sys.executable, "-c", prologue + textwrap.dedent(script)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
