@@ -135,7 +135,11 @@ def _load(name: str, index: int) -> Any:
     import warnings
 
     if index < 0:  # no GPU among the arguments: any build, whose checks name them (get_module)
-        arch, build = next(iter(module_builds(name).items()))
+        builds = module_builds(name)
+        if not builds:
+            raise NotBuiltError(f"aotinfer module {name!r} has no build in this install (its arch list: "
+                                f"{manifest()['arch_list']})")
+        arch, build = next(iter(builds.items()))
         choice, path = Choice(arch, False, "any build"), os.path.join(build["dir"], build["file"])
     else:
         cc = device_capability(index)
