@@ -36,6 +36,15 @@ inline void CheckIndexTable(const TensorView& x, int64_t width, const char* name
   CheckContiguous(x, name);
 }
 
+// Page ids index `cache`'s pages: a kernel reads an id beyond them as the last page (PageInCache),
+// so there must be one when any id is given.
+inline void CheckPagesForIndices(const TensorView& cache, const char* name, const TensorView& indices) {
+  if (cache.size(0) == 0 && indices.numel() > 0) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have pages for the " << indices.numel()
+                              << " page ids of indices, got shape " << ShapeString(cache.shape());
+  }
+}
+
 // 16-byte rows of `elements` elements: where cp.async and vector stores can take them.
 inline void CheckRows16(const TensorView& x, int64_t elements_per_16_bytes, const char* name, int outer_dims) {
   bool aligned = reinterpret_cast<uintptr_t>(data_ptr<char>(x)) % 16 == 0;
@@ -172,6 +181,7 @@ inline void SetAttentionParams(AttentionParams& p, const TensorView& out, const 
   p.v_stride_slot = paged ? v.stride(slot_axis) : 0;
   p.v_stride_head = v.stride(head_axis);
   p.indices = paged ? data_ptr<int32_t>(indices) : nullptr;
+  p.last_page = uint32_t(std::clamp<int64_t>(k.size(0) - 1, 0, INT32_MAX));
   p.sinks = has_sinks ? data_ptr<float>(sinks) : nullptr;
   p.batch = int(batch);
   p.num_qo_heads = int(q.size(1));

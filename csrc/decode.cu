@@ -30,7 +30,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const aotinfer::CheckedDecode checked = aotinfer::CheckDecode(
       out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters, sinks, kv_layout,
       sm_scale, logits_soft_cap, window_left, v_scale, kv_read_once, enable_pdl);
-  if (checked.empty) return;
+  if (checked.empty || aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(q.device());

@@ -52,6 +52,7 @@ inline CheckedDecode CheckDecode(TensorView out, TensorView lse, TensorView part
   CheckRows16(k_cache, fp8 ? 16 : 8, "k_cache", 3);
   CheckRows16(v_cache, fp8 ? 16 : 8, "v_cache", 3);
   CheckIndexTable(indices, 0, "indices");
+  CheckPagesForIndices(k_cache, "k_cache", indices);
   CheckIndexTable(work, 4, "work");
   CheckIndexTable(requests, 4, "requests");
   CheckIndexTable(counters, 0, "counters");

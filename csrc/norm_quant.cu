@@ -129,7 +129,7 @@ int VectorWidth(const nq::Params& p, int weight_bytes) {
 // Steps 2 to 4: device guard, stream, launch of the variant (kind, input's dtype, out's dtype).
 void Run(std::string_view kind, nq::Params& p, const TensorView& input, const TensorView& out, int weight_bytes,
          int64_t enable_pdl, const char* op) {
-  if (p.input.rows == 0 || p.input.hidden == 0) return;
+  if (p.input.rows == 0 || p.input.hidden == 0 || aotinfer::IsStandIn(input)) return;
   const int device = input.device().device_id;
   const int hidden = p.input.hidden;
   const int vec = VectorWidth(p, weight_bytes);

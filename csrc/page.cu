@@ -103,6 +103,10 @@ void append_paged_kv_cache(TensorView k_cache, TensorView v_cache, TensorView ap
   p.num_heads = int(append_key.size(1));
   p.key_row_bytes = p.value_row_bytes = int(append_key.size(2) * bytes);
   p.page_size = int(page_size);
+  p.batch_size = batch_size;
+  p.num_indices = kv_indices.size(0);
+  p.num_pages = std::min(k_cache.size(0), v_cache.size(0));
+  if (aotinfer::IsStandIn(append_key)) return;
 
   // 2. Guard the device; 3. get the stream; 4. launch.
   const int device = append_key.device().device_id;
@@ -133,7 +137,7 @@ void get_batch_indices_positions(TensorView batch_indices, TensorView positions,
   aotinfer::CheckSameShape(positions, batch_indices, "positions", "batch_indices");
   aotinfer::CheckOnOneGpu({{append_indptr, "append_indptr"}, {seq_lens, "seq_lens"},
                            {batch_indices, "batch_indices"}, {positions, "positions"}});
-  if (batch_size == 0) return;
+  if (batch_size == 0 || aotinfer::IsStandIn(append_indptr)) return;
   const int device = append_indptr.device().device_id;
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(append_indptr.device());
@@ -205,6 +209,10 @@ void append_paged_mla_kv_cache(TensorView ckv_cache, TensorView kpe_cache, Tenso
   p.key_row_bytes = int(append_ckv.size(1) * bytes);
   p.value_row_bytes = int(append_kpe.size(1) * bytes);
   p.page_size = int(page_size);
+  p.batch_size = batch_size;
+  p.num_indices = kv_indices.size(0);
+  p.num_pages = std::min(ckv_cache.size(0), kpe_cache.size(0));
+  if (aotinfer::IsStandIn(append_ckv)) return;
 
   // 2. Guard the device; 3. get the stream; 4. launch.
   const int device = append_ckv.device().device_id;

@@ -27,7 +27,7 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   const aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
       out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
       logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl);
-  if (checked.empty) return;
+  if (checked.empty || aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(q.device());

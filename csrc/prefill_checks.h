@@ -68,6 +68,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   if (!paged && indices.numel() != 0) {
     AOTINFER_THROW(ValueError) << "Expected no indices with a ragged (3-D) k, got " << indices.numel();
   }
+  CheckPagesForIndices(k, "k", indices);
   CheckIndexTable(work, 8, "work");
   CheckIndexTable(requests, 8, "requests");
   if (work.size(0) < 1) AOTINFER_THROW(ValueError) << "Expected work to have its count row, got no rows";

@@ -154,6 +154,7 @@ void Run(const TensorView& q_rope, const TensorView& k_rope, const TensorView& q
     AOTINFER_THROW(ValueError) << "Expected fewer heads and head_dim, got q " << aotinfer::ShapeString(q.shape())
                               << " and k " << aotinfer::ShapeString(k.shape());
   }
+  if (aotinfer::IsStandIn(q)) return;
 
   // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
   const int device = q.device().device_id;
@@ -345,7 +346,7 @@ void rope_quantize(TensorView q_rope_out, TensorView k_rope_out, TensorView q_no
                                {k_nope_in, "k_nope_in"}, {cos_sin_cache, "cos_sin_cache"}, {pos_ids, "pos_ids"},
                                {q_rope_out, "q_rope_out"}, {k_rope_out, "k_rope_out"}, {q_nope_out, "q_nope_out"},
                                {k_nope_out, "k_nope_out"}});
-      if (nnz == 0) return true;
+      if (nnz == 0 || aotinfer::IsStandIn(q_rope_in)) return true;
       const int device = q_rope_in.device().device_id;
       aotinfer::DeviceGuard guard(device);
       cudaStream_t stream = aotinfer::get_stream(q_rope_in.device());

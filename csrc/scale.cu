@@ -19,7 +19,7 @@ void scale(TensorView out, TensorView input, double factor, int64_t enable_pdl) 
     AOTINFER_THROW(ValueError) << "Expected out to be input itself or not to overlap it";
   }
   aotinfer::CheckOnOneGpu({{input, "input"}, {out, "out"}});
-  if (n == 0) return;
+  if (n == 0 || aotinfer::IsStandIn(input)) return;
   // 2. Guard the device; 3. get the stream; 4. dispatch and launch.
   const int device = input.device().device_id;
   aotinfer::DeviceGuard guard(device);

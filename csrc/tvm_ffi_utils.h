@@ -11,6 +11,10 @@
 // stream is never a Python argument: tvm-ffi sets it, per call, to torch's current stream on the
 // tensors' device.
 //
+// A tracer (torch.compile, export, make_fx) has tensors with a shape and no data. Their fake
+// implementation calls the binding on stand-ins (IsStandIn) so that the same checks give the same
+// errors while tracing; a binding returns right after its checks when its tensors are stand-ins.
+//
 // Errors are thrown with AOTINFER_THROW, never TVM_FFI_THROW: the latter collects a native
 // backtrace under a process-wide lock of libtvm_ffi, and a process that forks while another
 // thread holds it leaves its child hanging at its first error. A message that names the argument
@@ -31,6 +35,7 @@
 #include "aotinfer/ids.cuh"
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <sstream>
 #include <string>
@@ -95,6 +100,13 @@ using DeviceGuard = tvm::ffi::CUDADeviceGuard;
 template <typename T>
 T* data_ptr(const TensorView& tensor) {
   return reinterpret_cast<T*>(static_cast<char*>(tensor.data_ptr()) + tensor.byte_offset());
+}
+
+// Stand-ins for a tracer's tensors (python/aotinfer/_kernels.py, _stand_in) have their data at
+// 2**60 and above: beyond any device's address space, so no real tensor is taken for one. Each
+// storage of a traced call gets its own stretch there, so overlap checks see the tracer's aliasing.
+inline bool IsStandIn(const TensorView& tensor) {
+  return reinterpret_cast<uintptr_t>(tensor.data_ptr()) >= (uintptr_t{1} << 60);
 }
 
 // "input" from the text of an expression like "input.dtype()", for error messages.

@@ -423,6 +423,28 @@ def test_empty_batch_and_empty_sequences():
 
 
 @gpu
+@pytest.mark.parametrize("bad_ids", [[10**9, 7], [-1, -(2**31)]], ids=["beyond", "negative"])
+def test_page_ids_outside_the_cache_read_inside_it(bad_ids):
+    # A page id outside the cache is the caller's error (FlashInfer leaves it undefined): its
+    # request's output is whatever the cache's last page gives, and nothing outside the cache is
+    # read, so the other requests are right and the next kernel runs.
+    case = Case([40, 33, 17], 16, (8, 8, 128), torch.float16)
+    good = case.indices.clone()
+    first = int(case.indptr[1])
+    case.indices[first : first + len(bad_ids)] = torch.tensor(bad_ids, dtype=torch.int32)
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"))
+    case.plan(wrapper)
+    out = wrapper.run(case.q, case.cache, out=poisoned(case.q.shape, torch.float16))
+    torch.cuda.synchronize()
+    want, _ = case.reference()
+    check(out[0::2], want[0::2], torch.float16)
+    assert bool(out[1].isfinite().all())
+    case.indices = good
+    case.plan(wrapper)
+    check(wrapper.run(case.q, case.cache), want, torch.float16)
+
+
+@gpu
 def test_large_batch_is_not_split():
     heads = (32, 8, 128)
     lengths = [1 + (97 * i) % 3000 for i in range(300)]
@@ -983,13 +1005,14 @@ def test_single_decode_plans_like_the_wrapper():
 
 
 def test_single_decode_traces_without_a_gpu():
-    # make_fx records the one binding and the table-building ops, with fake CUDA tensors.
+    # make_fx records the one binding and the table-building ops.
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(q, k, v):
         return aotinfer.single_decode_with_kv_cache(q, k, v, kv_layout="HND", window_left=100, return_lse=True)
 
-    gm = make_fx(f, tracing_mode="fake")(torch.randn(32, 128).half(), torch.randn(8, 5000, 128).half(), torch.randn(8, 5000, 128).half())
+    meta = dict(device="meta", dtype=torch.float16)  # no device to check: the checks run, nothing else
+    gm = make_fx(f, tracing_mode="fake")(torch.empty(32, 128, **meta), torch.empty(8, 5000, 128, **meta), torch.empty(8, 5000, 128, **meta))
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
     assert targets.count("aotinfer.batch_decode.default") == 1
 

@@ -111,6 +111,50 @@ def test_append_paged_kv_cache(page_size, num_heads, head_dim, dtype, layout, ca
 
 
 @gpu
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_tokens_whose_slot_is_outside_the_cache_are_not_written(layout):
+    # Ids out of range are the caller's error (FlashInfer leaves them undefined): a token whose
+    # request, position or page is outside what the tables and the cache hold is dropped, the
+    # others land, and nothing outside the cache changes.
+    page_size, num_heads, head_dim = 16, 2, 64
+    torch.manual_seed(7)
+    case = make_case(page_size, num_heads, head_dim, torch.float16, layout, False)
+    append_indptr = torch.tensor([0] + case["new"].tolist()).cumsum(0)
+    batch, pos = reference_batch_positions(append_indptr, case["seq_lens"], case["nnz"])
+    kv_indices, kv_indptr = case["kv_indices"].clone(), case["kv_indptr"]
+    kv_indices[int(kv_indptr[batch[0]])] = 10**9  # a page beyond the cache
+    kv_indices[int(kv_indptr[batch[5]])] = -3  # a negative page
+    batch[6] = len(REQUESTS) + 100  # a request beyond the batch
+    pos[7], pos[8] = -1, 10**6  # a negative position; one past the request's pages
+    num_pages = case["k_cache"].shape[0]
+    k_want, v_want = case["k_cache"].clone(), case["v_cache"].clone()
+    for i in range(case["nnz"]):
+        r, p = int(batch[i]), int(pos[i])
+        if p < 0 or not 0 <= r < len(REQUESTS):
+            continue
+        index = int(kv_indptr[r]) + p // page_size
+        if not 0 <= index < kv_indices.numel() or not 0 <= int(kv_indices[index]) < num_pages:
+            continue
+        page, entry = int(kv_indices[index]), p % page_size
+        for want, new in ((k_want, case["key"][i]), (v_want, case["value"][i])):
+            if layout == "NHD":
+                want[page, entry] = new
+            else:
+                want[page, :, entry] = new
+    # The cache between guard pages: a write outside it would show there.
+    k_all = torch.randn(num_pages + 2, *case["k_cache"].shape[1:], device="cuda").half()
+    v_all = torch.randn_like(k_all)
+    k_all[1:-1], v_all[1:-1] = case["k_cache"], case["v_cache"]
+    guards = [x[[0, -1]].clone() for x in (k_all, v_all)]
+    aotinfer.append_paged_kv_cache(case["key"].cuda(), case["value"].cuda(), batch.cuda(), pos.cuda(),
+                                   (k_all[1:-1], v_all[1:-1]), kv_indices.int().cuda(), kv_indptr.int().cuda(),
+                                   case["last_page_len"].int().cuda(), kv_layout=layout)
+    torch.cuda.synchronize()
+    assert torch.equal(k_all[[0, -1]], guards[0]) and torch.equal(v_all[[0, -1]], guards[1])
+    assert same_bits(k_all[1:-1], k_want) and same_bits(v_all[1:-1], v_want)
+
+
+@gpu
 def test_append_nothing():
     k_cache = torch.randn(4, 16, 2, 64, device="cuda", dtype=torch.float16)
     before = k_cache.clone()

@@ -426,6 +426,26 @@ def test_empty_batch_and_empty_sequences():
 
 
 @gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad_ids", [[10**9, 7], [-1, -(2**31)]], ids=["beyond", "negative"])
+def test_page_ids_outside_the_cache_read_inside_it(bad_ids, backend):
+    # As for decode: a page id outside the cache reads the cache's last page; the other requests
+    # are right and the next kernel runs.
+    case = Case([(20, 40), (9, 33), (5, 17)], (8, 8, 128), torch.float16)
+    first = int(case.indptr[1])
+    case.indices[first : first + len(bad_ids)] = torch.tensor(bad_ids, dtype=torch.int32)
+    wrapper = case.wrapper(backend=backend_or_skip(backend, 128))
+    case.plan(wrapper)
+    out = case.run(wrapper, out=poisoned(case.q.shape, torch.float16))
+    torch.cuda.synchronize()
+    want, _ = case.reference()
+    rows = case.qo_indptr.tolist()
+    for b in (0, 2):
+        check(out[rows[b] : rows[b + 1]], want[rows[b] : rows[b + 1]], torch.float16)
+    assert bool(out[rows[1] : rows[2]].isfinite().all())
+
+
+@gpu
 def test_causal_with_more_queries_than_keys_sees_nothing_first():
     case = Case([(10, 4), (5, 5)], (8, 8, 64), torch.float16, "paged")
     wrapper = case.wrapper()

@@ -51,6 +51,85 @@ def test_fake_implementation():
         assert torch.ops.aotinfer.scale(out, x, 2.0, -1) is None
 
 
+def _tensor(shape, device, dtype=torch.float16):
+    """Random values on the CPU; on "cuda" under FakeTensorMode, a fake tensor (no values)."""
+    if device != "cpu":
+        return torch.empty(shape, device=device, dtype=dtype)
+    if dtype in (torch.int32, torch.int64):
+        return torch.randint(0, 4, shape, dtype=dtype)
+    return torch.randn(shape).to(dtype)
+
+
+# Calls with one fault each, across the kernel modules: eagerly on CPU tensors the binding names the
+# fault (it checks shapes before devices); traced, its checks run on stand-ins for fake tensors.
+I32 = torch.int32
+BAD_CALLS = {
+    "rmsnorm weight": lambda d: aotinfer.rmsnorm(_tensor((4, 64), d), _tensor((32,), d)),
+    "1-D probs": lambda d: aotinfer.top_p_sampling_from_probs(_tensor((64,), d, torch.float32), 0.5),
+    "list for a tensor": lambda d: aotinfer.rmsnorm(_tensor((4, 64), d), [1.0] * 64),
+    "odd activation": lambda d: aotinfer.silu_and_mul(_tensor((4, 63), d)),
+    "merge shapes": lambda d: aotinfer.merge_state(_tensor((5, 8, 64), d), _tensor((5, 8), d, torch.float32),
+                                                   _tensor((5, 8, 32), d), _tensor((5, 8), d, torch.float32)),
+    "rope k": lambda d: aotinfer.apply_rope_pos_ids(_tensor((5, 8, 64), d), _tensor((5, 2, 32), d), _tensor((5,), d, I32)),
+    "append cache": lambda d: aotinfer.append_paged_kv_cache(
+        _tensor((5, 2, 64), d), _tensor((5, 2, 64), d), _tensor((5,), d, I32), _tensor((5,), d, I32),
+        (_tensor((9, 16, 2, 32), d), _tensor((9, 16, 2, 32), d)), _tensor((9,), d, I32), _tensor((3,), d, I32),
+        _tensor((2,), d, I32)),
+    "fp8 weight dtype": lambda d: aotinfer.rmsnorm_quant(_tensor((4, 64), d, torch.float8_e4m3fn), _tensor((4, 64), d),
+                                                         _tensor((64,), d, torch.float32), 1.0),
+    "decode q heads": lambda d: torch.ops.aotinfer.batch_decode(
+        *[_tensor(s, d, t) for s, t in [((2, 8, 128), torch.float16), ((2, 8), torch.float32), ((0,), torch.float32),
+                                         ((0,), torch.float32), ((2, 8, 128), torch.float16), ((4, 16, 3, 128), torch.float16),
+                                         ((4, 16, 3, 128), torch.float16), ((4,), I32), ((2, 4), I32), ((2, 4), I32),
+                                         ((48,), I32), ((0,), torch.float32)]],
+        0, 0.1, 0.0, -1, 1.0, 0, 0, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_traced_call_raises_what_the_eager_call_raises(case):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with pytest.raises((TypeError, ValueError)) as eager:
+        BAD_CALLS[case]("cpu")
+    assert "CUDA" not in str(eager.value), "the fault, not the device, is what eager names here"
+    with FakeTensorMode(), pytest.raises(type(eager.value)) as traced:
+        BAD_CALLS[case]("cuda")
+    assert str(traced.value) == str(eager.value)
+
+
+def test_make_fx_checks_and_records_the_call():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w):
+        return aotinfer.rmsnorm(x, w)
+
+    with FakeTensorMode():
+        x, w = _tensor((4, 64), "cuda"), _tensor((64,), "cuda")
+        graph = make_fx(f)(x, w)
+        with pytest.raises(ValueError, match=r"Expected weight to have shape \[64\]"):
+            make_fx(f)(x, _tensor((63,), "cuda"))
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aotinfer.rmsnorm.default in targets
+
+
+def test_fake_tensor_that_requires_grad_does_not_abort():
+    # torch's autograd fallback would make a device guard for the fake CUDA tensor, which aborts a
+    # CPU-only torch; the ops' autograd implementation goes straight below autograd.
+    out = run_python("""
+        import torch, aotinfer
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            x = torch.empty(4, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+            w = torch.empty(64, device="cuda", dtype=torch.float16, requires_grad=True)
+            for y in (aotinfer.rmsnorm(x, w), aotinfer.gemma_rmsnorm(x, w), aotinfer.scale(x, 2.0)):
+                assert y.shape == (4, 64) and not y.requires_grad
+        print("traced")
+    """)
+    assert "traced" in out.stdout
+
+
 def test_compile_fullgraph_traces_the_custom_op():
     graphs = []
 
@@ -64,8 +143,13 @@ def test_compile_fullgraph_traces_the_custom_op():
 
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend=record)
-    with pytest.raises(ValueError, match="Expected input to be a CUDA tensor, got a tensor on cpu"):
-        compiled(torch.randn(8))  # the graph runs the binding on CPU tensors, which it refuses by name
+    # Tracing runs the binding's checks on the fake tensors: CPU ones are refused by name (dynamo
+    # reports the ValueError as its TorchRuntimeError, with the same words) ...
+    with pytest.raises((ValueError, RuntimeError), match="Expected input to be a CUDA tensor, got a tensor on cpu"):
+        compiled(torch.randn(8))
+    assert not graphs
+    # ... and meta ones, which have no device to check, trace (and run the checks only).
+    assert compiled(torch.randn(8, device="meta")).shape == (8,)
     (graph,) = graphs
     targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.aotinfer.scale) + targets.count(torch.ops.aotinfer.scale.default) == 2

@@ -98,6 +98,7 @@ struct AttentionParams {
   int64_t k_stride_page, k_stride_slot, k_stride_head;
   int64_t v_stride_page, v_stride_slot, v_stride_head;
   const int32_t* indices;        // page ids; null: ragged
+  uint32_t last_page;            // the cache's last page id (paged; see PageInCache)
   const float* sinks;            // [num_qo_heads] or null
   int batch;
   int num_qo_heads, num_kv_heads;
@@ -107,6 +108,13 @@ struct AttentionParams {
   float soft_cap;                // 0: off
   int window_left;               // < 0: off
 };
+
+// A page id as prefill reads it: an id outside the cache (the caller's error, which FlashInfer
+// leaves undefined) reads the last page instead of memory beyond the cache; a negative id, cast,
+// is beyond it too. (Decode tests the id instead: DecodeKvLoader::publish.)
+__device__ __forceinline__ int PageInCache(int32_t page, uint32_t last_page) {
+  return int(min(uint32_t(page), last_page));
+}
 
 // Rows (a decode request, a prefill query token) whose keys were split: a Partials functor says
 // where row n's partials are, (first, count) = partials(n); its partial i of head h is

@@ -238,12 +238,16 @@ struct DecodeKvLoader {
       page = __ldg(pages + index);
     }
   }
-  // A looked-up page as offsets, into tile's table.
+  // A looked-up page as offsets, into tile's table; past the end, or a page id outside the cache
+  // (the caller's error, which FlashInfer leaves undefined), as (-1, -1): rows of zeros, never
+  // memory beyond the cache. One unsigned compare tests both, where a clamp of the id on its way
+  // to the copies' addresses made short decodes slower (docs/design/decode.md#page-ids).
   __device__ __forceinline__ void publish(int tile, int page, int slot) const {
     if (!looks_up) return;
-    const int64_t pg = page >= 0 ? page : 0;
+    const bool in_cache = uint32_t(page) <= p.last_page;
+    const int64_t pg = in_cache ? page : 0;
     token_offsets[tile % S::kOffsetTiles][w.tid] =
-        page >= 0 ? make_longlong2(pg * p.k_stride_page + slot * p.k_stride_slot, pg * p.v_stride_page + slot * p.v_stride_slot)
+        in_cache ? make_longlong2(pg * p.k_stride_page + slot * p.k_stride_slot, pg * p.v_stride_page + slot * p.v_stride_slot)
                   : make_longlong2(-1, -1);
   }
   // Tile `tile`'s K and V into its stage: its table published and a barrier passed since.

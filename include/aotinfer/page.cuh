@@ -5,7 +5,9 @@
 // The append is a scattered copy, so it moves bytes, whatever the dtype: 16-byte accesses where
 // every row start allows them, else accesses of one element. A block takes one token (or a few,
 // when a token has few bytes) with all its heads; each thread loads two pieces before it looks up
-// their slots, so that the loads overlap the chains of index reads.
+// their slots, so that the loads overlap the chains of index reads. A token whose slot is not in
+// the cache (an index out of range: the caller's error, which FlashInfer leaves undefined) is not
+// written.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +43,7 @@ struct AppendParams {
   int key_row_bytes = 0;    // a head's bytes: head_dim * element size (MLA: ckv_dim and kpe_dim)
   int value_row_bytes = 0;
   int page_size = 0;
+  int64_t batch_size = 0, num_indices = 0, num_pages = 0;  // the bounds of the ids read on the GPU
 };
 
 constexpr int kAppendMaxThreads = 512;
@@ -81,8 +84,12 @@ __global__ void __launch_bounds__(kAppendMaxThreads) AppendPagedKVKernel(const A
 #pragma unroll
     for (int k = 0; k < kAppendUnits; ++k) {
       if (w0 + k * blockDim.x >= total) break;
-      const int64_t position = p.positions[n[k]];
-      const int64_t page = p.kv_indices[p.kv_indptr[p.batch_indices[n[k]]] + position / p.page_size];
+      const int64_t position = p.positions[n[k]], request = p.batch_indices[n[k]];
+      if (position < 0 || request < 0 || request >= p.batch_size) continue;
+      const int64_t index = p.kv_indptr[request] + position / p.page_size;
+      if (index < 0 || index >= p.num_indices) continue;
+      const int64_t page = p.kv_indices[index];
+      if (page < 0 || page >= p.num_pages) continue;
       const int64_t entry = position % p.page_size;
       const PagedSide& dst = is_value[k] ? p.v_cache : p.k_cache;
       *reinterpret_cast<Access*>(dst.data + page * dst.stride_page + head[k] * dst.stride_h +

@@ -250,7 +250,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
       }
     };
     auto page_of = [&](int tile, int token, int index, bool valid) {  // the page of a tile's token
-      return tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token];
+      return PageInCache(tile == 0 ? (valid ? __ldg(pages + index) : 0) : tile_pages[(tile % 2) * kTileKV + token],
+                         p.last_page);
     };
     // A run of kRun rows from src, stride apart, into dst (zeros for rows i >= left, past the
     // keys' end, where `head` stands for an address that is not read).

@@ -224,7 +224,7 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Te
       if constexpr (kPaged) {
         const int pos = min(tile_pos + lookup_row, keys.end - 1);
         const int index = int(p.page_size.Divide(uint32_t(pos)));
-        const int64_t page = p.indices[kv_offset + index], slot = pos - index * int(p.page_size.divisor);
+        const int64_t page = PageInCache(p.indices[kv_offset + index], p.last_page), slot = pos - index * int(p.page_size.divisor);
         k_row = page * p.k_stride_page + slot * p.k_stride_slot;
         v_row = page * p.v_stride_page + slot * p.v_stride_slot;
       } else {

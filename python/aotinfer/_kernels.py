@@ -19,8 +19,11 @@ the kernel call and no kernel runs on fake tensors:
   each kernel function is substituted by the custom op once torch._dynamo is imported.
 The custom ops are defined, from the schemas of modules.toml, as soon as torch and aotinfer are
 both imported (whichever comes second defines them; no shared object is loaded and no GPU is
-touched). Bindings write into outputs the caller allocated and return nothing, so the fake (Meta)
-implementation does nothing: ops allocate their outputs with torch calls that tracers record.
+touched). Bindings write into outputs the caller allocated and return nothing: ops allocate their
+outputs with torch calls that tracers record, and the fake (Meta) implementation only checks. It
+calls the binding on stand-ins for the tracer's tensors (their shapes, strides, dtypes and devices,
+no data), so the binding's own checks raise while tracing what they raise eagerly, and the binding
+returns after them.
 
 A binding that cannot convert an argument (a list for a tensor, a tensor on the CPU) raises
 tvm-ffi's or torch's words; the kernel function raises them again as the TypeError or ValueError
@@ -98,12 +101,34 @@ def kernel(module: str, function: str):
             _raise_named(function, error, args)
             raise
 
+    def check_traced(*args):
+        """The fake implementation: the binding's checks on stand-ins for a tracer's tensors, so
+        tracing raises what the eager call would; nothing where no build is installed to check with."""
+        prepared = _stand_ins(args)
+        if prepared is None:
+            return
+        stand_ins, producers = prepared  # the producers own what the stand-ins point to
+        try:
+            fn = binding_for(-1)
+        except _loader.NotBuiltError:
+            return
+        try:
+            fn(*stand_ins)
+        except (TypeError, RuntimeError) as error:
+            _raise_named(function, error, args)
+            raise
+        del stand_ins, producers
+
     def traced(*args):
         if custom_op is None:
             register_torch_ops()
             if custom_op is None:
                 raise RuntimeError(f"aotinfer's custom op aotinfer::{function} is not defined")
-        return custom_op(*args)
+        try:
+            return custom_op(*args)
+        except RuntimeError as error:  # torch's schema check, in the words of an eager call
+            _raise_named(function, error, args)
+            raise
 
     def bind_custom_op(op) -> None:
         nonlocal custom_op
@@ -117,7 +142,7 @@ def kernel(module: str, function: str):
 
     call.__name__ = call.__qualname__ = function
     call.module, call.function = module, function
-    call.eager, call.bind_custom_op, call.forget = eager, bind_custom_op, forget
+    call.eager, call.check_traced, call.bind_custom_op, call.forget = eager, check_traced, bind_custom_op, forget
     _kernels[function] = call
     if _dynamo_substituted:
         _substitute_for_dynamo(call)
@@ -154,6 +179,8 @@ def _one_build_for_all_gpus(module: str) -> bool:
 # tvm-ffi's words for an argument of the wrong type, torch's for a tensor it cannot hand over, and a
 # schema parameter: read with the re module, imported on the error path only (it costs milliseconds).
 _MISMATCH = r"Mismatched type on argument #(\d+) when calling: `(\w+)\(.*Expected `([^`]*)` but got `([^`]*)`"
+# torch's words for the same, when a tracer calls the custom op
+_SCHEMA_MISMATCH = r"Expected a value of type '([^']*)' for argument '\w+' but instead found type '([^']*)'.\s*Position: (\d+)"
 _NOT_PACKABLE = r"Cannot pack tensors on (\w+)"
 _SCHEMA_PARAM = r"(\w+)(\(\w!\))? (\w+)"  # type, "(a!)" where written, name
 _EXPECTED = {"Tensor": "a torch.Tensor", "float": "a real number", "int": "an integer", "bool": "a bool"}
@@ -184,13 +211,14 @@ def _raise_named(function: str, error: BaseException, args: tuple) -> None:
             params = re.findall(_SCHEMA_PARAM, functions[function].partition(") ->")[0])
     message = str(error)
     mismatch = re.search(_MISMATCH, message, re.S)
-    if mismatch is not None and int(mismatch[1]) < len(params):
-        index = int(mismatch[1])
+    index, got = (int(mismatch[1]), mismatch[4]) if mismatch is not None else (-1, "")
+    if mismatch is None:
+        mismatch = re.search(_SCHEMA_MISMATCH, message)
+        index, got = (int(mismatch[3]), mismatch[2]) if mismatch is not None else (-1, "")
+    if 0 <= index < len(params):
         kind, _, name = params[index]
         if index < len(args):
             got, name = type(args[index]).__name__, _caller_name(args[index], name)
-        else:
-            got = mismatch[4]
         raise TypeError(f"Expected {name} to be {_EXPECTED.get(kind, kind)}, got {got}") from None
     unpackable = re.search(_NOT_PACKABLE, message)
     if unpackable is not None:
@@ -202,6 +230,115 @@ def _raise_named(function: str, error: BaseException, args: tuple) -> None:
             if getattr(device, "type", None) == unpackable[1]:
                 name = _caller_name(value, name)
                 raise ValueError(f"Expected {name} to be a CUDA tensor, got a tensor on {device}") from None
+
+
+# ---- a tracer's call: the binding's checks on stand-ins ------------------------------------------
+
+# A stand-in is a DLPack tensor with the shape, strides, dtype and device of a tracer's tensor and
+# its data where no device has memory: at _STAND_IN_BASE and above (csrc/tvm_ffi_utils.h,
+# IsStandIn), each storage of the call in its own stretch, so that the binding's overlap and
+# alignment checks see the tracer's aliasing and offsets. Bindings return right after their checks
+# on stand-ins.
+_STAND_IN_BASE = 1 << 60
+_STAND_IN_STRETCH = 1 << 40
+# DLPack's device types by torch's name: a meta tensor has no device to check, so it stands in on
+# a GPU; a CPU tensor stays one, for the binding to name.
+_DLPACK_DEVICES = {"cuda": 2, "meta": 2, "cpu": 1}
+
+
+def _dlpack_structs():
+    """ctypes declarations of DLPack's DLManagedTensor (built on first use: tracing only)."""
+    import ctypes
+
+    class Device(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DataType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class Tensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32), ("dtype", DataType),
+                    ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    class ManagedTensor(ctypes.Structure):
+        _fields_ = [("dl_tensor", Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+    capsule_new = ctypes.pythonapi.PyCapsule_New
+    capsule_new.restype, capsule_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return ManagedTensor, capsule_new
+
+
+class _StandIn:
+    """A DLPack producer of one stand-in (it owns the arrays its DLTensor points to)."""
+
+    _structs = None
+
+    def __init__(self, shape, strides, dtype, device_type: int, device_index: int, address: int) -> None:
+        import ctypes
+
+        if _StandIn._structs is None:
+            _StandIn._structs = _dlpack_structs()
+        managed_type = _StandIn._structs[0]
+        import tvm_ffi
+
+        code = tvm_ffi.dtype(str(dtype).split(".")[-1])  # torch.float16 -> DLPack's (2, 16, 1)
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.strides = (ctypes.c_int64 * len(shape))(*strides)
+        self.managed = managed_type()  # no deleter: nothing to free but this object's own arrays
+        t = self.managed.dl_tensor
+        t.data, t.device.device_type, t.device.device_id, t.ndim = address, device_type, device_index, len(shape)
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = code.type_code, code.bits, code.lanes
+        t.shape, t.strides = self.shape, self.strides
+
+    def __dlpack__(self, stream=None):
+        import ctypes
+
+        return _StandIn._structs[1](ctypes.addressof(self.managed), b"dltensor", None)
+
+
+def _concrete(value):
+    """A traced value as a Python number: a symbolic one's hint, or None where it has none."""
+    import torch
+
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return getattr(value.node, "hint", None)
+    return value
+
+
+def _stand_ins(args: tuple):
+    """The arguments of a traced call with stand-ins for its tensors, and the producers to keep
+    alive through the call; None where a size has no value to check."""
+    import torch
+    import tvm_ffi
+
+    storages: dict = {}
+    producers, converted = [], []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            shape = [_concrete(s) for s in a.shape]
+            strides = [_concrete(s) for s in a.stride()]
+            offset = _concrete(a.storage_offset())
+            if None in shape or None in strides or offset is None:
+                return None
+            try:
+                storage = a.untyped_storage()._cdata
+            except (RuntimeError, NotImplementedError):  # a tensor without one: a storage of its own
+                storage = id(a)
+            base = _STAND_IN_BASE + _STAND_IN_STRETCH * storages.setdefault(storage, len(storages))
+            device = getattr(a, "fake_device", a.device)
+            if device.type not in _DLPACK_DEVICES:
+                return None
+            producer = _StandIn(shape, strides, a.dtype, _DLPACK_DEVICES[device.type], device.index or 0,
+                                base + offset * a.element_size())
+            producers.append(producer)
+            converted.append(tvm_ffi.from_dlpack(producer))
+        else:
+            value = _concrete(a)
+            if value is None:
+                return None
+            converted.append(value)
+    return converted, producers
 
 
 # ---- torch custom ops ---------------------------------------------------------------------------
@@ -230,16 +367,31 @@ def register_torch_ops() -> None:
                 # CPU too: there the binding's own check names the tensor that is not on a GPU.
                 library.impl(function, eager, "CUDA")
                 library.impl(function, eager, "CPU")
-                library.impl(function, _writes_outputs_only, "Meta")
+                torch.library.register_fake(f"aotinfer::{function}", kernel(module, function).check_traced, lib=library)
+                library.impl(function, _below_autograd(function), "Autograd")
         for k in _kernels.values():
             if any(k.function in functions for functions in declared.values()):
                 k.bind_custom_op(getattr(torch.ops.aotinfer, k.function))
         _library = library
 
 
-def _writes_outputs_only(*args) -> None:
-    """Fake (Meta) implementation of every binding: outputs exist already, nothing is returned."""
-    return None
+def _below_autograd(function: str):
+    """The autograd implementation of a binding: none (the ops are not differentiable, as
+    FlashInfer's are not), the call goes on below autograd. Without it torch's fallback handles a
+    tensor that requires grad, and for a fake CUDA tensor on a CPU-only torch that aborts the
+    process."""
+    import torch
+
+    op = None
+
+    def below_autograd(*args):
+        nonlocal op
+        if op is None:
+            op = getattr(torch.ops.aotinfer, function)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args)
+
+    return below_autograd
 
 
 def _substitute_for_dynamo(k) -> None:
