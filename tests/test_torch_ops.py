@@ -77,13 +77,18 @@ BAD_CALLS = {
         _tensor((2,), d, I32)),
     "fp8 weight dtype": lambda d: aotinfer.rmsnorm_quant(_tensor((4, 64), d, torch.float8_e4m3fn), _tensor((4, 64), d),
                                                          _tensor((64,), d, torch.float32), 1.0),
-    "decode q heads": lambda d: torch.ops.aotinfer.batch_decode(
-        *[_tensor(s, d, t) for s, t in [((2, 8, 128), torch.float16), ((2, 8), torch.float32), ((0,), torch.float32),
-                                         ((0,), torch.float32), ((2, 8, 128), torch.float16), ((4, 16, 3, 128), torch.float16),
-                                         ((4, 16, 3, 128), torch.float16), ((4,), I32), ((2, 4), I32), ((2, 4), I32),
-                                         ((48,), I32), ((0,), torch.float32)]],
-        0, 0.1, 0.0, -1, 1.0, 0, 0, 0),
+    "decode q heads": lambda d: _batch_decode(d, kv_heads=3),
+    "decode cache of no pages": lambda d: _batch_decode(d, pages=0),
 }
+
+
+def _batch_decode(device, kv_heads=8, pages=4):
+    """The decode binding on 2 requests of q [2, 8, 128] over a cache of ``pages`` pages."""
+    f16, f32 = torch.float16, torch.float32
+    cache = (pages, 16, kv_heads, 128)
+    shapes = [((2, 8, 128), f16), ((2, 8), f32), ((0,), f32), ((0,), f32), ((2, 8, 128), f16), (cache, f16),
+              (cache, f16), ((4,), I32), ((2, 4), I32), ((2, 4), I32), ((48,), I32), ((0,), f32)]
+    return torch.ops.aotinfer.batch_decode(*[_tensor(s, device, t) for s, t in shapes], 0, 0.1, 0.0, -1, 1.0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("case", list(BAD_CALLS))
