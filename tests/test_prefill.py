@@ -198,6 +198,45 @@ def test_attention_options(backend, kind, layout, dtype, page_size, option):
     check(out, want, dtype, lse, want_lse)
 
 
+@gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form", ["positional", "keyword"])
+def test_attention_sink_wrapper(form, backend):
+    # gpt-oss: 64 query heads over 8, head_dim 64, a sliding window, a sink logit per head, the
+    # sm_scale given to run; prefill and decode (one query token a request) batches.
+    sinks = torch.randn(64, device="cuda") * 2
+    for pairs in (PAIRS, [(1, 700), (1, 1), (1, 129), (1, 40)]):
+        case = Case(pairs, (64, 8, 64), torch.bfloat16, "paged", "NHD", 16)
+        wrapper = aotinfer.BatchAttentionWithAttentionSinkWrapper(
+            workspace("cuda"), "NHD", backend=backend_or_skip(backend, 64), q_data_type=torch.bfloat16,
+            kv_data_type=torch.bfloat16, head_dim_qk=64, head_dim_vo=64, window_left=127)
+        # positional: run's sm_scale replaces the planned default 1/8 for the call
+        case.plan(wrapper, causal=True, window_left=127, **({} if form == "positional" else dict(sm_scale=0.11)))
+        want, want_lse = case.reference(causal=True, window_left=127, sinks=sinks, sm_scale=0.11)
+        out = poisoned(case.q.shape, torch.bfloat16)
+        if form == "positional":
+            out, lse = wrapper.run(case.q, case.cache, sinks, 0.11, out=out, return_lse=True)
+        else:
+            out, lse = wrapper.run(case.q, case.cache, sinks=sinks, out=out, return_lse=True)
+        check(out, want, torch.bfloat16, lse, want_lse)
+
+
+def test_attention_sink_wrapper_arguments():
+    wrapper = aotinfer.BatchAttentionWithAttentionSinkWrapper(torch.empty(1 << 20, dtype=torch.uint8), head_dim_qk=64,
+                                                              head_dim_vo=64)
+    q, cache, sinks = torch.randn(4, 8, 64), torch.randn(3, 2, 16, 8, 64), torch.randn(8)
+    with pytest.raises(TypeError, match="sinks and sm_scale after the cache, got 3"):
+        wrapper.run(q, cache, sinks, 0.1, 1)
+    with pytest.raises(TypeError, match="sinks both positionally and by keyword"):
+        wrapper.run(q, cache, sinks, sinks=sinks)
+    with pytest.raises(ValueError, match="Expected sm_scale to be a positive number, got -1"):
+        wrapper.run(q, cache, sinks, -1)
+    with pytest.raises(NotImplementedError, match="pos_encoding_mode='ROPE_LLAMA' is not implemented"):
+        aotinfer.BatchAttentionWithAttentionSinkWrapper(torch.empty(16, dtype=torch.uint8), pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="Expected q_data_type to be float16 or bfloat16"):
+        aotinfer.BatchAttentionWithAttentionSinkWrapper(torch.empty(16, dtype=torch.uint8), q_data_type=torch.float32)
+
+
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 

@@ -21,6 +21,7 @@ from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, lay
 from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .prefill import (
+    BatchAttentionWithAttentionSinkWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache,
@@ -58,6 +59,7 @@ from .utils import BackendSupportedError
 
 __all__ = [
     "BackendSupportedError",
+    "BatchAttentionWithAttentionSinkWrapper",
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",

@@ -1215,6 +1215,79 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
 
 
+class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper):
+    r"""Prefill or decode attention over a paged KV cache with a sink logit per query head
+    (gpt-oss), FlashInfer's wrapper: the paged prefill wrapper, whose ``run`` also takes the sinks
+    and ``sm_scale`` positionally after the cache, as FlashInfer's attention-sink variant does.
+
+    >>> wrapper = aotinfer.BatchAttentionWithAttentionSinkWrapper(workspace, "NHD", q_data_type=torch.bfloat16,
+    ...                                                            kv_data_type=torch.bfloat16, head_dim_qk=64,
+    ...                                                            head_dim_vo=64, window_left=127)
+    >>> wrapper.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, 64, 8, 64, 16, causal=True,
+    ...              window_left=127, q_data_type=torch.bfloat16)
+    >>> out = wrapper.run(q, kv_cache, sinks, 0.125)  # sinks: float32 [64]
+    """
+
+    @aotinfer_api
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: Optional[torch.Tensor] = None,
+        paged_kv_indptr_buf: Optional[torch.Tensor] = None,
+        paged_kv_indices_buf: Optional[torch.Tensor] = None,
+        paged_kv_last_page_len_buf: Optional[torch.Tensor] = None,
+        custom_mask_buf: Optional[torch.Tensor] = None,
+        mask_indptr_buf: Optional[torch.Tensor] = None,
+        backend: str = "auto",
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        q_data_type: Union[str, "torch.dtype"] = "bfloat16",
+        kv_data_type: Union[str, "torch.dtype"] = "bfloat16",
+        head_dim_qk: int = 128,
+        head_dim_vo: int = 128,
+        window_left: int = -1,
+    ) -> None:
+        r"""The paged prefill wrapper's parameters, then those FlashInfer compiles its variant for:
+        ``pos_encoding_mode`` ("NONE" only), ``use_fp16_qk_reduction`` (False only), the dtypes and
+        head dims (checked by ``plan``, which takes them again) and ``window_left`` (``plan``'s
+        window is the one applied)."""
+        _check_pos_encoding_mode(pos_encoding_mode)
+        _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, None)
+        _check_window_left(window_left)
+        _check_dtypes(q_data_type, kv_data_type, None, paged=True)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf,
+                         paged_kv_indices_buf, paged_kv_last_page_len_buf, custom_mask_buf, mask_indptr_buf, backend)
+
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        *args: Any,
+        sinks: Optional[torch.Tensor] = None,
+        **kwargs: Any,
+    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        r"""``BatchPrefillWithPagedKVCacheWrapper.run``, with ``sinks`` (float32 ``[num_qo_heads]``)
+        and ``sm_scale`` (for this call, in place of the planned one) also taken positionally after
+        the cache: ``run(q, kv_cache, sinks, sm_scale)``."""
+        if len(args) > 2:
+            raise TypeError(f"run takes the sinks and sm_scale after the cache, got {len(args)} more arguments")
+        if args and sinks is not None:
+            raise TypeError("run got sinks both positionally and by keyword")
+        sinks = args[0] if args else sinks
+        if len(args) < 2 or args[1] is None:
+            return super().run(q, paged_kv_cache, sinks=sinks, **kwargs)
+        sm_scale = args[1]
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not sm_scale > 0:
+            raise ValueError(f"Expected sm_scale to be a positive number, got {sm_scale!r}")
+        planned, self._sm_scale = self._sm_scale, float(sm_scale)
+        try:
+            return super().run(q, paged_kv_cache, sinks=sinks, **kwargs)
+        finally:
+            self._sm_scale = planned
+
+
 # ---- single request ----------------------------------------------------------------------------
 
 
