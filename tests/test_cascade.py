@@ -151,3 +151,88 @@ def test_template_references_agree_with_the_tests():
     torch.testing.assert_close(got_s, torch.where(mask[:, None], want_s, s[:, 0]), rtol=1e-5, atol=1e-5)
     v, s = templates._merge_states_reference(torch.randn(4, 0, 2, 8), torch.randn(4, 0, 2))
     assert torch.equal(v, torch.zeros(4, 2, 8)) and bool((s == float("-inf")).all())
+
+
+# ---- MultiLevelCascadeAttentionWrapper -----------------------------------------------------------
+
+
+def cascade_case(levels, q_lens, page_size=16, heads=(16, 4, 128), dtype=torch.float16, layout="NHD"):
+    """A cache of scattered pages and the page tables of a cascade: ``levels[l]`` lists level l's
+    segments as (first request, last request + 1, keys); every request's keys are its segments'
+    keys, level by level. Returns the plan's lists, q, the cache and each request's K and V."""
+    num_qo, num_kv, dim = heads
+    q_rows = [0] + torch.tensor(q_lens).cumsum(0).tolist()
+    pages_of = [[-(-n // page_size) for _, _, n in segments] for segments in levels]
+    pool = sum(map(sum, pages_of)) + 3
+    order = torch.randperm(pool).to(torch.int32)
+    shape = (pool, page_size, num_kv, dim) if layout == "NHD" else (pool, num_kv, page_size, dim)
+    k, v = (torch.randn(shape, device="cuda").to(dtype) for _ in range(2))
+    plan = ([], [], [], [])
+    keys = [[] for _ in q_lens]
+    values = [[] for _ in q_lens]
+    used = 0
+    for segments, pages in zip(levels, pages_of):
+        qo, kv_indptr, indices, last = [0], [0], [], []
+        for (first, end, n), p in zip(segments, pages):
+            ids = order[used : used + p]
+            used += p
+            qo.append(q_rows[end])
+            kv_indptr.append(kv_indptr[-1] + p)
+            indices.append(ids)
+            last.append(n - (p - 1) * page_size if p else 0)
+            for cache, out in ((k, keys), (v, values)):
+                rows = cache[ids.long()] if layout == "NHD" else cache[ids.long()].transpose(1, 2)
+                for r in range(first, end):
+                    out[r].append(rows.reshape(-1, num_kv, dim)[:n])
+        assert qo[-1] == q_rows[-1] and [s[0] for s in segments] == [q_rows.index(x) for x in qo[:-1]]
+        for lst, values_ in zip(plan, (qo, kv_indptr, torch.cat(indices), last)):
+            lst.append(torch.as_tensor(values_, dtype=torch.int32, device="cuda"))
+    q = torch.randn(q_rows[-1], num_qo, dim, device="cuda").to(dtype)
+    return plan, q, (k, v), [torch.cat(x) for x in keys], [torch.cat(x) for x in values], q_rows
+
+
+def cascade_reference(q, keys, values, q_rows, unique_lens, causal):
+    """float32 attention of each request's queries over all its keys; causal over its last
+    level's keys (the query at the end of the keys, as the paged prefill aligns them)."""
+    out = torch.empty(q.shape, device=q.device)
+    for b, (k, v) in enumerate(zip(keys, values)):
+        rows = q[q_rows[b] : q_rows[b + 1]].float()
+        group = rows.shape[1] // k.shape[1]
+        kk, vv = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+        logits = torch.einsum("qhd,khd->hqk", rows, kk) / math.sqrt(q.shape[-1])
+        if causal:
+            n, q_len, shared = k.shape[0], rows.shape[0], k.shape[0] - unique_lens[b]
+            for j in range(q_len):  # unique key u is seen by query j when u <= unique - q_len + j
+                logits[:, j, shared + unique_lens[b] - q_len + j + 1 : n] = float("-inf")
+        out[q_rows[b] : q_rows[b + 1]] = torch.einsum("hqk,khd->qhd", logits.softmax(-1), vv)
+    return out
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("num_levels", [1, 2, 3])
+def test_multi_level_cascade(num_levels, causal):
+    q_lens = [1, 3, 1, 5]  # decode steps and short appends
+    unique = [20, 40, 1, 70]
+    levels = [[(0, 4, 37)], [(0, 2, 50), (2, 4, 16)]][: num_levels - 1] + [[(b, b + 1, n) for b, n in enumerate(unique)]]
+    plan, q, cache, keys, values, q_rows = cascade_case(levels, q_lens)
+    wrapper = aotinfer.MultiLevelCascadeAttentionWrapper(num_levels, torch.empty(128 << 20, dtype=torch.uint8, device="cuda"))
+    wrapper.plan(*plan, 16, 4, 128, 16, causal=causal, q_data_type=torch.float16)
+    want = cascade_reference(q, keys, values, q_rows, unique, causal)
+    for run in (wrapper.run, wrapper.forward):  # one plan, every layer
+        out = run(q, cache)
+        assert out.shape == q.shape and out.dtype == q.dtype
+        torch.testing.assert_close(out.float(), want, rtol=5e-3, atol=5e-3)
+
+
+def test_multi_level_cascade_arguments():
+    workspace = torch.empty(1 << 20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="Expected num_levels to be at least 1, got 0"):
+        aotinfer.MultiLevelCascadeAttentionWrapper(0, workspace)
+    with pytest.raises(ValueError, match="Expected qo_indptr_buf_arr to be a list of num_levels = 2 entries, got NoneType"):
+        aotinfer.MultiLevelCascadeAttentionWrapper(2, workspace, use_cuda_graph=True)
+    wrapper = aotinfer.MultiLevelCascadeAttentionWrapper(2, workspace)
+    one = torch.zeros(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="Expected paged_kv_indices_arr to be a list of num_levels = 2 entries, got a list of 1"):
+        wrapper.plan([one, one], [one, one], [one], [one, one], 8, 8, 64, 16)
+    assert not wrapper.is_cuda_graph_enabled

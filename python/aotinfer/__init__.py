@@ -10,7 +10,7 @@ from . import _kernels as _kernels
 from ._arch import NoCompatibleBuild
 from ._version import __version__
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
-from .cascade import merge_state, merge_state_in_place, merge_states
+from .cascade import MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
@@ -64,6 +64,7 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper",
     "NoCompatibleBuild",
     "__version__",
     "append_paged_kv_cache",

@@ -1,5 +1,6 @@
 """Merging attention states, with FlashInfer's signatures: merge_state, merge_state_in_place and
-merge_states (module ``flashinfer.cascade``).
+merge_states (module ``flashinfer.cascade``), and MultiLevelCascadeAttentionWrapper, which merges
+the states of attention over levels of shared keys.
 
 An attention state is the output ``v`` of attention over one segment of the keys and the
 log-sum-exp ``s`` of its logits, base 2 (``s = log2(sum(exp(logits)))``, as FlashInfer's kernels
@@ -19,11 +20,11 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.cascade import merge_state_in_place_trace, merge_state_trace, merge_states_trace
-from .utils import check_tensor
+from .utils import check_int, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple
+    from typing import Any, List, Optional, Tuple, Union
 
     import torch
 
@@ -140,3 +141,158 @@ def merge_states(
     s_merged = torch.empty((seq_len, num_heads), dtype=torch.float32, device=v.device)
     _merge_states(v_merged, s_merged, v, s, -1)
     return v_merged, s_merged
+
+
+class MultiLevelCascadeAttentionWrapper:
+    r"""Attention over keys in levels of one paged cache (FlashInfer's wrapper): a shared prefix
+    (level 0), then what fewer requests share, down to each request's own keys (the last level).
+    Each level is a paged prefill over its own page table, with its own query ranges (requests
+    that share a level's keys are one query range there); the levels' states merge into the
+    output (see the module doc). Only the last level is causal.
+
+    >>> wrapper = aotinfer.MultiLevelCascadeAttentionWrapper(2, workspace, "NHD")
+    >>> wrapper.plan([shared_qo_indptr, unique_qo_indptr], [shared_kv_indptr, unique_kv_indptr],
+    ...              [shared_kv_indices, unique_kv_indices], [shared_last_page_len, unique_last_page_len],
+    ...              32, 8, 128, 16, q_data_type=torch.float16)
+    >>> out = wrapper.run(q, kv_cache)  # every layer, one plan
+    """
+
+    @aotinfer_api
+    def __init__(
+        self,
+        num_levels: int,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf_arr: Optional[List[torch.Tensor]] = None,
+        paged_kv_indptr_buf_arr: Optional[List[torch.Tensor]] = None,
+        paged_kv_indices_buf_arr: Optional[List[torch.Tensor]] = None,
+        paged_kv_last_page_len_buf_arr: Optional[List[torch.Tensor]] = None,
+    ) -> None:
+        r"""
+        Parameters
+        ----------
+        num_levels : int
+            Levels of the cascade, 1 or more.
+        float_workspace_buffer : torch.Tensor
+            As ``BatchPrefillWithPagedKVCacheWrapper``'s; the levels share it (they run in turn).
+        kv_layout : str
+            ``"NHD"`` or ``"HND"``.
+        use_cuda_graph : bool
+            Each level plans into the fixed buffers of the ``*_buf_arr`` lists (one a level), as
+            ``BatchPrefillWithPagedKVCacheWrapper``'s ``use_cuda_graph``.
+        qo_indptr_buf_arr, paged_kv_indptr_buf_arr, paged_kv_indices_buf_arr, paged_kv_last_page_len_buf_arr
+            With ``use_cuda_graph``: a list of ``num_levels`` buffers each.
+        """
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        check_int(num_levels, "num_levels", 1)
+        buffers = {"qo_indptr_buf_arr": qo_indptr_buf_arr, "paged_kv_indptr_buf_arr": paged_kv_indptr_buf_arr,
+                   "paged_kv_indices_buf_arr": paged_kv_indices_buf_arr,
+                   "paged_kv_last_page_len_buf_arr": paged_kv_last_page_len_buf_arr}
+        if use_cuda_graph:
+            for name, arr in buffers.items():
+                _check_levels(arr, num_levels, name)
+            per_level = list(zip(*buffers.values()))
+        else:
+            per_level = [(None, None, None, None)] * num_levels
+        self._batch_prefill_wrappers = [
+            BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, bool(use_cuda_graph), *level)
+            for level in per_level
+        ]
+        self._num_levels = int(num_levels)
+        self._kv_layout = kv_layout
+        self._use_cuda_graph = bool(use_cuda_graph)
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffers: List[torch.Tensor]) -> None:
+        r"""New workspaces from the next ``plan`` on: the float one for every level, an int one a
+        level (as ``BatchPrefillWithPagedKVCacheWrapper.reset_workspace_buffer``)."""
+        _check_levels(int_workspace_buffers, self._num_levels, "int_workspace_buffers")
+        for wrapper, int_workspace_buffer in zip(self._batch_prefill_wrappers, int_workspace_buffers):
+            wrapper.reset_workspace_buffer(float_workspace_buffer, int_workspace_buffer)
+
+    @aotinfer_api
+    def plan(
+        self,
+        qo_indptr_arr: List[torch.Tensor],
+        paged_kv_indptr_arr: List[torch.Tensor],
+        paged_kv_indices_arr: List[torch.Tensor],
+        paged_kv_last_page_len: List[torch.Tensor],
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: Optional[float] = None,
+        window_left: int = -1,
+        logits_soft_cap: Optional[float] = None,
+        rope_scale: Optional[float] = None,
+        rope_theta: Optional[float] = None,
+        q_data_type: Union[str, torch.dtype] = "float16",
+        kv_data_type: Optional[Union[str, torch.dtype]] = None,
+    ) -> None:
+        r"""Plan every level, once per batch (every layer then runs with it).
+
+        Parameters
+        ----------
+        qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len : List[torch.Tensor]
+            A list of ``num_levels`` each: level ``i``'s query ranges over the rows of ``q`` (each
+            ends at ``q``'s row count), and its page table, as ``BatchPrefillWithPagedKVCacheWrapper.plan``
+            takes them.
+        causal : bool
+            For the last level only (a query sees all the keys of the levels above).
+        num_qo_heads, num_kv_heads, head_dim, page_size, pos_encoding_mode, use_fp16_qk_reduction, sm_scale,
+        window_left, logits_soft_cap, rope_scale, rope_theta, q_data_type, kv_data_type
+            As ``BatchPrefillWithPagedKVCacheWrapper.plan``, for every level.
+        """
+        for name, arr in (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
+                          ("paged_kv_indices_arr", paged_kv_indices_arr), ("paged_kv_last_page_len", paged_kv_last_page_len)):
+            _check_levels(arr, self._num_levels, name)
+        last = self._num_levels - 1
+        for i, wrapper in enumerate(self._batch_prefill_wrappers):
+            wrapper.plan(
+                qo_indptr_arr[i], paged_kv_indptr_arr[i], paged_kv_indices_arr[i], paged_kv_last_page_len[i],
+                num_qo_heads, num_kv_heads, head_dim, page_size, causal=bool(causal) and i == last,
+                pos_encoding_mode=pos_encoding_mode, use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
+                window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+                q_data_type=q_data_type, kv_data_type=kv_data_type,
+            )  # fmt: skip
+
+    begin_forward = plan
+
+    @aotinfer_api
+    def run(self, q: torch.Tensor, paged_kv_cache: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        r"""Cascade attention of one layer: each level's attention over the same ``q`` and cache,
+        merged from the last level up.
+
+        Parameters
+        ----------
+        q : torch.Tensor
+            ``[rows, num_qo_heads, head_dim]``, the planned dtype.
+        paged_kv_cache : torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
+            The one cache every level's page table points into, as ``BatchPrefillWithPagedKVCacheWrapper.run``.
+
+        Returns
+        -------
+        torch.Tensor
+            ``[rows, num_qo_heads, head_dim]``, q's dtype.
+        """
+        out, lse = self._batch_prefill_wrappers[-1].run(q, paged_kv_cache, return_lse=True)
+        for wrapper in self._batch_prefill_wrappers[:-1]:
+            out_level, lse_level = wrapper.run(q, paged_kv_cache, return_lse=True)
+            merge_state_in_place(out, lse, out_level, lse_level)
+        return out
+
+    forward = run
+
+
+def _check_levels(arr: Any, num_levels: int, name: str) -> None:
+    if not isinstance(arr, (list, tuple)) or len(arr) != num_levels:
+        got = f"a list of {len(arr)}" if isinstance(arr, (list, tuple)) else type(arr).__name__
+        raise ValueError(f"Expected {name} to be a list of num_levels = {num_levels} entries, got {got}")
