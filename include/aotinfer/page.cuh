@@ -84,13 +84,15 @@ __global__ void __launch_bounds__(kAppendMaxThreads) AppendPagedKVKernel(const A
 #pragma unroll
     for (int k = 0; k < kAppendUnits; ++k) {
       if (w0 + k * blockDim.x >= total) break;
-      const int64_t position = p.positions[n[k]], request = p.batch_indices[n[k]];
-      if (position < 0 || request < 0 || request >= p.batch_size) continue;
-      const int64_t index = p.kv_indptr[request] + position / p.page_size;
-      if (index < 0 || index >= p.num_indices) continue;
-      const int64_t page = p.kv_indices[index];
-      if (page < 0 || page >= p.num_pages) continue;
-      const int64_t entry = position % p.page_size;
+      // Unsigned, so that each bound is one compare: a negative request or page is beyond its
+      // bound, and a negative position's index is too.
+      const uint64_t position = p.positions[n[k]], request = p.batch_indices[n[k]];
+      if (request >= uint64_t(p.batch_size)) continue;
+      const uint64_t index = uint64_t(p.kv_indptr[request]) + position / uint32_t(p.page_size);
+      if (index >= uint64_t(p.num_indices)) continue;
+      const uint64_t page = p.kv_indices[index];
+      if (page >= uint64_t(p.num_pages)) continue;
+      const uint64_t entry = position % uint32_t(p.page_size);
       const PagedSide& dst = is_value[k] ? p.v_cache : p.k_cache;
       *reinterpret_cast<Access*>(dst.data + page * dst.stride_page + head[k] * dst.stride_h +
                                  entry * dst.stride_n + offset[k]) = x[k];
