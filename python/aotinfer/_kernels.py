@@ -107,7 +107,7 @@ def kernel(module: str, function: str):
         prepared = _stand_ins(args)
         if prepared is None:
             return
-        stand_ins, producers = prepared  # the producers own what the stand-ins point to
+        stand_ins, _producers = prepared  # kept through the call: they own what the stand-ins point to
         try:
             fn = binding_for(-1)
         except _loader.NotBuiltError:
@@ -117,7 +117,6 @@ def kernel(module: str, function: str):
         except (TypeError, RuntimeError) as error:
             _raise_named(function, error, args)
             raise
-        del stand_ins, producers
 
     def traced(*args):
         if custom_op is None:
@@ -277,11 +276,11 @@ class _StandIn:
     def __init__(self, shape, strides, dtype, device_type: int, device_index: int, address: int) -> None:
         import ctypes
 
+        import tvm_ffi
+
         if _StandIn._structs is None:
             _StandIn._structs = _dlpack_structs()
         managed_type = _StandIn._structs[0]
-        import tvm_ffi
-
         code = tvm_ffi.dtype(str(dtype).split(".")[-1])  # torch.float16 -> DLPack's (2, 16, 1)
         self.shape = (ctypes.c_int64 * len(shape))(*shape)
         self.strides = (ctypes.c_int64 * len(shape))(*strides)
