@@ -11,7 +11,7 @@
 // each call, median of 30) beside cudaMemcpyAsync of the same bytes; decode sizes as graph replays
 // of 20 PDL launches. The first version of this file (commit 34ec90a) compared slice shapes,
 // trigger placement, cache hints and exact against fast math on the kernel of that time;
-// benchmarks/NOTES.md has its results.
+// docs/design/activation.md has its results (raw log: benchmarks/log/NOTES.md).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include -I benchmarks benchmarks/activation_variants.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -73,7 +73,7 @@ struct Variant {
   LaunchFn launch;
 };
 
-// The decode-size experiment (NOTES.md, activation latency of 2026-11-23): the kernel of the time
+// The decode-size experiment (docs/design/activation.md#pdl-trigger): the kernel of the time
 // with its shape and trigger as parameters. Block b takes slice b % slices of row b / slices;
 // each thread kItems vectors kThreads apart, every load issued before the first is used; the
 // trigger before the loads (right after the wait), after them (shipped then) or at the end.
@@ -236,7 +236,7 @@ void Bench(const char* act, Ref ref, const std::vector<Variant>& variants, char*
 }
 
 // Decode-size latency over more shapes: which shape and trigger wins where, for the rule that
-// picks the launch at small sizes (NOTES.md, activation latency of 2026-11-23, run 2).
+// picks the launch at small sizes (docs/design/activation.md#pdl-trigger).
 template <typename Act>
 void LatencySweep(const char* act) {
   const std::vector<Variant> variants = {

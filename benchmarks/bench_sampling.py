@@ -5,7 +5,7 @@
 Inputs: probs = softmax(randn) rows (float32), logits = randn; --scale S takes S * randn instead
 (3 or 4: peaked rows, nearer a language model's). The rows come from --seed (default 0), so that
 two builds timed in turn see the same rows (on unseeded rows, min_p at 256 x 32000 ranged
-29.5-34.5 us between processes of one build; H100, NOTES). "passes" = time / the time to read the input
+29.5-34.5 us between processes of one build; H100, docs/design/sampling.md). "passes" = time / the time to read the input
 once at the bandwidth of torch's copy_ of the same bytes, measured beside each shape (a copy reads
 and writes, so reading once takes half its time); an op that reads its row twice and writes
 nothing scores at least 2, softmax and the renorms (one read, one write) at least 2.

@@ -1,4 +1,4 @@
-"""Decode experiments for one device run (not a shipped benchmark; benchmarks/NOTES.md, "Paged
+"""Decode experiments for one device run (not a shipped benchmark; docs/design/decode.md; benchmarks/log/NOTES.md, "Paged
 decode attention", has what they showed).
 
     python benchmarks/decode_probe.py sweep [CTAS ...]   the split policy: ratio to copy (and us)

@@ -5,7 +5,7 @@
 // bf16 rows, 1024-16384 x 4096 and 8192. Each variant's output is checked against a host
 // reference on a sample of rows, then timed (CUDA events, L2 flushed before each call, median of
 // 30 after 5 warm-ups) beside cudaMemcpyAsync of the same number of bytes, timed the same way.
-// With an argument, each variant runs once on 4096 x 4096, for ncu. Results: benchmarks/NOTES.md.
+// With an argument, each variant runs once on 4096 x 4096, for ncu. Results: docs/design/norm.md#staged-kernel.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include -I benchmarks benchmarks/norm_variants.cu
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -4,7 +4,7 @@
     python benchmarks/perf_chart.py            # writes docs/perf.png, prints the Markdown table
 
 Edit perf_figures.json when a benchmark run changes a figure (each figure carries its GPU, date and
-the benchmarks/NOTES.md section it comes from), rerun, and commit the JSON, the PNG and the table.
+the benchmarks/log/NOTES.md section it comes from), rerun, and commit the JSON, the PNG and the table.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 // Throughput of the attention softmax's instructions: results a clock an SM, 8 independent chains a
-// thread, 256-1024 threads a block, one block an SM (benchmarks/NOTES.md, "What holds a tile").
+// thread, 256-1024 threads a block, one block an SM (docs/design/prefill_sm90.md#what-holds-a-tile).
 //
 //   nvcc -O3 -arch=sm_90a -o /tmp/pipe_throughput benchmarks/pipe_throughput.cu && /tmp/pipe_throughput
 #include <cstdio>

@@ -1,7 +1,7 @@
 // Design experiment for include/aotinfer/scale.cuh: which access pattern reaches the copy
 // bandwidth, and (issue 13) where the PDL trigger goes. Each variant computes out = in * factor over n elements; all are checked against a
 // host reference, then timed (cuda_timer.cuh: CUDA events, median of 50 after 10 warm-ups) beside
-// cudaMemcpyAsync device-to-device of the same bytes. Results: benchmarks/NOTES.md.
+// cudaMemcpyAsync device-to-device of the same bytes. Results: docs/design/scale.md.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I include benchmarks/scale_variants.cu
 #include <cuda_runtime.h>
 

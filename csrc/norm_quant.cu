@@ -138,7 +138,7 @@ void Run(std::string_view kind, nq::Params& p, const TensorView& input, const Te
   const int threads = std::min(std::max(warps, 1) * 32, nq::kMaxThreads);
   // The row waits between the passes in registers where one group of accesses covers it, else in
   // shared memory; a grid that fits on the SMs at once reads the weights beside the row and lets
-  // the next kernel launch right after its wait (cutedsl/norm_quant.py; benchmarks/NOTES.md).
+  // the next kernel launch right after its wait (cutedsl/norm_quant.py; docs/design/norm_quant.md#staging).
   const aotinfer::DeviceFacts& facts = aotinfer::GetDeviceFacts(device);
   const bool in_registers = accesses <= nq::kMaxThreads * nq::kVecsPerThread;
   const bool one_wave = p.input.rows <= facts.sms;

@@ -5,7 +5,7 @@
 // Memory-bound: each element is read once and each output written once. One thread per vector of
 // kVec outputs (16 bytes where d, the row strides and the pointers allow, else one element), a 1-D
 // grid: the layout that reaches the streaming limit at prefill sizes. Under PDL, where the next
-// kernel may launch decides decode-size latency (graph replay, benchmarks/NOTES.md): a grid that
+// kernel may launch decides decode-size latency (graph replay, docs/design/activation.md#pdl-trigger): a grid that
 // fits on the SMs at once in 128-thread blocks lets it launch right after the wait; a larger one
 // takes 256-thread blocks and lets it launch at the end (up to a third less time a call at 256-1024
 // tokens than triggering after the loads). The math must stay lean to keep up with HBM: the

@@ -7,7 +7,7 @@
 // vectors of kVec elements of its row in registers between the reduction and the output. For
 // large batches, rows of 128 threads with several vectors each keep many rows, and so many bytes,
 // in flight on each SM while others wait at their reduction; small batches, bound by latency,
-// spread a row over more threads (NormItems; benchmarks/NOTES.md). kPrefetchWeights loads the
+// spread a row over more threads (NormItems; docs/design/norm.md#row-shape). kPrefetchWeights loads the
 // weights beside the row, before the reduction, for small batches; otherwise they come after, from
 // L1 mostly, since every row of an SM reads the same ones. kItems == 0 is the fallback for rows
 // too long for registers: it reads the row again for each pass.
@@ -136,7 +136,7 @@ __device__ __forceinline__ void ForEachSlot(int64_t num_vecs, F&& f) {
 
 // kEvenRows: every layout has evenly spaced rows (inner == 1), so a row's offset is one multiply;
 // the general offset of 3-D rows, branch and division, costs the fused add's kernel 11 registers
-// even where it is never taken (benchmarks/NOTES.md).
+// even where it is never taken (docs/design/norm.md#fused-add-rmsnorm).
 template <NormKind kKind, typename T, typename W, int kVec, int kItems, bool kPrefetchWeights, bool kEvenRows>
 __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamThreads)
     NormKernel(const NormParams<T, W> p) {
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kItems > 0 ? kNormCachedThreads : kNormStreamT
   }
   ForEachSlot<kItems>(num_vecs, accumulate);
   // The next kernel may launch at the end, not after pass 1: under graph replay at decode sizes
-  // that is up to 0.25 us less a call, and never more; bandwidth is the same (benchmarks/NOTES.md;
+  // that is up to 0.25 us less a call, and never more; bandwidth is the same (docs/design/norm.md#pdl-trigger;
   // norm_decode_variants.cu compares the two by building against a copy with this set to false).
   constexpr bool kTriggerAtEnd = true;
   if constexpr (!kTriggerAtEnd) AllowDependentGrids();
@@ -336,7 +336,7 @@ cudaError_t DispatchNormItems(int items, bool prefetch, F&& f) {
 // are bound by bandwidth: 128 threads a row with 1, 2 or 4 vectors each, longer rows up to 512
 // threads of 4 vectors, then of 8, keep many rows in flight on each SM while others wait at their
 // reduction. Small batches are bound by latency: the fewest vectors a thread that keep a row
-// within kNormCachedThreads threads (benchmarks/NOTES.md).
+// within kNormCachedThreads threads (docs/design/norm.md#row-shape).
 inline int NormItems(int64_t num_vecs, int64_t num_rows) {
   int items = 1;
   if (num_rows <= kNormLatencyRows) {
@@ -360,7 +360,7 @@ cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, boo
   const dim3 block{unsigned(threads), unsigned(rows_per_block)};
   const dim3 grid{unsigned((p.num_rows + rows_per_block - 1) / rows_per_block)};
   // Weights beside the row only for small batches, bound by latency; for large ones the registers
-  // they take cost more rows in flight than their later load costs (benchmarks/NOTES.md).
+  // they take cost more rows in flight than their later load costs (docs/design/norm.md#weights).
   const bool prefetch = p.num_rows <= kNormLatencyRows && items >= 1 && items <= 4;
   const bool even = p.input_rows.inner == 1 && p.out_rows.inner == 1 &&
                     (kKind != NormKind::kFusedAddRMS || p.residual_rows.inner == 1);
@@ -375,7 +375,7 @@ cudaError_t LaunchNormKernel(const NormParams<T, W>& p, cudaStream_t stream, boo
 // nothing is launched). Large batches over a short grid take the staged kernel where it applies,
 // since it loses the per-row kernel's tail and, with float32 weights on 16-bit rows, their L1
 // traffic, so it wins over grids twice as long there; otherwise the per-row kernel, which is
-// faster over long grids (benchmarks/NOTES.md). The fused add writes its rows twice and always
+// faster over long grids (docs/design/norm.md#staged-kernel). The fused add writes its rows twice and always
 // takes the per-row kernel.
 template <NormKind kKind, typename T, typename W>
 cudaError_t Norm(const NormParams<T, W>& p, int device, cudaStream_t stream, bool pdl) {

@@ -22,7 +22,7 @@
 //   before its rows), keeping its turns.
 // Outputs: the final output through shared memory (the warpgroup's Q rows), written by one TMA
 // store where all 64 rows are the item's (else 16-byte stores), and its LSE; or float32 partials
-// of a split request for MergePartialsKernel, as prefill.cuh writes them. benchmarks/NOTES.md has
+// of a split request for MergePartialsKernel, as prefill.cuh writes them. docs/design/prefill_sm90.md has
 // what each step measured.
 #pragma once
 
@@ -493,7 +493,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     // At head_dim 256 the wait comes between the softmax and the P V wait: its loop ends the basic
     // block, which keeps the compiler from hoisting the P V wait above the exponentials, so they
     // run while P V does (2% faster). At 64 and 128 the same order was 3-8% slower with two groups
-    // and 128-key tiles (NOTES): there P V is done by the time the row maxima are, and the wait
+    // and 128-key tiles (docs/design/prefill_sm90.md#what-holds-a-tile): there P V is done by the time the
+    // row maxima are, and the wait
     // stays at the loop's head.
     constexpr bool kWaitBeforePv = D == 256;
     auto wait_next_tile = [&](uint32_t n) {

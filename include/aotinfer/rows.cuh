@@ -80,7 +80,8 @@ struct RowParam {
 // of its rows, so that they displace one another rather than what the L2 held (lines that later
 // kernels may read, or dirty ones that would be written back while this kernel reads). Only the
 // samplers' last reads take it (their one-pass reads, top-p's verifying pass): they gained 3-8% at
-// 64-1024 rows of 128256 and 262144 (H100, NOTES); passes that a later pass reads again from L2
+// 64-1024 rows of 128256 and 262144 (H100, docs/design/sampling.md#rows-blocks-and-clusters); passes that a
+// later pass reads again from L2
 // (the histogram's, the renorms') lost by it.
 template <typename T, int kVec, bool kEvictFirst = false, typename F>
 __device__ __forceinline__ void ForEachGroup(const T* row, int64_t n, F&& f) {

@@ -2,7 +2,7 @@
 //
 // Memory-bound, one read and one write per element. One 16-byte vector per thread in blocks of
 // 128 and a grid that covers the tensor once: on the H200 this matches cudaMemcpy's bandwidth,
-// where more vectors per thread or a grid-stride loop lost 4-10% (benchmarks/NOTES.md). The
+// where more vectors per thread or a grid-stride loop lost 4-10% (docs/design/scale.md#access-pattern). The
 // vector body starts `head` elements in, where both pointers are 16-byte aligned; block 0 does
 // that scalar head and the tail that fills no whole vector. Pointers that cannot both be aligned
 // at one offset take the same kernel with 1-element vectors. Launched through Launch() with PDL
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kScaleThreads)
   const int64_t i = int64_t(blockIdx.x) * kScaleThreads + threadIdx.x;  // vector index
   // Waits for the grids before it, but never calls AllowDependentGrids(): in this kernel of many
   // small blocks the instruction, wherever it sits and with PDL or without, cost a fifth of the
-  // bandwidth (0.80 of a copy against 1.00; benchmarks/NOTES.md). The next kernel launches as
+  // bandwidth (0.80 of a copy against 1.00; docs/design/scale.md#pdl). The next kernel launches as
   // this one's blocks exit.
   WaitForPriorGrids();
   if (i < num_vecs) {

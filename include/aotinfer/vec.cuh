@@ -99,7 +99,7 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
   // unrolled slots, the front end turns some plain stores of a union filled element by element
   // into four 4-byte stores. Not the default: ptxas schedules around an asm statement with care
   // that costs where loads are still in flight (the fused add's residual store through it made
-  // the kernel 0.5 us slower at decode sizes; benchmarks/NOTES.md).
+  // the kernel 0.5 us slower at decode sizes; docs/design/norm.md#split-stores).
   __device__ __forceinline__ void store_unsplit(T* ptr) const {
 #pragma unroll
     for (int i = 0; i < kAccesses; ++i) {
@@ -115,7 +115,7 @@ struct alignas(sizeof(T) * N < 16 ? sizeof(T) * N : 16) Vec {
   // The vector of from_float<T>(f(e)) for e < N. 16-bit elements are rounded in pairs into whole
   // 32-bit words and the words moved into raw at once: written element by element, the union
   // costs a PRMT/LOP3 shuffle per element and the front end splits its store into 4-byte pieces
-  // (benchmarks/NOTES.md).
+  // (docs/design/norm.md#split-stores).
   template <typename F>
   __device__ __forceinline__ static Vec from_floats(F&& f) {
     Vec v;

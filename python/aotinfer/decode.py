@@ -88,7 +88,7 @@ _FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 # attends more than _SHORT_REQUEST positions: a batch of those that fills the SMs once gains
 # nothing from blocks with half as much to read and a merge of their partials (H100, 16 x 1024 and
 # 16 x 2048 unsplit: 2-6% faster; longer requests want 2, a lone block an SM holding too few bytes
-# in flight; benchmarks/NOTES.md). Chunks are multiples of 64 tokens (and of the page size where
+# in flight; docs/design/decode.md#split-kv-and-merge). Chunks are multiples of 64 tokens (and of the page size where
 # that stays under 4096 tokens, so that chunks end on page boundaries), at least 128 tokens (two of
 # the kernel's tiles): a block's time is mostly the latency of its first tiles, so short requests
 # gain from more, shorter chunks.
@@ -106,7 +106,7 @@ _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the pla
 # displace one another rather than what the L2 held, which is otherwise evicted, and written back
 # to memory while the cache streams in where it is dirty. Under bench_decode's cold-L2 flush (which
 # leaves the L2 dirty), on an H100: +2-15% at steps of 34-202 MB, but -1-3% from 269 MB, where what
-# it saves (at most an L2's worth) is small beside the bytes (benchmarks/NOTES.md). So: evict-first
+# it saves (at most an L2's worth) is small beside the bytes (docs/design/decode.md#mainloop). So: evict-first
 # up to this many L2s of K and V a step, where one CTA reads each KV head (groups of up to 16: a
 # second CTA of a larger group reads the same lines, which should still be in L2).
 _READ_ONCE_L2S = 4

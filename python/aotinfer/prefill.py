@@ -387,7 +387,7 @@ def tiles_to_halve(tiles: int, heads: int, slots: int) -> int:
 def heads_sharing_l2(num_kv_heads: int, kv_head_bytes: int, l2_bytes: int) -> int:
     """How many KV heads the blocks running at once work on (the kernels' BlockHeadAndItem): as
     many as have their keys and values (``kv_head_bytes`` each) in a third of the L2, at least
-    one. Measured on the Hopper kernel (benchmarks/NOTES.md): all 32 heads of a causal 8192-token
+    one. Measured on the Hopper kernel (docs/design/prefill_sm90.md#heads-in-l2): all 32 heads of a causal 8192-token
     prefill at once read K and V from memory; one or two at a time leave the last heads' costly
     items running alone at the end; four (a third of an H200's L2) did best."""
     return max(1, min(num_kv_heads, l2_bytes // 3 // max(kv_head_bytes, 1)))
