@@ -100,7 +100,7 @@ from .decode import (
 )
 from .trace.template import dtype_name
 from .trace.templates.prefill import single_prefill_with_kv_cache_trace
-from .utils import check_enable_pdl, check_int, check_tensor
+from .utils import check_enable_pdl, check_int, check_real, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -1279,7 +1279,8 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
         if len(args) < 2 or args[1] is None:
             return super().run(q, paged_kv_cache, sinks=sinks, **kwargs)
         sm_scale = args[1]
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not sm_scale > 0:
+        check_real(sm_scale, "sm_scale")
+        if not sm_scale > 0:
             raise ValueError(f"Expected sm_scale to be a positive number, got {sm_scale!r}")
         planned, self._sm_scale = self._sm_scale, float(sm_scale)
         try:
