@@ -1,6 +1,9 @@
 // Bindings of sampling (include/aotinfer/sampling.cuh): sample (every filter, from probabilities or
 // logits), renorm (top-k / top-p renormalization), top_k_mask_logits; and softmax (softmax.cuh).
 //
+// Filters come by name (FilterNamed): their codes, and which rows of logits sample in one kernel,
+// are facts of the headers and this file alone.
+//
 // Per-row parameters come as a tensor of one value per output row, or as a scalar: a negative
 // scalar (top_k_val, top_p_val, min_p_val, temperature_val) says "read the tensor", which must then
 // have shape [batch]; otherwise the tensor is not read. seed and offset tensors with no elements
@@ -30,6 +33,19 @@ void CheckFloat32(const TensorView& x, const char* name) {
   if (x.dtype() != DLDataType{kDLFloat, 32, 1}) {
     AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype float32, got " << x.dtype();
   }
+}
+
+// The filters by the names the ops pass.
+aotinfer::Filter FilterNamed(const tvm::ffi::String& name) {
+  static constexpr std::pair<const char*, aotinfer::Filter> kNamed[] = {
+      {"none", aotinfer::Filter::kNone},         {"top_k", aotinfer::Filter::kTopK},
+      {"top_p", aotinfer::Filter::kTopP},        {"min_p", aotinfer::Filter::kMinP},
+      {"top_k_first", aotinfer::Filter::kTopKFirst}, {"joint", aotinfer::Filter::kJoint}};
+  for (const auto& [n, filter] : kNamed) {
+    if (name == n) return filter;
+  }
+  AOTINFER_THROW(ValueError) << "Expected filter to be none, top_k, top_p, min_p, top_k_first or joint, got '"
+                            << std::string(name) << "'";
 }
 
 bool IsInt(const TensorView& x, int bits) {
@@ -99,21 +115,27 @@ void Run(const TensorView& on, int64_t enable_pdl, const char* op, Launch&& laun
 
 }  // namespace
 
-// out[i] = a token drawn from row indices[i] (i without indices) of probs (or of softmax(logits)
-// where from_logits), after the filter: 0 none, 1 top-k, 2 top-p, 3 min-p, 4 top-k then top-p,
-// 5 top-k and top-p jointly (from logits: 0 or 4). valid (bool [batch], or no elements: not
-// wanted)[i] = whether a token was drawn: false where the filtered row holds no positive
-// probability (NaN rows too; out[i] is 0) or indices[i] names no row of probs (out[i] is -1).
-// scratch: from logits with filter 4, float32 [rows of logits, >= vocab] with 16-byte aligned rows
-// (a row's probabilities where the kernel's floor does not apply; logits rows 16-byte aligned too),
-// else no elements.
+// out[i] = a token drawn from row indices[i] (i without indices) of probs (float32), or of
+// softmax(logits) where from_logits, after the filter (FilterNamed). valid (bool [batch], or no
+// elements: not wanted)[i] = whether a token was drawn: false where the filtered row holds no
+// positive probability (NaN rows too; out[i] is 0) or indices[i] names no row of probs (out[i] is -1).
+// scratch: from logits with a filter, float32 [rows of logits, >= vocab] with 16-byte aligned rows;
+// else no elements. Float32 rows (16-byte aligned) that SamplesLogitsInOneKernel sample in one
+// kernel, which writes a row's probabilities there where its floor does not apply; other logits (any
+// filter, float16 and bfloat16 too) take the softmax kernel into scratch first.
 void sample(TensorView out, TensorView valid, TensorView scratch, TensorView probs, TensorView indices, TensorView top_k,
-            TensorView top_p, TensorView min_p, TensorView seed, TensorView offset, int64_t filter, bool from_logits,
-            int64_t top_k_val, double top_p_val, double min_p_val, int64_t seed_val, int64_t offset_val,
-            int64_t enable_pdl) {
+            TensorView top_p, TensorView min_p, TensorView seed, TensorView offset, tvm::ffi::String filter_name,
+            bool from_logits, int64_t top_k_val, double top_p_val, double min_p_val, int64_t seed_val,
+            int64_t offset_val, int64_t enable_pdl) {
+  const aotinfer::Filter filter = FilterNamed(filter_name);
+  const bool logits_filter = from_logits && filter != aotinfer::Filter::kNone;
   const char* probs_name = from_logits ? "logits" : "probs";
   const int64_t row_stride = CheckRows(probs, probs_name);
-  CheckFloat32(probs, probs_name);
+  if (logits_filter) {
+    aotinfer::CheckDtypeFp32Fp16(probs, probs_name);
+  } else {
+    CheckFloat32(probs, probs_name);
+  }
   Tensors on_gpu{{&probs, probs_name}};
   aotinfer::CheckDim(1, out, "out");
   const int64_t batch = out.size(0);
@@ -126,21 +148,16 @@ void sample(TensorView out, TensorView valid, TensorView scratch, TensorView pro
     AOTINFER_THROW(ValueError) << "Expected out to have shape [" << probs.size(0) << "] (the rows of " << probs_name
                               << "), got " << aotinfer::ShapeString(out.shape());
   }
-  if (filter < 0 || filter > 5 || (from_logits && filter != 0 && filter != 4)) {
-    AOTINFER_THROW(ValueError) << "Expected filter to be 0 to 5 (0 or 4 from logits), got " << filter;
-  }
-  const bool logits_filter = from_logits && filter == 4;
   int64_t scratch_stride = 0;
-  if (logits_filter) {  // the kernel reads 16-byte vectors of both
+  if (logits_filter) {  // the kernels read 16-byte vectors of it
     scratch_stride = CheckRows(scratch, "scratch");
     CheckFloat32(scratch, "scratch");
     if (scratch.size(0) != probs.size(0) || scratch.size(1) < probs.size(1)) {
       AOTINFER_THROW(ValueError) << "Expected scratch to have shape [" << probs.size(0) << ", >= " << probs.size(1)
                                 << "], got " << aotinfer::ShapeString(scratch.shape());
     }
-    if (!aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(scratch), scratch_stride) ||
-        !aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(probs), row_stride)) {
-      AOTINFER_THROW(ValueError) << "Expected logits and scratch rows to start 16-byte aligned";
+    if (!aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(scratch), scratch_stride)) {
+      AOTINFER_THROW(ValueError) << "Expected scratch rows to start 16-byte aligned";
     }
     on_gpu.push_back({&scratch, "scratch"});
   }
@@ -167,8 +184,29 @@ void sample(TensorView out, TensorView valid, TensorView scratch, TensorView pro
   if (probs.size(1) == 0 || probs.size(1) > 0x7FFFFFFF) {
     AOTINFER_THROW(ValueError) << "Expected " << probs_name << " to have 1 to 2^31 - 1 columns, got " << probs.size(1);
   }
+  const bool one_kernel = aotinfer::SamplesLogitsInOneKernel(filter, probs.size(1)) &&
+                          probs.dtype() == DLDataType{kDLFloat, 32, 1} &&
+                          aotinfer::RowsAligned<float>(aotinfer::data_ptr<float>(probs), row_stride);
   p.probs = aotinfer::data_ptr<float>(probs);
   p.row_stride = row_stride;
+  if (logits_filter && !one_kernel) {  // softmax into scratch, then the probabilities' sampler reads it
+    aotinfer::SoftmaxParams s{};
+    s.temperature = aotinfer::RowParam<float>{nullptr, 1.f};
+    s.in_stride = row_stride;
+    s.out = aotinfer::data_ptr<float>(scratch);
+    s.out_stride = scratch_stride;
+    s.vocab = probs.size(1);
+    s.rows = probs.size(0);
+    DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(probs.dtype(), T, [&] {
+      s.logits = aotinfer::data_ptr<T>(probs);
+      Run(probs, enable_pdl, "softmax",
+          [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Softmax<T>(s, device, stream, pdl); });
+      return true;
+    });
+    p.probs = s.out;
+    p.row_stride = scratch_stride;
+    from_logits = false;
+  }
   p.vocab = probs.size(1);
   p.batch = batch;
   p.num_dist_rows = probs.size(0);
@@ -177,9 +215,9 @@ void sample(TensorView out, TensorView valid, TensorView scratch, TensorView pro
   p.out = aotinfer::data_ptr<char>(out);
   p.out_int64 = IsInt(out, 64);
   p.valid = valid.numel() > 0 ? aotinfer::data_ptr<bool>(valid) : nullptr;
-  p.filter = static_cast<aotinfer::Filter>(filter);
+  p.filter = filter;
   p.from_logits = from_logits;
-  if (logits_filter) {
+  if (from_logits && one_kernel) {
     p.scratch = aotinfer::data_ptr<float>(scratch);
     p.scratch_stride = scratch_stride;
   }
@@ -190,22 +228,26 @@ void sample(TensorView out, TensorView valid, TensorView scratch, TensorView pro
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(sample, sample);
 
-// out = probs with the elements outside the top-k (filter 1) or top-p (filter 2) set zeroed, the
-// rest divided by their sum; top-k in probs' dtype (float32, float16 or bfloat16), top-p float32.
-void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p, int64_t filter, int64_t top_k_val,
-            double top_p_val, int64_t enable_pdl) {
+// out = probs with the elements outside the top-k (filter top_k) or top-p (filter top_p) set zeroed,
+// the rest divided by their sum; top-k in probs' dtype (float32, float16 or bfloat16), top-p float32.
+void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p, tvm::ffi::String filter_name,
+            int64_t top_k_val, double top_p_val, int64_t enable_pdl) {
+  const aotinfer::Filter filter = FilterNamed(filter_name);
+  if (filter != aotinfer::Filter::kTopK && filter != aotinfer::Filter::kTopP) {
+    AOTINFER_THROW(ValueError) << "Expected filter to be top_k or top_p, got '" << std::string(filter_name) << "'";
+  }
+  const bool by_k = filter == aotinfer::Filter::kTopK;
   const int64_t in_stride = CheckRows(probs, "probs");
-  if (filter == 1) {
+  if (by_k) {
     aotinfer::CheckDtypeFp32Fp16(probs, "probs");
   } else {
     CheckFloat32(probs, "probs");
   }
   Tensors on_gpu{{&probs, "probs"}};
   const int64_t rows = probs.size(0);
-  if (filter != 1 && filter != 2) AOTINFER_THROW(ValueError) << "Expected filter to be 1 or 2, got " << filter;
   aotinfer::RenormParams p{};
-  p.filter = static_cast<aotinfer::Filter>(filter);
-  if (filter == 1) {
+  p.filter = filter;
+  if (by_k) {
     p.top_k = RowParamOf<int>(top_k, double(top_k_val), rows, "top_k", DLDataType{kDLInt, 32, 1}, "int32", on_gpu);
   } else {
     p.top_p = RowParamOf<float>(top_p, top_p_val, rows, "top_p", DLDataType{kDLFloat, 32, 1}, "float32", on_gpu);
@@ -224,7 +266,7 @@ void renorm(TensorView out, TensorView probs, TensorView top_k, TensorView top_p
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP32_FP16(probs.dtype(), T, [&] {
     p.input = aotinfer::data_ptr<T>(probs);
     p.out = aotinfer::data_ptr<T>(out);
-    Run(probs, enable_pdl, filter == 1 ? "top_k_renorm_probs" : "top_p_renorm_probs",
+    Run(probs, enable_pdl, by_k ? "top_k_renorm_probs" : "top_p_renorm_probs",
         [&](int device, cudaStream_t stream, bool pdl) { return aotinfer::Renorm<T>(p, device, stream, pdl); });
     return true;
   });

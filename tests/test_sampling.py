@@ -74,12 +74,13 @@ def test_tensors_are_checked_by_name():
                                   (torch.empty(3, dtype=torch.bool), ValueError, r"Expected valid to have shape \[4\]")):
         with pytest.raises(error, match=message):  # the binding's own check of return_valid's tensor
             aotinfer.sampling._sample(torch.empty(4, dtype=torch.int32), valid, none, probs, none, none, none,
-                                         none, no_state, no_state, 0, False, 0, 0.0, 0.0, 0, 0, -1)
-    # From logits, top-k first in one kernel: the binding's checks of its filter and scratch rows.
+                                         none, no_state, no_state, "none", False, 0, 0.0, 0.0, 0, 0, -1)
+    # From logits with a filter: the binding's checks of its filter and scratch rows.
     logits, out4, no_valid = torch.rand(4, 16), torch.empty(4, dtype=torch.int32), torch.empty(0, dtype=torch.bool)
-    for scratch, filter, message in ((torch.empty(4, 16), 5, r"Expected filter to be 0 to 5 \(0 or 4 from logits\)"),
-                                     (torch.empty(3, 16), 4, r"Expected scratch to have shape \[4, >= 16\]"),
-                                     (torch.empty(4, 17)[:, 1:], 4, "Expected logits and scratch rows to start 16-byte")):
+    for scratch, filter, message in ((torch.empty(4, 16), "top_k_last", "Expected filter to be none, top_k, top_p, "
+                                      "min_p, top_k_first or joint, got 'top_k_last'"),
+                                     (torch.empty(3, 16), "joint", r"Expected scratch to have shape \[4, >= 16\]"),
+                                     (torch.empty(4, 17)[:, 1:], "top_k_first", "Expected scratch rows to start 16-byte")):
         with pytest.raises(ValueError, match=message):
             aotinfer.sampling._sample(out4, no_valid, scratch, logits, none, none, none, none, no_state, no_state,
                                          filter, True, 5, 0.5, 0.0, 0, 0, -1)
@@ -206,9 +207,11 @@ def test_distribution_small_vocab(name, op, args, filters, form):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("order", ["top_k_first", "joint"])
-def test_distribution_from_logits(order):
-    logits = torch.log(small_distribution(seed=1)).cuda()[None] * 0.8 + 0.3
+def test_distribution_from_logits(order, dtype):
+    """Rows too short for the one-kernel path (and 16-bit logits): the binding's softmax first."""
+    logits = (torch.log(small_distribution(seed=1)).cuda()[None] * 0.8 + 0.3).to(dtype)
     probs = torch.softmax(logits.double(), -1).float()
     assert_draws_match(draw_many(aotinfer.sampling_from_logits, logits), probs[0].double())
     samples = draw_many(lambda x, **kw: aotinfer.top_k_top_p_sampling_from_logits(x, 12, 0.8, filter_apply_order=order, **kw),
@@ -406,7 +409,7 @@ def test_top_k_renorm_16_bit(dtype, vocab):
     # top-p's renorm takes float32 rows (top_p_renorm_probs converts others, as FlashInfer does)
     with pytest.raises(TypeError, match="Expected probs to have dtype float32, got"):
         aotinfer.sampling._renorm(torch.empty_like(probs), probs, probs.new_empty(0), probs.new_empty(0).float(),
-                                     2, 0, 0.5, -1)
+                                     "top_p", 0, 0.5, -1)
 
 
 @gpu

@@ -21,7 +21,7 @@ BINDINGS = [
     for function, schema in entry["functions"].items()
 ]
 # torch schema types -> the types tvm-ffi records for the binding's C++ parameters
-TVM_TYPES = {"Tensor": "DLTensor*", "float": "float", "int": "int", "bool": "bool"}
+TVM_TYPES = {"Tensor": "DLTensor*", "float": "float", "int": "int", "bool": "bool", "str": "ffi.String"}
 
 
 @pytest.mark.parametrize("module, function, schema", BINDINGS, ids=[b[1] for b in BINDINGS])

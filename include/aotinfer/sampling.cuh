@@ -88,6 +88,13 @@ constexpr int kThresholdRowParts = kSearchRowParts;
 // twice the blocks).
 constexpr int kSearchMinRowParts = 1;
 
+// Rows of logits that sample in one kernel: top-k first where the sampled floor applies (float32
+// rows, 16-byte aligned: the binding's part). Other logits take the softmax kernel, then the
+// probabilities' sampler (docs/design/sampling.md#top-k-from-logits).
+inline bool SamplesLogitsInOneKernel(Filter filter, int64_t vocab) {
+  return filter == Filter::kTopKFirst && vocab >= kSampledFloorMinVocab;
+}
+
 inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, bool pdl) {
   p.ahead = GetDeviceFacts(device).sms;
   const bool race_only = p.filter == Filter::kNone || p.filter == Filter::kMinP;
@@ -101,8 +108,8 @@ inline cudaError_t Sample(SamplingParams p, int device, cudaStream_t stream, boo
   const bool top_k_filter = p.filter == Filter::kTopK || p.filter == Filter::kTopKFirst || p.filter == Filter::kJoint;
   constexpr auto kScalarKernel = SamplingKernel<1, Shortcut::kNone>;
   constexpr size_t kShared = sizeof(SamplingShared);
-  // From logits (top-k first; the binding allows no other filter): its own floor kernel at every
-  // vocabulary, which holds the path where the floor does not apply.
+  // From logits (SamplesLogitsInOneKernel): its own floor kernel, which holds the path where the
+  // floor does not apply.
   if (p.from_logits && top_k_filter) {
     return LaunchRows<SamplingKernel<4, Shortcut::kLogitsFloor>, kScalarKernel>(p, p.batch, aligned, kShared, device,
                                                                                 stream, pdl, max_parts, min_parts);

@@ -182,7 +182,7 @@ _MISMATCH = r"Mismatched type on argument #(\d+) when calling: `(\w+)\(.*Expecte
 _SCHEMA_MISMATCH = r"Expected a value of type '([^']*)' for argument '\w+' but instead found type '([^']*)'.\s*Position: (\d+)"
 _NOT_PACKABLE = r"Cannot pack tensors on (\w+)"
 _SCHEMA_PARAM = r"(\w+)(\(\w!\))? (\w+)"  # type, "(a!)" where written, name
-_EXPECTED = {"Tensor": "a torch.Tensor", "float": "a real number", "int": "an integer", "bool": "a bool"}
+_EXPECTED = {"Tensor": "a torch.Tensor", "float": "a real number", "int": "an integer", "bool": "a bool", "str": "a str"}
 
 
 def _caller_name(value, default: str) -> str:

@@ -66,12 +66,7 @@ _renorm = kernel("sampling", "renorm")
 _top_k_mask_logits = kernel("sampling", "top_k_mask_logits")
 _softmax = kernel("sampling", "softmax")
 
-# The binding's filter codes.
-_NONE, _TOP_K, _TOP_P, _MIN_P, _TOP_K_FIRST, _JOINT = range(6)
-# Rows shorter than the kernel's sampled floor (kSampledFloorMinVocab) sample from logits through
-# the softmax kernel: below it the floor never applies.
-_FROM_LOGITS_MIN_VOCAB = 16384
-_ORDERS = {"top_k_first": _TOP_K_FIRST, "joint": _JOINT}
+_ORDERS = ("top_k_first", "joint")  # filter_apply_order's values, the binding's names of those filters
 _PHILOX_OFFSETS_PER_CALL = 4  # a call's draws use one offset; 4 keeps the generator's offset a multiple of 4
 
 
@@ -159,15 +154,17 @@ def _random_state(device, generator, seed, offset):
     return seed, offset
 
 
-def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, check_nan, seed, offset,
+def _draw(sample, probs, filter, top_k, top_p, min_p, indices, generator, check_nan, seed, offset,
           return_valid, from_logits=False):
     """One sampling call: output allocation, per-row parameters, random state, the binding."""
     import torch
 
+    name = "logits" if from_logits else "probs"
     check_tensor(probs, name)
     if indices is not None:
         check_tensor(indices, "indices")
-    if probs.dtype in (torch.float16, torch.bfloat16):
+    filtered_logits = from_logits and filter != "none"  # any float dtype: the binding's softmax reads it
+    if probs.dtype in (torch.float16, torch.bfloat16) and not filtered_logits:
         probs = probs.float()  # as FlashInfer does
     if check_nan and bool(torch.isnan(probs).any()):
         raise ValueError(f"Input {name} contains NaN.")
@@ -184,18 +181,19 @@ def _draw(sample, probs, name, filter, top_k, top_p, min_p, indices, generator, 
     # No elements: not wanted. Its own tensor, not `none`: the op's schema marks valid as written, and
     # a written argument may not alias the others under torch.compile.
     valid = torch.empty(batch if return_valid else 0, dtype=torch.bool, device=probs.device)
-    # From logits with a filter: where the kernel's floor does not apply, a row's probabilities go
-    # here (as many rows as the logits', padded to 16 bytes). Written, so its own tensor, as valid.
-    scratch = (torch.empty(probs.shape[0], (probs.shape[-1] + 3) // 4 * 4, dtype=torch.float32, device=probs.device)
-               if from_logits and filter != _NONE else probs.new_empty(0))
+    # From logits with a filter: the rows' probabilities, where the binding computes them (as many
+    # rows as the logits', padded to 16 bytes). Written, so its own tensor, as valid.
+    scratch = (torch.empty(probs.shape[0], (probs.shape[1] + 3) // 4 * 4, dtype=torch.float32, device=probs.device)
+               if filtered_logits and probs.dim() == 2 else probs.new_empty(0))
     try:
         sample(out, valid, scratch, probs, none if indices is None else indices, top_k, top_p, min_p, seed, offset,
                filter, from_logits, top_k_val, top_p_val, min_p_val, seed_val, offset_val, -1)
     except (TypeError, ValueError) as error:
-        if name == "probs" or not str(error).startswith("Expected probs "):
+        if not from_logits or not str(error).startswith("Expected probs "):
             raise
-        # The binding's name for the rows (or for their float32 copy made above) is probs.
-        raise type(error)(f"Expected {name} " + str(error)[len("Expected probs "):]) from None
+        # The float32 copy of 16-bit logits made above is no argument of the op: the kernel function
+        # names it by the binding's name for the rows, probs.
+        raise type(error)("Expected logits " + str(error)[len("Expected probs "):]) from None
     return (out, valid) if return_valid else out
 
 
@@ -244,7 +242,7 @@ def sampling_from_probs(probs: torch.Tensor, indices: Optional[torch.Tensor] = N
     if not skip_check:
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    return _draw(_sample, probs, "probs", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
+    return _draw(_sample, probs, "none", None, None, None, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
@@ -293,7 +291,7 @@ def sampling_from_logits(logits: torch.Tensor, indices: Optional[torch.Tensor] =
     if not skip_check:
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    return _draw(_sample, logits, "logits", _NONE, None, None, None, indices, generator, check_nan, seed, offset,
+    return _draw(_sample, logits, "none", None, None, None, indices, generator, check_nan, seed, offset,
                  return_valid, from_logits=True)
 
 
@@ -347,7 +345,7 @@ def top_p_sampling_from_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, fl
         _check_fraction(top_p, "top_p", low_open=True)
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    return _draw(_sample, probs, "probs", _TOP_P, None, top_p, None, indices, generator, check_nan, seed, offset,
+    return _draw(_sample, probs, "top_p", None, top_p, None, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
@@ -401,7 +399,7 @@ def top_k_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, in
         _check_top_k(top_k)
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    return _draw(_sample, probs, "probs", _TOP_K, top_k, None, None, indices, generator, check_nan, seed, offset,
+    return _draw(_sample, probs, "top_k", top_k, None, None, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
@@ -455,7 +453,7 @@ def min_p_sampling_from_probs(probs: torch.Tensor, min_p: Union[torch.Tensor, fl
         _check_fraction(min_p, "min_p", low_open=False)
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    return _draw(_sample, probs, "probs", _MIN_P, None, None, min_p, indices, generator, check_nan, seed, offset,
+    return _draw(_sample, probs, "min_p", None, None, min_p, indices, generator, check_nan, seed, offset,
                  return_valid)
 
 
@@ -514,7 +512,7 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: Union[torch.Tens
         _check_top_k_top_p(top_k, top_p, filter_apply_order)
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
+    return _draw(_sample, probs, filter_apply_order, top_k, top_p, None, indices, generator,
                  check_nan, seed, offset, return_valid)
 
 
@@ -581,18 +579,8 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
 
     import torch
 
-    check_tensor(logits, "logits")
-    if check_nan and bool(torch.isnan(logits).any()):
-        raise ValueError("Input logits contains NaN.")
-    if (filter_apply_order == "top_k_first" and logits.dtype == torch.float32 and logits.dim() == 2
-            and logits.shape[1] >= _FROM_LOGITS_MIN_VOCAB and logits.stride(1) == 1
-            and logits.data_ptr() % 16 == 0 and (logits.shape[0] <= 1 or logits.stride(0) % 4 == 0)):
-        return _draw(_sample, logits, "logits", _TOP_K_FIRST, top_k, top_p, None, indices, generator, False, seed,
-                     offset, return_valid, from_logits=True)
-    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    _softmax(probs, logits, probs.new_empty(0), 1.0, -1)
-    return _draw(_sample, probs, "probs", _ORDERS.get(filter_apply_order, -1), top_k, top_p, None, indices, generator,
-                 False, seed, offset, return_valid)
+    return _draw(_sample, logits, filter_apply_order, top_k, top_p, None, indices, generator, check_nan,
+                 seed, offset, return_valid, from_logits=True)
 
 
 @aotinfer_api(trace=top_p_renorm_probs_trace)
@@ -613,7 +601,7 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: Union[torch.Tensor, float], *
         probs = probs.float()
     out = torch.empty_like(probs)
     top_p, top_p_val = _per_row(top_p, torch.float32, -1.0, probs.new_empty(0))
-    _renorm(out, probs, top_p, top_p, _TOP_P, 0, top_p_val, -1)
+    _renorm(out, probs, top_p, top_p, "top_p", 0, top_p_val, -1)
     return out
 
 
@@ -633,7 +621,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: Union[torch.Tensor, int], *, 
     check_tensor(probs, "probs")
     out = torch.empty_like(probs)
     top_k, top_k_val = _per_row(top_k, torch.int32, -1, probs.new_empty(0))
-    _renorm(out, probs, top_k, top_k, _TOP_K, top_k_val, 1.0, -1)
+    _renorm(out, probs, top_k, top_k, "top_k", top_k_val, 1.0, -1)
     return out
 
 
