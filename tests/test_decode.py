@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import aotinfer
-from aotinfer import decode
+from aotinfer import _attention, decode
 
 gpu = pytest.mark.gpu
 LN2 = math.log(2.0)
@@ -628,10 +628,10 @@ def test_partition_covers_every_position_once(page_size, window_left):
         assert p.chunk == 0 and p.num_slots == 0
         return
     assert p.num_slots > 0
-    unit = decode.chunk_unit(page_size)
-    assert p.chunk % 64 == 0 and p.chunk % unit == 0 and p.chunk >= decode._MIN_CHUNK and p.chunk % page_size == 0
+    unit = _attention.chunk_unit(page_size)
+    assert p.chunk % 64 == 0 and p.chunk % unit == 0 and p.chunk >= _attention._MIN_CHUNK and p.chunk % page_size == 0
     # The smallest such chunk: one unit less makes too many items.
-    if p.chunk > decode._MIN_CHUNK:
+    if p.chunk > _attention._MIN_CHUNK:
         bounds = [(max(n - 1 - window_left, 0) if window_left >= 0 else 0, n) for n in RAGGED]
         assert sum(decode.num_chunks(lo, hi, p.chunk - unit) for lo, hi in bounds) > target
 

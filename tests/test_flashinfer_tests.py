@@ -37,7 +37,7 @@ def test_not_shipped_keyword():
 
 
 def test_declined():
-    flashinfer.decode._check_pos_encoding_mode("ROPE_LLAMA")
+    flashinfer.decode.check_pos_encoding_mode("ROPE_LLAMA")
 
 
 def test_limit_test_not_named():

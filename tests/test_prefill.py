@@ -801,7 +801,7 @@ def test_single_prefill_builds_the_tables_the_plan_writes(monkeypatch, shape, ca
     q_len, kv_len, heads, kv_heads, head_dim = shape
     seen = {}
     monkeypatch.setattr(prefill, "use_sm90", lambda *args: True)
-    monkeypatch.setattr(prefill, "_num_sms", lambda device: 132)
+    monkeypatch.setattr(prefill, "num_sms", lambda device: 132)
     monkeypatch.setattr(prefill, "_batch_prefill_sm90", lambda *args: seen.setdefault("args", args))
     q = torch.randn(q_len, heads, head_dim, dtype=torch.bfloat16)
     k = torch.randn(kv_len, kv_heads, head_dim, dtype=torch.bfloat16)
@@ -942,7 +942,7 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
 def kernel_model(monkeypatch):
     """batch_prefill replaced by its float32 model: plan and run run on the CPU."""
     monkeypatch.setattr(prefill, "_batch_prefill", model_batch_prefill)
-    monkeypatch.setattr(prefill, "_num_sms", lambda device: 16)  # small batches split
+    monkeypatch.setattr(prefill, "num_sms", lambda device: 16)  # small batches split
 
 
 CPU_PAIRS = [(20, 20), (3, 150), (0, 0), (1, 1), (70, 90), (0, 7)]
@@ -1047,7 +1047,7 @@ def test_mask_buffers_are_not_implemented(name):
         (dict(pos_encoding_mode="XYZ"), ValueError, "pos_encoding_mode"),
         (dict(head_dim_vo=128), NotImplementedError, "head_dim_vo"),
         (dict(use_fp16_qk_reduction=True), NotImplementedError, "use_fp16_qk_reduction"),
-        (dict(kv_data_type=torch.float32), NotImplementedError, "kv_data_type"),
+        (dict(kv_data_type=torch.float32), ValueError, "kv_data_type"),
         (dict(q_data_type=torch.float32), ValueError, "q_data_type"),
         (dict(o_data_type=torch.float32), NotImplementedError, "o_data_type"),
         (dict(window_left=-2), ValueError, "window_left"),

@@ -60,48 +60,51 @@ from __future__ import annotations
 
 import math
 
-from . import _loader
+from ._attention import (
+    KV_LAYOUTS,
+    AttentionWrapper,
+    check_dtypes,
+    check_head_dim,
+    check_heads,
+    check_int32,
+    check_kv_layout,
+    check_optional_reals,
+    check_options,
+    check_pos_encoding_mode,
+    check_soft_cap,
+    check_window_left,
+    device_property,
+    num_chunks,
+    num_sms,
+    smallest_chunk,
+)
 from ._kernels import kernel
-from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, _aligned, check_workspace
+from ._workspace import _aligned
 from .api_logging import aotinfer_api
 from .trace.templates.decode import single_decode_with_kv_cache_trace
-from .trace.template import dtype_name
-from .utils import check_enable_pdl, check_int, check_real, check_tensor
+from .utils import check_enable_pdl, check_int, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, List, Optional, Tuple, Union
+    from typing import Optional, Tuple, Union
 
     import torch
 
 _batch_decode = kernel("decode", "batch_decode")
 
-HEAD_DIMS = (64, 128, 256)
-_KV_LAYOUTS = {"NHD": 0, "HND": 1}
-_POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")  # FlashInfer's; only NONE is implemented
-_BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl")  # FlashInfer's names, all one kernel here
-_Q_DTYPES = ("float16", "bfloat16")
-_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 # The split heuristic. A CTA serves up to 16 query heads of one KV head, so the grid is
 # items x (num_kv_heads * ceil(group / 16)); plan aims at 2 CTAs an SM, or at 1 where no request
 # attends more than _SHORT_REQUEST positions: a batch of those that fills the SMs once gains
 # nothing from blocks with half as much to read and a merge of their partials (H100, 16 x 1024 and
 # 16 x 2048 unsplit: 2-6% faster; longer requests want 2, a lone block an SM holding too few bytes
-# in flight; docs/design/decode.md#split-kv-and-merge). Chunks are multiples of 64 tokens (and of the page size where
-# that stays under 4096 tokens, so that chunks end on page boundaries), at least 128 tokens (two of
-# the kernel's tiles): a block's time is mostly the latency of its first tiles, so short requests
-# gain from more, shorter chunks.
+# in flight; docs/design/decode.md#split-kv-and-merge). Chunks: _attention.smallest_chunk.
 _HEADS_PER_CTA = 16
 _CTAS_PER_SM = 2
 _SHORT_REQUEST = 2048
-_CHUNK_UNIT = 64
-_MAX_CHUNK_UNIT = 4096
-_MIN_CHUNK = 128
 # single_decode_with_kv_cache plans without asking the GPU (it runs under tracers and CUDA graph
 # capture, and its output then does not depend on the GPU model): as for this many SMs (H100/H200).
 _SINGLE_DECODE_SMS = 132
-_CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
 # K and V are read once a step. Cached evict-first in L2 (the binding's kv_read_once), their lines
 # displace one another rather than what the L2 held, which is otherwise evicted, and written back
 # to memory while the cache streams in where it is dirty. Under bench_decode's cold-L2 flush (which
@@ -110,82 +113,7 @@ _CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the pla
 # up to this many L2s of K and V a step, where one CTA reads each KV head (groups of up to 16: a
 # second CTA of a larger group reads the same lines, which should still be in L2).
 _READ_ONCE_L2S = 4
-_ASSUMED_L2_BYTES = 50 << 20  # as _SINGLE_DECODE_SMS and _CPU_SMS: the L2 of an H100/H200
-
-
-# ---- argument checks (what the binding cannot name) --------------------------------------------
-
-
-def _check_backend(backend: Any) -> None:
-    if backend not in _BACKENDS:
-        raise ValueError(f"Expected backend to be one of {', '.join(map(repr, _BACKENDS))}, got {backend!r}")
-
-
-def _check_kv_layout(kv_layout: Any) -> None:
-    if kv_layout not in _KV_LAYOUTS:
-        raise ValueError(f"Expected kv_layout to be 'NHD' or 'HND', got {kv_layout!r}")
-
-
-def _check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
-    if pos_encoding_mode == "NONE":
-        return
-    if pos_encoding_mode in _POS_ENCODING_MODES:
-        raise NotImplementedError(
-            f"pos_encoding_mode={pos_encoding_mode!r} is not implemented: apply the position encoding to q and k "
-            "before attention and pass pos_encoding_mode='NONE'"
-        )
-    raise ValueError(f"Expected pos_encoding_mode to be one of {', '.join(map(repr, _POS_ENCODING_MODES))}, got {pos_encoding_mode!r}")
-
-
-def _check_window_left(window_left: Any) -> None:
-    check_int(window_left, "window_left", -1)
-
-
-def _check_soft_cap(logits_soft_cap: Any) -> None:
-    if logits_soft_cap is not None:
-        check_real(logits_soft_cap, "logits_soft_cap")
-        if not 0.0 <= logits_soft_cap < float("inf"):
-            raise ValueError(f"Expected logits_soft_cap to be None, 0 (off) or positive, got {logits_soft_cap}")
-
-
-def _check_optional_reals(**values: Any) -> None:
-    for name, value in values.items():
-        if value is not None:
-            check_real(value, name)
-
-
-def _check_head_dim(head_dim: Any) -> None:
-    check_int(head_dim, "head_dim", 1)
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim {head_dim} is not supported: supported head dims are {', '.join(map(str, HEAD_DIMS))}")
-
-
-def _check_heads(num_qo_heads: Any, num_kv_heads: Any) -> None:
-    check_int(num_qo_heads, "num_qo_heads", 1)
-    check_int(num_kv_heads, "num_kv_heads", 1)
-    if num_qo_heads % num_kv_heads:
-        raise ValueError(f"Expected num_qo_heads ({num_qo_heads}) to be a multiple of num_kv_heads ({num_kv_heads})")
-
-
-def _check_int32(tensor: Any, name: str) -> None:
-    import torch
-
-    check_tensor(tensor, name)
-    if tensor.dtype != torch.int32:
-        raise TypeError(f"Expected {name} to have dtype int32, got {str(tensor.dtype).replace('torch.', '')}")
-    if tensor.dim() != 1:
-        raise ValueError(f"Expected {name} to be 1-D, got shape {list(tensor.shape)}")
-
-
-def _dtype(value: Any, name: str) -> "torch.dtype":
-    """A torch dtype from a dtype or its name, as FlashInfer's canonicalize_torch_dtype."""
-    import torch
-
-    if isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
-        return getattr(torch, value)
-    raise TypeError(f"Expected {name} to be a torch.dtype or its name, got {value!r}")
+_ASSUMED_L2_BYTES = 50 << 20  # as _SINGLE_DECODE_SMS and _attention.CPU_SMS: the L2 of an H100/H200
 
 
 # ---- the work partition (host only) ------------------------------------------------------------
@@ -200,39 +128,6 @@ def heads_ctas(num_qo_heads: int, num_kv_heads: int) -> int:
 def target_items(num_sms: int, num_qo_heads: int, num_kv_heads: int, ctas_per_sm: int = _CTAS_PER_SM) -> int:
     """The number of work items that fills the GPU (ctas_per_sm CTAs an SM)."""
     return max(1, -(-ctas_per_sm * num_sms // heads_ctas(num_qo_heads, num_kv_heads)))
-
-
-def chunk_unit(page_size: int) -> int:
-    """Chunk sizes are multiples of this: 64 tokens and whole pages where that stays small."""
-    unit = math.lcm(_CHUNK_UNIT, page_size)
-    return unit if unit <= _MAX_CHUNK_UNIT else _CHUNK_UNIT
-
-
-def num_chunks(lo: int, hi: int, chunk: int) -> int:
-    """Chunks of ``chunk`` tokens, aligned to multiples of ``chunk`` from position 0, that cover
-    positions [lo, hi); one (empty) item for an empty range, one item for chunk 0 (no split)."""
-    return (hi - 1) // chunk - lo // chunk + 1 if chunk > 0 and hi > lo else 1
-
-
-def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count: Callable[[int], int]) -> int:
-    """The smallest chunk size (a multiple of chunk_unit(page_size), at least _MIN_CHUNK tokens)
-    whose partition has at most ``max_items`` items, ``count(chunk)`` being its number of items; 0
-    (no split) when no request attends more than _MIN_CHUNK positions (``longest``: the most any attends).
-    ``end``: the last position any request attends, plus one. Assumes one item a request fits."""
-    unit = chunk_unit(page_size)
-    if longest <= _MIN_CHUNK:
-        return 0
-    # Binary search for the smallest k (chunk = k * unit) that fits. k_hi fits (a chunk as long
-    # as every sequence: one a request), so the answer always fits, even where the count is not
-    # monotonic in k (chunks are aligned to their size).
-    k_lo, k_hi = -(-_MIN_CHUNK // unit), max(-(-end // unit), 1)
-    while k_lo < k_hi:
-        mid = (k_lo + k_hi) // 2
-        if count(mid * unit) <= max_items:
-            k_hi = mid
-        else:
-            k_lo = mid + 1
-    return k_hi * unit
 
 
 class WorkPartition:
@@ -329,66 +224,11 @@ def partition_work(
     return WorkPartition(work.to(torch.int32), requests.to(torch.int32), num_items, num_slots, chunk)
 
 
-def _device_property(device: "torch.device", name: str, cpu_value: int) -> int:
-    """A field of the device's ``torch.cuda.get_device_properties`` (the loader's, read once a
-    device), or ``cpu_value`` for a workspace on the CPU."""
-    if device.type != "cuda":
-        return cpu_value
-    import torch
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return getattr(_loader.device_properties(index), name)
-
-
-def _num_sms(device: "torch.device") -> int:
-    return _device_property(device, "multi_processor_count", _CPU_SMS)
-
-
 def reads_once(tokens: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_itemsize: int, l2_bytes: int) -> int:
     """1 where a step attending ``tokens`` positions in all caches its K and V evict-first
     (_READ_ONCE_L2S), else 0: the binding's kv_read_once."""
     kv_bytes = tokens * num_kv_heads * head_dim * 2 * kv_itemsize
     return int(kv_bytes <= _READ_ONCE_L2S * l2_bytes and heads_ctas(num_qo_heads, num_kv_heads) == num_kv_heads)
-
-
-# ---- the KV cache ------------------------------------------------------------------------------
-
-
-def _expand_4d(cache: Any, kv_layout: str, name: str) -> "torch.Tensor":
-    """One of K or V as ``[pages, page_size, heads, dim]`` (NHD) or ``[pages, heads, page_size,
-    dim]`` (HND); a 3-D tensor is pages of one token (page_size 1), as FlashInfer reads it."""
-    check_tensor(cache, name)
-    if cache.dim() == 3:
-        return cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
-    if cache.dim() != 4:
-        raise ValueError(f"Expected {name} to have 3 or 4 dimensions, got shape {list(cache.shape)}")
-    return cache
-
-
-def unpack_kv_cache(paged_kv_cache: Any, kv_layout: str) -> Tuple["torch.Tensor", "torch.Tensor"]:
-    """(k_cache, v_cache) 4-D views of a ``(k, v)`` tuple of 3-D or 4-D tensors, or of one 5-D
-    tensor ``[pages, 2, ...]`` (4-D: page_size 1) holding K at ``[:, 0]`` and V at ``[:, 1]``."""
-    import torch
-
-    if isinstance(paged_kv_cache, (tuple, list)):
-        if len(paged_kv_cache) != 2:
-            raise ValueError(f"Expected paged_kv_cache to be a (k_cache, v_cache) pair, got {len(paged_kv_cache)} tensors")
-        return (
-            _expand_4d(paged_kv_cache[0], kv_layout, "paged_kv_cache[0] (k_cache)"),
-            _expand_4d(paged_kv_cache[1], kv_layout, "paged_kv_cache[1] (v_cache)"),
-        )
-    if not isinstance(paged_kv_cache, torch.Tensor):
-        raise TypeError(f"Expected paged_kv_cache to be a torch.Tensor or a (k_cache, v_cache) tuple, got {type(paged_kv_cache).__name__}")
-    cache = paged_kv_cache
-    if cache.dim() == 4:
-        cache = cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
-    if cache.dim() != 5 or cache.shape[1] != 2:
-        page = "page_size, num_kv_heads, head_dim" if kv_layout == "NHD" else "num_kv_heads, page_size, head_dim"
-        raise ValueError(
-            f"Expected paged_kv_cache to have shape [pages, 2, {page}] ({kv_layout}), or [pages, 2, num_kv_heads, "
-            f"head_dim] for page_size 1, got {list(paged_kv_cache.shape)}"
-        )
-    return cache.select(1, 0), cache.select(1, 1)
 
 
 # ---- the wrapper -------------------------------------------------------------------------------
@@ -407,7 +247,7 @@ class _Plan:
 
 def _check_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left) -> None:
     """What run's binding cannot name: the scalars, and q against the plan."""
-    _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
     check_enable_pdl(enable_pdl)
     plan = self._plan
     if plan is None:
@@ -419,7 +259,7 @@ def _check_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left) -> N
     if q.dtype != plan.q_dtype:
         raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {plan.q_dtype} specified in plan")
     window = self._window_left if window_left is None else window_left
-    _check_window_left(window)
+    check_window_left(window)
     if plan.window_left >= 0 and not 0 <= window <= plan.window_left:
         raise ValueError(
             f"window_left={window} attends positions that plan (window_left={plan.window_left}) did not assign to any "
@@ -427,7 +267,7 @@ def _check_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left) -> N
         )
 
 
-class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
+class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
     r"""Decode attention for a batch of requests over a paged KV cache (FlashInfer's wrapper).
 
     ``plan`` once per decode step, with the page table; then ``run`` once per layer with that
@@ -473,60 +313,20 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             FlashInfer's ``"auto"``, ``"fa2"``, ``"fa3"``, ``"trtllm-gen"`` or ``"cute-dsl"``; all
             run aotinfer's kernel.
         """
-        import torch
-
-        _check_kv_layout(kv_layout)
-        _check_backend(backend)
-        self._kv_layout = kv_layout
-        self._kv_layout_code = _KV_LAYOUTS[kv_layout]
-        self._backend = backend
+        self._init_wrapper(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         self._use_tensor_cores = bool(use_tensor_cores)
-        self._use_cuda_graph = bool(use_cuda_graph)
-        check_workspace(float_workspace_buffer, "float_workspace_buffer")
-        self.device = float_workspace_buffer.device
-        int_workspace = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self._set_workspaces(float_workspace_buffer, int_workspace)
-
-        if use_cuda_graph:
-            buffers = {
-                "paged_kv_indptr_buffer": paged_kv_indptr_buffer,
-                "paged_kv_indices_buffer": paged_kv_indices_buffer,
+        if self._use_cuda_graph:
+            self._fix_batch_size({
+                "paged_kv_indptr_buffer": paged_kv_indptr_buffer, "paged_kv_indices_buffer": paged_kv_indices_buffer,
                 "paged_kv_last_page_len_buffer": paged_kv_last_page_len_buffer,
-            }
-            for name, buffer in buffers.items():
-                if not isinstance(buffer, torch.Tensor):
-                    raise ValueError(f"{name} must be a torch.Tensor when use_cuda_graph=True, got {type(buffer).__name__}")
-                _check_int32(buffer, name)
-                if buffer.device != self.device:
-                    raise ValueError(f"Expected {name} on the workspace's device {self.device}, got {buffer.device}")
-            self._fixed_batch_size = paged_kv_last_page_len_buffer.numel()
-            if paged_kv_indptr_buffer.numel() != self._fixed_batch_size + 1:
-                raise ValueError(
-                    f"Expected paged_kv_indptr_buffer to have batch_size + 1 = {self._fixed_batch_size + 1} elements "
-                    f"(batch_size from paged_kv_last_page_len_buffer), got {paged_kv_indptr_buffer.numel()}"
-                )
-        else:
-            self._fixed_batch_size = 0
+            }, "paged_kv_last_page_len_buffer")  # fmt: skip
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
 
-        # The attention options run uses: set by plan, overridden by forward (as FlashInfer's).
-        self._pos_encoding_mode = "NONE"
-        self._window_left = -1
-        self._logits_soft_cap: Optional[float] = None
-        self._sm_scale: Optional[float] = None
-        self._rope_scale: Optional[float] = None
-        self._rope_theta: Optional[float] = None
-        self._plan: Optional[_Plan] = None
-
     @property
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
-
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        return self._use_cuda_graph
 
     @aotinfer_api
     def plan(
@@ -602,37 +402,21 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         import torch
 
         # ---- options
-        _check_pos_encoding_mode(pos_encoding_mode)
-        _check_heads(num_qo_heads, num_kv_heads)
-        _check_head_dim(head_dim)
+        check_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        check_heads(num_qo_heads, num_kv_heads)
+        check_head_dim(head_dim)
         check_int(page_size, "page_size", 1)
-        _check_window_left(window_left)
-        _check_soft_cap(logits_soft_cap)
-        _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
         if fixed_split_size is not None:
             check_int(fixed_split_size, "fixed_split_size", 1)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
-        q_dtype = _dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
-        kv_dtype = q_dtype if kv_data_type is None else _dtype(kv_data_type, "kv_data_type")
-        if dtype_name(q_dtype) not in _Q_DTYPES:
-            raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {dtype_name(q_dtype)}")
-        if kv_dtype != q_dtype and dtype_name(kv_dtype) not in _FP8_DTYPES:
-            raise ValueError(
-                f"Expected kv_data_type to be q_data_type ({dtype_name(q_dtype)}), float8_e4m3fn or float8_e5m2, "
-                f"got {dtype_name(kv_dtype)}"
-            )
-        if o_data_type is not None and _dtype(o_data_type, "o_data_type") != q_dtype:
-            raise NotImplementedError(
-                f"o_data_type={dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has "
-                f"q's dtype ({dtype_name(q_dtype)})"
-            )
+        q_dtype, kv_dtype = check_dtypes(q_data_type, kv_data_type, o_data_type, fp8_kv=True)
 
         # ---- the page table, on the host
-        _check_int32(indptr, "indptr")
-        _check_int32(indices, "indices")
-        _check_int32(last_page_len, "last_page_len")
+        check_int32(indptr, "indptr")
+        check_int32(indices, "indices")
+        check_int32(last_page_len, "last_page_len")
         batch = last_page_len.numel()
         if indptr.numel() != batch + 1:
             raise ValueError(f"Expected indptr to have batch_size + 1 = {batch + 1} elements, got {indptr.numel()}")
@@ -677,7 +461,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
                 )
 
         # ---- the work partition
-        fill = target_items(_num_sms(self.device), num_qo_heads, num_kv_heads)
+        fill = target_items(num_sms(self.device), num_qo_heads, num_kv_heads)
         capacity = max(batch, fill) if self._use_cuda_graph else None
         partition = partition_work(
             kv_len,
@@ -685,7 +469,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             page_size=page_size,
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
-            num_sms=_num_sms(self.device),
+            num_sms=num_sms(self.device),
             window_left=window_left,
             disable_split_kv=disable_split_kv,
             fixed_split_size=fixed_split_size,
@@ -720,18 +504,13 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         plan.head_dim, plan.page_size, plan.q_dtype, plan.kv_dtype = head_dim, page_size, q_dtype, kv_dtype
         plan.window_left = window_left
         attended = int((kv_len if window_left < 0 else kv_len.clamp(max=window_left + 1)).sum())
-        l2_bytes = _device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)
+        l2_bytes = device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)
         plan.kv_read_once = reads_once(attended, num_qo_heads, num_kv_heads, head_dim, kv_dtype.itemsize, l2_bytes)
 
         self._plan = plan
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
         self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q_dtype, kv_dtype, q_dtype
-        self._pos_encoding_mode = pos_encoding_mode
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale = rope_scale
-        self._rope_theta = rope_theta
+        self._keep_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
 
     begin_forward = plan
 
@@ -793,19 +572,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         if plan is None:
             raise RuntimeError("BatchDecodeWithPagedKVCacheWrapper.run: call plan() first")
         self._require_workspace_on(q.device)
-        k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
-        if k_cache.dtype != plan.kv_dtype:
-            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")
-        # The kernel finds a request's pages from its length and the page size: a page size other
-        # than the planned one would read past the request's page ids.
-        page_size = k_cache.shape[1 if self._kv_layout_code == 0 else 2]
-        if page_size != plan.page_size:
-            raise ValueError(f"Expected paged_kv_cache with the planned page_size {plan.page_size}, got {page_size}")
-        sm_scale = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(plan.head_dim)
-        if q_scale is not None:
-            sm_scale *= q_scale
-        if k_scale is not None:
-            sm_scale *= k_scale
+        k_cache, v_cache = self._paged_cache(paged_kv_cache, plan)
         # Outputs on the plan's device: a q on another one is the tensor the binding names.
         if out is None:
             out = torch.empty(q.shape, dtype=q.dtype, device=self.device)
@@ -825,7 +592,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             plan.counters,
             plan.empty if sinks is None else sinks,
             self._kv_layout_code,
-            sm_scale,
+            self._sm_scale_for(plan.head_dim, q_scale, k_scale),
             self._logits_soft_cap or 0.0,
             self._window_left if window_left is None else window_left,
             1.0 if v_scale is None else v_scale,
@@ -834,10 +601,6 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
             -1 if enable_pdl is None else enable_pdl,
         )
         return (out, lse) if return_lse else out
-
-    def run_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
-        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
-        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
 
     def forward(
         self,
@@ -875,21 +638,6 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWorkspace):
         r"""Deprecated form of ``run_return_lse``, as ``forward``."""
         self._set_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
-
-    def _set_options(self, pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta) -> None:
-        _check_pos_encoding_mode(pos_encoding_mode)
-        _check_window_left(window_left)
-        _check_soft_cap(logits_soft_cap)
-        _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
-        self._pos_encoding_mode = pos_encoding_mode
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale = rope_scale
-        self._rope_theta = rope_theta
-
-    def end_forward(self) -> None:
-        r"""Deprecated and does nothing (FlashInfer's)."""
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
@@ -1060,11 +808,11 @@ def single_decode_with_kv_cache(
         The output ``[num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)``.
     """
     if not skip_check:
-        _check_kv_layout(kv_layout)
-        _check_pos_encoding_mode(pos_encoding_mode)
-        _check_window_left(window_left)
-        _check_soft_cap(logits_soft_cap)
-        _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale,
+        check_kv_layout(kv_layout)
+        check_pos_encoding_mode(pos_encoding_mode)
+        check_window_left(window_left)
+        check_soft_cap(logits_soft_cap)
+        check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale,
                               rope_scale=rope_scale, rope_theta=rope_theta)
 
     import torch
@@ -1114,7 +862,7 @@ def single_decode_with_kv_cache(
         requests,
         torch.zeros(heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32, device=device),
         torch.empty(0, dtype=torch.float32, device=device),
-        _KV_LAYOUTS[kv_layout],
+        KV_LAYOUTS[kv_layout],
         sm_scale,
         logits_soft_cap or 0.0,
         window_left,

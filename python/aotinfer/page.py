@@ -9,9 +9,9 @@ or ``[pages, heads, page_size, head_dim]`` (HND), or one 5-D tensor with K at ``
 
 from __future__ import annotations
 
+from ._attention import unpack_kv_cache
 from ._kernels import kernel
 from .api_logging import aotinfer_api
-from .decode import unpack_kv_cache
 from .trace.templates.page import (
     append_paged_kv_cache_trace,
     append_paged_mla_kv_cache_trace,

@@ -75,29 +75,27 @@ from __future__ import annotations
 import math
 
 from . import _loader
-from ._kernels import kernel
-from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
-from .api_logging import aotinfer_api
-from .decode import (
-    _FP8_DTYPES,
-    _check_backend,
-    _check_head_dim,
-    _check_heads,
-    _check_int32,
-    _check_kv_layout,
-    _check_optional_reals,
-    _check_pos_encoding_mode,
-    _check_soft_cap,
-    _check_window_left,
-    _device_property,
-    _dtype,
-    _KV_LAYOUTS,
-    _num_sms,
-    _Q_DTYPES,
+from ._attention import (
+    FP8_DTYPES,
+    AttentionWrapper,
+    check_backend,
+    check_dtypes,
+    check_head_dim,
+    check_heads,
+    check_int32,
+    check_kv_layout,
+    check_optional_reals,
+    check_options,
+    check_pos_encoding_mode,
+    check_soft_cap,
+    check_window_left,
+    device_property,
     num_chunks,
+    num_sms,
     smallest_chunk,
-    unpack_kv_cache,
 )
+from ._kernels import kernel
+from .api_logging import aotinfer_api
 from .trace.template import dtype_name
 from .trace.templates.prefill import single_prefill_with_kv_cache_trace
 from .utils import check_enable_pdl, check_int, check_real, check_tensor
@@ -168,7 +166,7 @@ def _refuse_masks(**masks: Any) -> None:
 
 
 def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size) -> None:
-    _check_head_dim(head_dim_qk)
+    check_head_dim(head_dim_qk)
     if head_dim_vo is not None:
         check_int(head_dim_vo, "head_dim_vo", 1)
         if head_dim_vo != head_dim_qk:
@@ -179,33 +177,11 @@ def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_s
         check_int(fixed_split_size, "fixed_split_size", 1)
 
 
-def _check_dtypes(q_data_type, kv_data_type, o_data_type, paged) -> "Tuple[torch.dtype, torch.dtype]":
-    """(q's dtype, K's and V's): q float16 or bfloat16; K and V q's, or (paged) fp8."""
-    q_dtype = _dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
-    if dtype_name(q_dtype) not in _Q_DTYPES:
-        raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {dtype_name(q_dtype)}")
-    kv_dtype = q_dtype
-    if kv_data_type is not None:
-        kv_dtype = _dtype(kv_data_type, "kv_data_type")
-        if kv_dtype != q_dtype and not (paged and dtype_name(kv_dtype) in _FP8_DTYPES):
-            takes = "q's dtype, float8_e4m3fn or float8_e5m2" if paged else "q's dtype (fp8 KV: the paged wrapper)"
-            raise NotImplementedError(
-                f"kv_data_type={dtype_name(kv_dtype)} is not implemented: this wrapper takes K and V of {takes}; "
-                f"q_data_type is {dtype_name(q_dtype)}"
-            )
-    if o_data_type is not None and _dtype(o_data_type, "o_data_type") != q_dtype:
-        raise NotImplementedError(
-            f"o_data_type={dtype_name(_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has q's dtype "
-            f"({dtype_name(q_dtype)})"
-        )
-    return q_dtype, kv_dtype
-
-
 def _indptr_on_host(indptr: Any, name: str, batch: Optional[int] = None) -> "torch.Tensor":
     """An int32 indptr as int64 on the host, checked: non-decreasing from 0."""
     import torch
 
-    _check_int32(indptr, name)
+    check_int32(indptr, name)
     if indptr.numel() < 1 or (batch is not None and indptr.numel() != batch + 1):
         expected = "batch_size + 1" if batch is None else f"batch_size + 1 = {batch + 1}"
         raise ValueError(f"Expected {name} to have {expected} elements, got {indptr.numel()}")
@@ -425,7 +401,7 @@ def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, head_di
     all together. ``spans``: as ``items_in_head_groups``."""
     if not sm90:
         return num_kv_heads, 0
-    l2_bytes = _device_property(device, "L2_cache_size", _CPU_L2_BYTES)
+    l2_bytes = device_property(device, "L2_cache_size", _CPU_L2_BYTES)
     key_bytes = 2 * head_dim * kv_itemsize
     heads = heads_sharing_l2(num_kv_heads, kv_tokens * key_bytes, l2_bytes)
     if heads == num_kv_heads:
@@ -493,45 +469,13 @@ def _check_run_common(wrapper, q, enable_pdl) -> None:
         raise ValueError(f"The dtype of q {q.dtype} does not match the q_data_type {plan.q_dtype} specified in plan")
 
 
-class _BatchPrefillWrapper(AttentionWorkspace):
-    """What the ragged and paged wrappers share: workspaces, CUDA-graph buffers, the attention
-    options (set by plan, overridden by forward), the partition and the tables."""
+class _BatchPrefillWrapper(AttentionWrapper):
+    """What the ragged and paged wrappers share beyond AttentionWrapper: masks refused, causal
+    among the options, the partition and the tables."""
 
     def _init_common(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf):
-        import torch
-
-        _check_kv_layout(kv_layout)
-        _check_backend(backend)
+        self._init_wrapper(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         _refuse_masks(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
-        self._kv_layout = kv_layout
-        self._kv_layout_code = _KV_LAYOUTS[kv_layout]
-        self._backend = backend
-        self._use_cuda_graph = bool(use_cuda_graph)
-        check_workspace(float_workspace_buffer, "float_workspace_buffer")
-        self.device = float_workspace_buffer.device
-        self._set_workspaces(float_workspace_buffer, torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device))
-        self._causal = False
-        self._pos_encoding_mode = "NONE"
-        self._window_left = -1
-        self._logits_soft_cap: Optional[float] = None
-        self._sm_scale: Optional[float] = None
-        self._rope_scale: Optional[float] = None
-        self._rope_theta: Optional[float] = None
-        self._plan: Optional[_Plan] = None
-
-    def _check_graph_buffers(self, buffers: dict) -> None:
-        import torch
-
-        for name, buffer in buffers.items():
-            if not isinstance(buffer, torch.Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor when use_cuda_graph=True, got {type(buffer).__name__}")
-            _check_int32(buffer, name)
-            if buffer.device != self.device:
-                raise ValueError(f"Expected {name} on the workspace's device {self.device}, got {buffer.device}")
-
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        return self._use_cuda_graph
 
     def _plan_common(
         self, qo_host, kv_offset, kv_len, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
@@ -553,7 +497,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
         partition = partition_prefill(
             qo_host[:-1].tolist(), q_len, kv_offset.tolist(), kv_len_list,
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
-            num_sms=_num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
+            num_sms=num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
             rows_per_tile=tile_rows(head_dim, sm90),
             # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
@@ -583,7 +527,7 @@ class _BatchPrefillWrapper(AttentionWorkspace):
                     f"float_workspace_buffer holds the partial results of {slots} (query token, chunk) pairs, this plan "
                     f"needs {partition.num_slots}: give the wrapper a larger one or pass disable_split_kv=True"
                 )
-            plan.ctas = max(1, -(-ctas_per_sm * _num_sms(self.device) // num_kv_heads))
+            plan.ctas = max(1, -(-ctas_per_sm * num_sms(self.device) // num_kv_heads))
         else:
             capacity, slots = partition.num_items, partition.num_slots
             plan.ctas = partition.num_items
@@ -606,52 +550,26 @@ class _BatchPrefillWrapper(AttentionWorkspace):
 
         self._plan = plan
         self._causal = bool(causal)
-        self._pos_encoding_mode = pos_encoding_mode
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale = rope_scale
-        self._rope_theta = rope_theta
+        self._keep_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
 
-    def _set_options(self, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta) -> None:
+    def _set_forward_options(self, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
+                             sm_scale, rope_scale, rope_theta) -> None:  # fmt: skip
         """The options of the deprecated ``forward``: they replace the planned ones from now on."""
-        _check_pos_encoding_mode(pos_encoding_mode)
         if use_fp16_qk_reduction:
             raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
-        _check_window_left(window_left)
-        _check_soft_cap(logits_soft_cap)
-        _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+        self._set_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
         self._causal = bool(causal)
-        self._pos_encoding_mode = pos_encoding_mode
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale = rope_scale
-        self._rope_theta = rope_theta
-
-    def _sm_scale_for(self, plan: _Plan, *scales: Optional[float]) -> float:
-        sm_scale = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(plan.head_dim)
-        for scale in scales:
-            if scale is not None:
-                sm_scale *= scale
-        return sm_scale
-
-    def end_forward(self) -> None:
-        r"""Deprecated and does nothing (FlashInfer's)."""
 
 
 def _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                         use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                         fixed_split_size, custom_mask, packed_custom_mask) -> None:  # fmt: skip
     _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
-    _check_pos_encoding_mode(pos_encoding_mode)
-    _check_heads(num_qo_heads, num_kv_heads)
+    check_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+    check_heads(num_qo_heads, num_kv_heads)
     _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size)
     if not isinstance(causal, bool):
         raise TypeError(f"Expected causal to be a bool, got {type(causal).__name__}")
-    _check_window_left(window_left)
-    _check_soft_cap(logits_soft_cap)
-    _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
 
 
 def _check_ragged_run(self, q, k, v, enable_pdl) -> None:
@@ -716,14 +634,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         """
         self._init_common(float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf)
         if self._use_cuda_graph:
-            self._check_graph_buffers({"qo_indptr_buf": qo_indptr_buf, "kv_indptr_buf": kv_indptr_buf})
-            self._fixed_batch_size = qo_indptr_buf.numel() - 1
-            if kv_indptr_buf.numel() != qo_indptr_buf.numel():
-                raise ValueError(
-                    f"Expected kv_indptr_buf to have qo_indptr_buf's {qo_indptr_buf.numel()} elements, got {kv_indptr_buf.numel()}"
-                )
-        else:
-            self._fixed_batch_size = 0
+            self._fix_batch_size({"qo_indptr_buf": qo_indptr_buf, "kv_indptr_buf": kv_indptr_buf}, "qo_indptr_buf")
         self._qo_indptr_buf = qo_indptr_buf
         self._kv_indptr_buf = kv_indptr_buf
 
@@ -797,10 +708,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
-        q_dtype, kv_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type, paged=False)
+        q_dtype, kv_dtype = check_dtypes(q_data_type, kv_data_type, o_data_type, fp8_kv=False)
         # Before any work that grows with the batch: the tables hold a row a request and the
         # count row (10^7 requests are refused at once).
-        _check_int32(qo_indptr, "qo_indptr")
+        check_int32(qo_indptr, "qo_indptr")
         self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
         qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
         kv_host = _indptr_on_host(kv_indptr, "kv_indptr", qo_host.numel() - 1)
@@ -864,11 +775,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         self._require_workspace_on(q.device)
         if self._kv_layout == "HND":
             k, v = k.transpose(0, 1), v.transpose(0, 1)
-        return _run_prefill(self, plan, q, k, v, 0, out, lse, return_lse, enable_pdl, None, self._sm_scale_for(plan), None)
-
-    def run_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
-        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
-        return self.run(q, k, v, return_lse=True, **kwargs)
+        return _run_prefill(self, plan, q, k, v, 0, out, lse, return_lse, enable_pdl, None, self._sm_scale_for(plan.head_dim), None)
 
     def forward(
         self,
@@ -886,7 +793,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
     ) -> torch.Tensor:
         r"""Deprecated form of ``run`` (FlashInfer's): the attention options given here replace the
         planned ones, for this call and the ones after it."""
-        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._set_forward_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
+                                  rope_scale, rope_theta)
         return self.run(q, k, v)
 
     def forward_return_lse(
@@ -904,7 +812,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         rope_theta: Optional[float] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""Deprecated form of ``run_return_lse``, as ``forward``."""
-        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._set_forward_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
+                                  rope_scale, rope_theta)
         return self.run(q, k, v, return_lse=True)
 
 
@@ -916,10 +825,10 @@ def _empty_indices(device) -> "torch.Tensor":
 
 def _check_paged_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left) -> None:
     """What run's binding cannot name: the scalars, and q against the plan."""
-    _check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
     _check_run_common(self, q, enable_pdl)
     if window_left is not None:
-        _check_window_left(window_left)
+        check_window_left(window_left)
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
@@ -975,19 +884,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         """
         self._init_common(float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf)
         if self._use_cuda_graph:
-            self._check_graph_buffers({
+            self._fix_batch_size({
                 "qo_indptr_buf": qo_indptr_buf, "paged_kv_indptr_buf": paged_kv_indptr_buf,
                 "paged_kv_indices_buf": paged_kv_indices_buf, "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf,
-            })  # fmt: skip
-            self._fixed_batch_size = paged_kv_last_page_len_buf.numel()
-            for name, buffer in (("qo_indptr_buf", qo_indptr_buf), ("paged_kv_indptr_buf", paged_kv_indptr_buf)):
-                if buffer.numel() != self._fixed_batch_size + 1:
-                    raise ValueError(
-                        f"Expected {name} to have batch_size + 1 = {self._fixed_batch_size + 1} elements (batch_size from "
-                        f"paged_kv_last_page_len_buf), got {buffer.numel()}"
-                    )
-        else:
-            self._fixed_batch_size = 0
+            }, "paged_kv_last_page_len_buf")  # fmt: skip
         self._qo_indptr_buf = qo_indptr_buf
         self._paged_kv_indptr_buf = paged_kv_indptr_buf
         self._paged_kv_indices_buf = paged_kv_indices_buf
@@ -1058,16 +958,16 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
         check_int(page_size, "page_size", 1)
-        q_dtype, kv_dtype = _check_dtypes(q_data_type, kv_data_type, o_data_type, paged=True)
+        q_dtype, kv_dtype = check_dtypes(q_data_type, kv_data_type, o_data_type, fp8_kv=True)
         # Before any work that grows with the batch: the tables hold a row a request and the
         # count row (10^7 requests are refused at once).
-        _check_int32(qo_indptr, "qo_indptr")
+        check_int32(qo_indptr, "qo_indptr")
         self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
         qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
         batch = qo_host.numel() - 1
         indptr_host = _indptr_on_host(paged_kv_indptr, "paged_kv_indptr", batch)
-        _check_int32(paged_kv_indices, "paged_kv_indices")
-        _check_int32(paged_kv_last_page_len, "paged_kv_last_page_len")
+        check_int32(paged_kv_indices, "paged_kv_indices")
+        check_int32(paged_kv_last_page_len, "paged_kv_last_page_len")
         if paged_kv_last_page_len.numel() != batch:
             raise ValueError(f"Expected paged_kv_last_page_len to have batch_size = {batch} elements, got {paged_kv_last_page_len.numel()}")
         if int(indptr_host[-1]) > paged_kv_indices.numel():
@@ -1154,26 +1054,17 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         if plan is None:
             raise RuntimeError("BatchPrefillWithPagedKVCacheWrapper.run: call plan() first")
         self._require_workspace_on(q.device)
-        k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
-        if k_cache.dtype != plan.kv_dtype:
-            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")
-        page_size = k_cache.shape[1 if self._kv_layout_code == 0 else 2]
-        if page_size != plan.page_size:
-            raise ValueError(f"Expected paged_kv_cache with the planned page_size {plan.page_size}, got {page_size}")
+        k_cache, v_cache = self._paged_cache(paged_kv_cache, plan)
         planned_window = self._window_left
         if window_left is not None:
             self._window_left = window_left
         try:
             return _run_prefill(
                 self, plan, q, k_cache, v_cache, self._kv_layout_code, out, lse, return_lse, enable_pdl, sinks,
-                self._sm_scale_for(plan, q_scale, k_scale), v_scale,
+                self._sm_scale_for(plan.head_dim, q_scale, k_scale), v_scale,
             )  # fmt: skip
         finally:
             self._window_left = planned_window
-
-    def run_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
-        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
-        return self.run(q, paged_kv_cache, return_lse=True, **kwargs)
 
     def forward(
         self,
@@ -1192,7 +1083,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
     ) -> torch.Tensor:
         r"""Deprecated form of ``run`` (FlashInfer's): the attention options given here replace the
         planned ones, for this call and the ones after it."""
-        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._set_forward_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
+                                  rope_scale, rope_theta)
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
 
     def forward_return_lse(
@@ -1211,7 +1103,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         rope_theta: Optional[float] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""Deprecated form of ``run_return_lse``, as ``forward``."""
-        self._set_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._set_forward_options(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale,
+                                  rope_scale, rope_theta)
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
 
 
@@ -1253,10 +1146,10 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
         ``pos_encoding_mode`` ("NONE" only), ``use_fp16_qk_reduction`` (False only), the dtypes and
         head dims (checked by ``plan``, which takes them again) and ``window_left`` (``plan``'s
         window is the one applied)."""
-        _check_pos_encoding_mode(pos_encoding_mode)
+        check_pos_encoding_mode(pos_encoding_mode)
         _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, None)
-        _check_window_left(window_left)
-        _check_dtypes(q_data_type, kv_data_type, None, paged=True)
+        check_window_left(window_left)
+        check_dtypes(q_data_type, kv_data_type, None, fp8_kv=True)
         super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf,
                          paged_kv_indices_buf, paged_kv_last_page_len_buf, custom_mask_buf, mask_indptr_buf, backend)
 
@@ -1297,18 +1190,18 @@ def _check_single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_l
                           backend) -> None:  # fmt: skip
     """What single_prefill_with_kv_cache's binding cannot name: the options and scalars."""
     _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
-    _check_backend(backend)
-    _check_kv_layout(kv_layout)
-    _check_pos_encoding_mode(pos_encoding_mode)
+    check_backend(backend)
+    check_kv_layout(kv_layout)
+    check_pos_encoding_mode(pos_encoding_mode)
     if use_fp16_qk_reduction:
         raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
     if not isinstance(causal, bool):
         raise TypeError(f"Expected causal to be a bool, got {type(causal).__name__}")
-    _check_window_left(window_left)
-    _check_soft_cap(logits_soft_cap)
-    _check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+    check_window_left(window_left)
+    check_soft_cap(logits_soft_cap)
+    check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
     for value, name in ((k, "k"), (v, "v")):
-        if dtype_name(getattr(value, "dtype", None)) in _FP8_DTYPES:
+        if dtype_name(getattr(value, "dtype", None)) in FP8_DTYPES:
             raise NotImplementedError(
                 f"{name} of dtype {dtype_name(value.dtype)} is not implemented: single_prefill_with_kv_cache takes K and V "
                 "of q's dtype (fp8 KV: BatchPrefillWithPagedKVCacheWrapper)"
@@ -1401,7 +1294,7 @@ def single_prefill_with_kv_cache(
     tiles = (qo_len * group + rows - 1) // rows
     # Under full attention the last tiles' keys may be halved, as the wrappers' plan does
     # (``halving``): their items go last, and their partials to the merge.
-    split_from, chunk = halving(qo_len, kv_len, group, rows, num_kv_heads, _num_sms(device), causal, window_left, 1,
+    split_from, chunk = halving(qo_len, kv_len, group, rows, num_kv_heads, num_sms(device), causal, window_left, 1,
                                 1 << 30) if sm90 else (0, 0)  # fmt: skip
     whole = split_from * group // rows if chunk else tiles
     halved = tiles - whole

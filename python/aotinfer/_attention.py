@@ -1,0 +1,341 @@
+"""What the attention wrappers share: decode (decode.py), prefill (prefill.py) and the cascade
+(cascade.py), each with FlashInfer's API.
+
+- FlashInfer's option names (KV layouts, backends, position encodings, dtypes) and the checks of
+  what the bindings cannot name;
+- the split-KV chunks both partitions cut requests into;
+- the device facts a plan reads (SMs, L2), and what it assumes for a workspace on the CPU;
+- the paged KV cache's forms (``unpack_kv_cache``);
+- ``AttentionWrapper``, the base of the wrappers: the workspaces, the CUDA-graph buffers, the
+  attention options (set by ``plan``, replaced by the deprecated ``forward``), ``sm_scale`` with its
+  calibration scales, the paged cache checked against the plan, and FlashInfer's older forms.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import _loader
+from ._workspace import INT_WORKSPACE_BYTES, AttentionWorkspace, check_workspace
+from .trace.template import dtype_name
+from .utils import check_int, check_real, check_tensor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, Tuple
+
+    import torch
+
+HEAD_DIMS = (64, 128, 256)
+KV_LAYOUTS = {"NHD": 0, "HND": 1}
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")  # FlashInfer's; only NONE is implemented
+BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl")  # FlashInfer's names, all one kernel here
+Q_DTYPES = ("float16", "bfloat16")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
+# Split-KV chunks are multiples of 64 tokens (and of the page size where that stays under 4096
+# tokens, so that chunks end on page boundaries), at least 128 tokens (two of the decode kernel's
+# tiles): a block's time is mostly the latency of its first tiles, so short requests gain from
+# more, shorter chunks (docs/design/decode.md#split-kv-and-merge).
+_CHUNK_UNIT = 64
+_MAX_CHUNK_UNIT = 4096
+_MIN_CHUNK = 128
+
+
+# ---- argument checks (what the binding cannot name) --------------------------------------------
+
+
+def check_backend(backend: Any) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"Expected backend to be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+
+
+def check_kv_layout(kv_layout: Any) -> None:
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"Expected kv_layout to be 'NHD' or 'HND', got {kv_layout!r}")
+
+
+def check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
+    if pos_encoding_mode == "NONE":
+        return
+    if pos_encoding_mode in POS_ENCODING_MODES:
+        raise NotImplementedError(
+            f"pos_encoding_mode={pos_encoding_mode!r} is not implemented: apply the position encoding to q and k "
+            "before attention and pass pos_encoding_mode='NONE'"
+        )
+    raise ValueError(f"Expected pos_encoding_mode to be one of {', '.join(map(repr, POS_ENCODING_MODES))}, got {pos_encoding_mode!r}")
+
+
+def check_window_left(window_left: Any) -> None:
+    check_int(window_left, "window_left", -1)
+
+
+def check_soft_cap(logits_soft_cap: Any) -> None:
+    if logits_soft_cap is not None:
+        check_real(logits_soft_cap, "logits_soft_cap")
+        if not 0.0 <= logits_soft_cap < float("inf"):
+            raise ValueError(f"Expected logits_soft_cap to be None, 0 (off) or positive, got {logits_soft_cap}")
+
+
+def check_optional_reals(**values: Any) -> None:
+    for name, value in values.items():
+        if value is not None:
+            check_real(value, name)
+
+
+def check_options(pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, sm_scale: Any, rope_scale: Any,
+                  rope_theta: Any) -> None:  # fmt: skip
+    """The attention options plan and forward take alike."""
+    check_pos_encoding_mode(pos_encoding_mode)
+    check_window_left(window_left)
+    check_soft_cap(logits_soft_cap)
+    check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+
+
+def check_head_dim(head_dim: Any) -> None:
+    check_int(head_dim, "head_dim", 1)
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported: supported head dims are {', '.join(map(str, HEAD_DIMS))}")
+
+
+def check_heads(num_qo_heads: Any, num_kv_heads: Any) -> None:
+    check_int(num_qo_heads, "num_qo_heads", 1)
+    check_int(num_kv_heads, "num_kv_heads", 1)
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"Expected num_qo_heads ({num_qo_heads}) to be a multiple of num_kv_heads ({num_kv_heads})")
+
+
+def check_int32(tensor: Any, name: str) -> None:
+    import torch
+
+    check_tensor(tensor, name)
+    if tensor.dtype != torch.int32:
+        raise TypeError(f"Expected {name} to have dtype int32, got {str(tensor.dtype).replace('torch.', '')}")
+    if tensor.dim() != 1:
+        raise ValueError(f"Expected {name} to be 1-D, got shape {list(tensor.shape)}")
+
+
+def as_dtype(value: Any, name: str) -> "torch.dtype":
+    """A torch dtype from a dtype or its name, as FlashInfer's canonicalize_torch_dtype."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype):
+        return getattr(torch, value)
+    raise TypeError(f"Expected {name} to be a torch.dtype or its name, got {value!r}")
+
+
+def check_dtypes(q_data_type: Any, kv_data_type: Any, o_data_type: Any, fp8_kv: bool) -> Tuple["torch.dtype", "torch.dtype"]:
+    """(q's dtype, K's and V's) from plan's arguments: q float16 (the default) or bfloat16; K and V
+    q's, or fp8 where ``fp8_kv`` (a paged cache); the output q's."""
+    q_dtype = as_dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
+    if dtype_name(q_dtype) not in Q_DTYPES:
+        raise ValueError(f"Expected q_data_type to be float16 or bfloat16, got {dtype_name(q_dtype)}")
+    kv_dtype = q_dtype if kv_data_type is None else as_dtype(kv_data_type, "kv_data_type")
+    if kv_dtype != q_dtype:
+        if dtype_name(kv_dtype) in FP8_DTYPES and not fp8_kv:
+            raise NotImplementedError(
+                f"kv_data_type={dtype_name(kv_dtype)} is not implemented here: fp8 K and V are read from a paged "
+                "cache (BatchPrefillWithPagedKVCacheWrapper, BatchDecodeWithPagedKVCacheWrapper)"
+            )
+        if dtype_name(kv_dtype) not in FP8_DTYPES:
+            fp8 = ", float8_e4m3fn or float8_e5m2" if fp8_kv else ""
+            raise ValueError(f"Expected kv_data_type to be q_data_type ({dtype_name(q_dtype)}){fp8}, got {dtype_name(kv_dtype)}")
+    if o_data_type is not None and as_dtype(o_data_type, "o_data_type") != q_dtype:
+        raise NotImplementedError(
+            f"o_data_type={dtype_name(as_dtype(o_data_type, 'o_data_type'))} is not implemented: the output has q's "
+            f"dtype ({dtype_name(q_dtype)})"
+        )
+    return q_dtype, kv_dtype
+
+
+# ---- split-KV chunks ------------------------------------------------------------------------------
+
+
+def chunk_unit(page_size: int) -> int:
+    """Chunk sizes are multiples of this: 64 tokens and whole pages where that stays small."""
+    unit = math.lcm(_CHUNK_UNIT, page_size)
+    return unit if unit <= _MAX_CHUNK_UNIT else _CHUNK_UNIT
+
+
+def num_chunks(lo: int, hi: int, chunk: int) -> int:
+    """Chunks of ``chunk`` tokens, aligned to multiples of ``chunk`` from position 0, that cover
+    positions [lo, hi); one (empty) item for an empty range, one item for chunk 0 (no split)."""
+    return (hi - 1) // chunk - lo // chunk + 1 if chunk > 0 and hi > lo else 1
+
+
+def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count: Callable[[int], int]) -> int:
+    """The smallest chunk size (a multiple of chunk_unit(page_size), at least _MIN_CHUNK tokens)
+    whose partition has at most ``max_items`` items, ``count(chunk)`` being its number of items; 0
+    (no split) when no request attends more than _MIN_CHUNK positions (``longest``: the most any attends).
+    ``end``: the last position any request attends, plus one. Assumes one item a request fits."""
+    unit = chunk_unit(page_size)
+    if longest <= _MIN_CHUNK:
+        return 0
+    # Binary search for the smallest k (chunk = k * unit) that fits. k_hi fits (a chunk as long
+    # as every sequence: one a request), so the answer always fits, even where the count is not
+    # monotonic in k (chunks are aligned to their size).
+    k_lo, k_hi = -(-_MIN_CHUNK // unit), max(-(-end // unit), 1)
+    while k_lo < k_hi:
+        mid = (k_lo + k_hi) // 2
+        if count(mid * unit) <= max_items:
+            k_hi = mid
+        else:
+            k_lo = mid + 1
+    return k_hi * unit
+
+
+# ---- device facts ---------------------------------------------------------------------------------
+
+
+def device_property(device: "torch.device", name: str, cpu_value: int) -> int:
+    """A field of the device's ``torch.cuda.get_device_properties`` (the loader's, read once a
+    device), or ``cpu_value`` for a workspace on the CPU."""
+    if device.type != "cuda":
+        return cpu_value
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return getattr(_loader.device_properties(index), name)
+
+
+def num_sms(device: "torch.device") -> int:
+    return device_property(device, "multi_processor_count", CPU_SMS)
+
+
+# ---- the KV cache ------------------------------------------------------------------------------
+
+
+def _expand_4d(cache: Any, kv_layout: str, name: str) -> "torch.Tensor":
+    """One of K or V as ``[pages, page_size, heads, dim]`` (NHD) or ``[pages, heads, page_size,
+    dim]`` (HND); a 3-D tensor is pages of one token (page_size 1), as FlashInfer reads it."""
+    check_tensor(cache, name)
+    if cache.dim() == 3:
+        return cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
+    if cache.dim() != 4:
+        raise ValueError(f"Expected {name} to have 3 or 4 dimensions, got shape {list(cache.shape)}")
+    return cache
+
+
+def unpack_kv_cache(paged_kv_cache: Any, kv_layout: str) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """(k_cache, v_cache) 4-D views of a ``(k, v)`` tuple of 3-D or 4-D tensors, or of one 5-D
+    tensor ``[pages, 2, ...]`` (4-D: page_size 1) holding K at ``[:, 0]`` and V at ``[:, 1]``."""
+    import torch
+
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"Expected paged_kv_cache to be a (k_cache, v_cache) pair, got {len(paged_kv_cache)} tensors")
+        return (
+            _expand_4d(paged_kv_cache[0], kv_layout, "paged_kv_cache[0] (k_cache)"),
+            _expand_4d(paged_kv_cache[1], kv_layout, "paged_kv_cache[1] (v_cache)"),
+        )
+    if not isinstance(paged_kv_cache, torch.Tensor):
+        raise TypeError(f"Expected paged_kv_cache to be a torch.Tensor or a (k_cache, v_cache) tuple, got {type(paged_kv_cache).__name__}")
+    cache = paged_kv_cache
+    if cache.dim() == 4:
+        cache = cache.unsqueeze(-3 if kv_layout == "NHD" else -2)
+    if cache.dim() != 5 or cache.shape[1] != 2:
+        page = "page_size, num_kv_heads, head_dim" if kv_layout == "NHD" else "num_kv_heads, page_size, head_dim"
+        raise ValueError(
+            f"Expected paged_kv_cache to have shape [pages, 2, {page}] ({kv_layout}), or [pages, 2, num_kv_heads, "
+            f"head_dim] for page_size 1, got {list(paged_kv_cache.shape)}"
+        )
+    return cache.select(1, 0), cache.select(1, 1)
+
+
+# ---- the wrappers' base --------------------------------------------------------------------------
+
+
+class AttentionWrapper(AttentionWorkspace):
+    """What every attention wrapper holds and does alike (see the module doc); ``run`` and ``plan``
+    are each wrapper's own."""
+
+    def _init_wrapper(self, float_workspace_buffer: Any, kv_layout: Any, use_cuda_graph: Any, backend: Any) -> None:
+        import torch
+
+        check_kv_layout(kv_layout)
+        check_backend(backend)
+        self._kv_layout = kv_layout
+        self._kv_layout_code = KV_LAYOUTS[kv_layout]
+        self._backend = backend
+        self._use_cuda_graph = bool(use_cuda_graph)
+        check_workspace(float_workspace_buffer, "float_workspace_buffer")
+        self.device = float_workspace_buffer.device
+        self._set_workspaces(float_workspace_buffer, torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device))
+        self._fixed_batch_size = 0
+        # The attention options run uses: set by plan, replaced by forward (as FlashInfer's).
+        self._causal = False
+        self._pos_encoding_mode = "NONE"
+        self._window_left = -1
+        self._logits_soft_cap: Optional[float] = None
+        self._sm_scale: Optional[float] = None
+        self._rope_scale: Optional[float] = None
+        self._rope_theta: Optional[float] = None
+        self._plan: Any = None
+
+    def _fix_batch_size(self, buffers: dict, batch_from: str) -> None:
+        """Check use_cuda_graph's buffers (name -> tensor): int32, 1-D, on the workspace's device.
+        ``batch_from`` fixes the batch size (its elements, or one fewer for an indptr); every
+        indptr buffer holds batch_size + 1."""
+        import torch
+
+        for name, buffer in buffers.items():
+            if not isinstance(buffer, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor when use_cuda_graph=True, got {type(buffer).__name__}")
+            check_int32(buffer, name)
+            if buffer.device != self.device:
+                raise ValueError(f"Expected {name} on the workspace's device {self.device}, got {buffer.device}")
+        self._fixed_batch_size = buffers[batch_from].numel() - ("indptr" in batch_from)
+        for name, buffer in buffers.items():
+            if "indptr" in name and buffer.numel() != self._fixed_batch_size + 1:
+                raise ValueError(
+                    f"Expected {name} to have batch_size + 1 = {self._fixed_batch_size + 1} elements (batch_size from "
+                    f"{batch_from}), got {buffer.numel()}"
+                )
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    def _set_options(self, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, sm_scale: Any,
+                     rope_scale: Any, rope_theta: Any) -> None:  # fmt: skip
+        """The deprecated forward's options: checked, then kept from now on."""
+        check_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._keep_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
+
+    def _keep_options(self, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, sm_scale: Any,
+                      rope_scale: Any, rope_theta: Any) -> None:  # fmt: skip
+        """Keep checked options (plan's, last, so that a plan that raises leaves the wrapper as it was)."""
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+
+    def _sm_scale_for(self, head_dim: int, *scales: Optional[float]) -> float:
+        """The kept sm_scale (1/sqrt(head_dim) where None), times the calibration scales given."""
+        sm_scale = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(head_dim)
+        for scale in scales:
+            if scale is not None:
+                sm_scale *= scale
+        return sm_scale
+
+    def _paged_cache(self, paged_kv_cache: Any, plan: Any) -> Tuple["torch.Tensor", "torch.Tensor"]:
+        """(k_cache, v_cache) of run's paged_kv_cache, checked against the plan: its kv dtype, and
+        its page size, from which the kernels find a request's pages (another would read past them)."""
+        k_cache, v_cache = unpack_kv_cache(paged_kv_cache, self._kv_layout)
+        if k_cache.dtype != plan.kv_dtype:
+            raise ValueError(f"The dtype of k {k_cache.dtype} does not match the kv_data_type {plan.kv_dtype} specified in plan")
+        page_size = k_cache.shape[1 if self._kv_layout_code == 0 else 2]
+        if page_size != plan.page_size:
+            raise ValueError(f"Expected paged_kv_cache with the planned page_size {plan.page_size}, got {page_size}")
+        return k_cache, v_cache
+
+    def run_return_lse(self, *args: Any, **kwargs: Any) -> Tuple["torch.Tensor", "torch.Tensor"]:
+        r"""``run(..., return_lse=True)``: ``(out, lse)``."""
+        return self.run(*args, return_lse=True, **kwargs)
+
+    def end_forward(self) -> None:
+        r"""Deprecated and does nothing (FlashInfer's)."""
