@@ -1,6 +1,6 @@
 // Argument checks that the attention bindings (csrc/decode.cu, csrc/prefill.cu) share: the
 // dtypes, tables and 16-byte rows their kernels read (each names the argument as the Python op
-// does), and the launch parameters both fill alike.
+// does), the launch parameters both fill alike, and the capture guard of the wrappers' runs.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,30 @@
 #include "tvm_ffi_utils.h"
 
 namespace aotinfer {
+
+// A wrapper's run whose grid and tables a later plan replaces (one made without use_cuda_graph)
+// passes `captured`, one byte on the host; others pass a tensor of no elements. Where the launch
+// is captured into a CUDA graph the binding sets the byte, and the wrapper's next plan refuses to
+// run: the graph's replays would run the captured grid over that plan's tables
+// (docs/design/overlay.md#capture-guard).
+inline void CheckCaptureFlag(const TensorView& captured) {
+  if (captured.numel() == 0) return;
+  if (captured.device().device_type != kDLCPU || captured.dtype() != DLDataType{kDLUInt, 8, 1}) {
+    AOTINFER_THROW(TypeError) << "Expected captured to be a uint8 tensor on the CPU, got " << captured.dtype()
+                              << " on " << DeviceString(captured.device());
+  }
+}
+
+inline void RecordCapture(const TensorView& captured, cudaStream_t stream) {
+  if (captured.numel() == 0) return;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    // The legacy stream asked while another thread captures: that capture is refused its launch.
+    (void)cudaGetLastError();
+    return;
+  }
+  if (status != cudaStreamCaptureStatusNone) *data_ptr<uint8_t>(captured) = 1;
+}
 
 // head_dim values with a kernel.
 inline bool SupportedHeadDim(int64_t d) { return d == 64 || d == 128 || d == 256; }

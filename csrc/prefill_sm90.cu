@@ -8,10 +8,10 @@
 // Prefill attention over the planned work items (the tensors: CheckPrefill).
 void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                         TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
-                        TensorView sinks, int64_t kv_layout, double sm_scale, double logits_soft_cap,
+                        TensorView sinks, TensorView captured, int64_t kv_layout, double sm_scale, double logits_soft_cap,
                         int64_t window_left, double v_scale, bool causal, int64_t ctas, int64_t merge_from,
                         int64_t enable_pdl) {
-  // 1. Validate; 2. guard the device; 3. get the stream; 4. dispatch and launch.
+  // 1. Validate; 2. guard the device; 3. get the stream (and record a capture); 4. dispatch and launch.
   const aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
       out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
       logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl);
@@ -22,10 +22,13 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
   if (checked.head_dim != 64 && checked.head_dim != 128 && checked.head_dim != 256) {
     AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256 for this backend, got " << checked.head_dim;
   }
-  if (checked.empty || aotinfer::IsStandIn(q)) return;
+  aotinfer::CheckCaptureFlag(captured);
+  if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
   cudaStream_t stream = aotinfer::get_stream(q.device());
+  aotinfer::RecordCapture(captured, stream);  // an empty batch too: its replay would launch nothing
+  if (checked.empty) return;
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   if (!aotinfer::HasSm90aFeatures()) {
     AOTINFER_THROW(RuntimeError) << "batch_prefill_sm90: this build has no sm_90a code (its arch list named 9.0, not 9.0a): "

@@ -1,5 +1,6 @@
 // Bindings of sampling (include/aotinfer/sampling.cuh): sample (every filter, from probabilities or
-// logits), renorm (top-k / top-p renormalization), top_k_mask_logits; and softmax (softmax.cuh).
+// logits), renorm (top-k / top-p renormalization), top_k_mask_logits, chain_speculative_sampling;
+// and softmax (softmax.cuh).
 //
 // Filters come by name (FilterNamed): their codes, and which rows of logits sample in one kernel,
 // are facts of the headers and this file alone.
@@ -336,3 +337,75 @@ void softmax(TensorView out, TensorView logits, TensorView temperature, double t
   });
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(softmax, softmax);
+
+// out [batch, n + 1] int32 = the accepted draft tokens, the token drawn at the first rejection (or
+// the bonus token), then -1; accepted and emitted (int32 [batch]) are added to
+// (include/aotinfer/sampling/speculative.cuh). draft_probs float32 [batch, n, vocab], draft_token_ids
+// int32 or int64 [batch, n], target_probs float32 [batch, n + 1, vocab], all contiguous.
+void chain_speculative_sampling(TensorView out, TensorView accepted, TensorView emitted, TensorView draft_probs,
+                                TensorView draft_token_ids, TensorView target_probs, TensorView seed, TensorView offset,
+                                int64_t seed_val, int64_t offset_val, int64_t enable_pdl) {
+  aotinfer::CheckDim(3, draft_probs, "draft_probs");
+  aotinfer::CheckDim(3, target_probs, "target_probs");
+  aotinfer::CheckDim(2, draft_token_ids, "draft_token_ids");
+  CheckFloat32(draft_probs, "draft_probs");
+  CheckFloat32(target_probs, "target_probs");
+  const int64_t batch = draft_probs.size(0), n = draft_probs.size(1), vocab = draft_probs.size(2);
+  if (target_probs.size(0) != batch || target_probs.size(1) != n + 1 || target_probs.size(2) != vocab) {
+    AOTINFER_THROW(ValueError) << "Expected target_probs to have shape [" << batch << ", " << n + 1 << ", " << vocab
+                              << "] (draft_probs' batch, one more position, its vocabulary), got "
+                              << aotinfer::ShapeString(target_probs.shape());
+  }
+  if (draft_token_ids.size(0) != batch || draft_token_ids.size(1) != n) {
+    AOTINFER_THROW(ValueError) << "Expected draft_token_ids to have shape [" << batch << ", " << n
+                              << "] (draft_probs' first two dimensions), got "
+                              << aotinfer::ShapeString(draft_token_ids.shape());
+  }
+  if (!IsInt(draft_token_ids, 32) && !IsInt(draft_token_ids, 64)) {
+    AOTINFER_THROW(TypeError) << "Expected draft_token_ids to have dtype int32 or int64, got " << draft_token_ids.dtype();
+  }
+  if (vocab > 0x7FFFFFFF || n >= 0x7FFFFFFF) {
+    AOTINFER_THROW(ValueError) << "Expected draft_probs to have fewer than 2^31 positions and vocabulary entries, got "
+                              << aotinfer::ShapeString(draft_probs.shape());
+  }
+  aotinfer::CheckDim(2, out, "out");
+  if (out.size(0) != batch || out.size(1) != n + 1 || !IsInt(out, 32)) {
+    AOTINFER_THROW(ValueError) << "Expected out to be int32 [" << batch << ", " << n + 1 << "], got "
+                              << out.dtype() << " " << aotinfer::ShapeString(out.shape());
+  }
+  Tensors on_gpu{{&draft_probs, "draft_probs"}, {&target_probs, "target_probs"}, {&draft_token_ids, "draft_token_ids"},
+                 {&out, "out"}};
+  for (auto [counter, name] : {std::pair{&accepted, "maybe_output_accepted_token_num"},
+                               std::pair{&emitted, "maybe_output_emitted_draft_token_num"}}) {
+    if (!IsInt(*counter, 32)) {
+      AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int32, got " << counter->dtype();
+    }
+    CheckOneARow(*counter, batch, name, on_gpu);
+  }
+  for (auto [tensor, name] : {std::pair{&draft_probs, "draft_probs"}, std::pair{&target_probs, "target_probs"},
+                              std::pair{&draft_token_ids, "draft_token_ids"}, std::pair{&out, "out"}}) {
+    aotinfer::CheckContiguous(*tensor, name);
+  }
+  aotinfer::ChainSpeculativeParams p{};
+  p.seed_values = RandomStateOf(seed, batch, "seed", &p.seed_stride, on_gpu);
+  p.offset_values = RandomStateOf(offset, batch, "offset", &p.offset_stride, on_gpu);
+  aotinfer::CheckEnablePdl(enable_pdl);
+  aotinfer::CheckOnOneGpu(on_gpu);
+  if (batch == 0) return;
+  if (vocab == 0) AOTINFER_THROW(ValueError) << "Expected draft_probs to have a vocabulary of at least 1 token, got 0";
+  p.draft_probs = aotinfer::data_ptr<float>(draft_probs);
+  p.draft_ids = aotinfer::data_ptr<char>(draft_token_ids);
+  p.draft_ids_int64 = IsInt(draft_token_ids, 64);
+  p.target_probs = aotinfer::data_ptr<float>(target_probs);
+  p.out = aotinfer::data_ptr<int32_t>(out);
+  p.accepted = aotinfer::data_ptr<int32_t>(accepted);
+  p.emitted = aotinfer::data_ptr<int32_t>(emitted);
+  p.n = int(n);
+  p.vocab = vocab;
+  p.seed = seed_val;
+  p.offset = offset_val;
+  Run(draft_probs, enable_pdl, "chain_speculative_sampling", [&](int, cudaStream_t stream, bool pdl) {
+    return aotinfer::ChainSpeculativeSample(p, batch, stream, pdl);
+  });
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(chain_speculative_sampling, chain_speculative_sampling);

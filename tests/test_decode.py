@@ -333,6 +333,52 @@ def test_cuda_graph_replays_after_a_new_plan(form, layout, page_size):
             assert wrapper._plan.partition.num_slots > 0, "the second step should split the long sequence"
 
 
+@gpu
+@pytest.mark.parametrize("lengths", [[40, 3000, 7], []], ids=["batch", "empty"])
+def test_plan_after_a_captured_run_is_refused(lengths):
+    """A wrapper made without use_cuda_graph may capture and replay a run under its plan; a new
+    plan would have the replays launch the captured grid over other tables, so it is refused.
+    An empty batch (whose replay launches nothing) counts as captured too."""
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD")
+    case = Case(lengths, 16, (32, 8, 128), torch.float16)
+    case.plan(wrapper)
+    out = torch.empty_like(case.q)
+    wrapper.run(case.q, case.cache, out=out)
+    torch.cuda.synchronize()
+    case.plan(wrapper)  # eager runs: planning again is fine
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wrapper.run(case.q, case.cache, out=out)
+    out.fill_(float("nan"))
+    graph.replay()  # the plan it was captured under: right
+    torch.cuda.synchronize()
+    if lengths:
+        want, _ = case.reference()
+        check(out, want, torch.float16)
+    with pytest.raises(RuntimeError, match="captured into a CUDA graph.*use_cuda_graph=True"):
+        case.plan(wrapper)
+    with pytest.raises(RuntimeError, match="captured into a CUDA graph"):
+        aotinfer.fast_decode_plan(wrapper, case.indptr, case.indices, case.last_page_len, 32, 8, 128, 16,
+                                  q_data_type=torch.float16)
+
+
+def test_captured_byte_is_read_by_plan():
+    """The host byte the binding sets under capture (what the GPU test above has it do): plan reads
+    it; a use_cuda_graph wrapper passes no byte and plans after any capture."""
+    lengths = [5, 40]
+    case = Case(lengths, 16, (32, 8, 128), torch.float16, device="cpu")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD")
+    case.plan(wrapper)
+    wrapper._captured[0] = 1
+    with pytest.raises(RuntimeError, match="captured into a CUDA graph"):
+        case.plan(wrapper)
+    buffers = dict(paged_kv_indptr_buffer=torch.empty(3, dtype=torch.int32), paged_kv_indices_buffer=torch.empty(8, dtype=torch.int32),
+                   paged_kv_last_page_len_buffer=torch.empty(2, dtype=torch.int32))
+    graph_wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD", use_cuda_graph=True, **buffers)
+    assert graph_wrapper._captured.numel() == 0
+    case.plan(graph_wrapper)
+
+
 def test_fast_decode_plan_takes_one_query_token():
     with pytest.raises(NotImplementedError, match="q_len_per_req=2 is not implemented"):
         aotinfer.fast_decode_plan(None, None, None, None, 32, 8, 128, 16, q_len_per_req=2)
@@ -701,7 +747,7 @@ def merge_into(o, s, o_other, s_other):
 
 
 def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters,
-                       sinks, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, max_partials, kv_read_once,
+                       sinks, captured, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, max_partials, kv_read_once,
                        enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""

@@ -29,7 +29,7 @@ def test_child_process():  # FlashInfer's torch.compile tests run their script i
 
 
 def test_not_shipped_name():
-    flashinfer.sampling.chain_speculative_sampling(None, None, None)
+    flashinfer.sampling.get_seed_and_offset(None, None, None)
 
 
 def test_not_shipped_keyword():
@@ -76,4 +76,4 @@ def test_bins(tmp_path):
     }, run.stdout
     assert sorted(data["failed_ids"]) == ["tests/test_stand_in.py::test_failed",
                                           "tests/test_stand_in.py::test_limit_test_not_named"]
-    assert "NotShipped: flashinfer.sampling.chain_speculative_sampling" in run.stdout
+    assert "NotShipped: flashinfer.sampling.get_seed_and_offset" in run.stdout

@@ -25,7 +25,7 @@ FAKE = {
         from .version import __version__ as __version__
         from . import jit as jit
         from .sampling import softmax as softmax
-        from .sampling import chain_speculative_sampling as chain_speculative_sampling
+        from .sampling import get_seed_and_offset as get_seed_and_offset
         from .gemm import mm_fp4 as mm_fp4
         from .decode import BatchDecodeWithPagedKVCacheWrapper as BatchDecodeWithPagedKVCacheWrapper
         from .prefill import BatchPrefillWithPagedKVCacheWrapper as BatchPrefillWithPagedKVCacheWrapper
@@ -45,8 +45,8 @@ FAKE = {
     "flashinfer/sampling.py": """
         def softmax(*args):
             return "real softmax"
-        def chain_speculative_sampling(*args):
-            return "real chain_speculative_sampling"
+        def get_seed_and_offset(*args):
+            return "real get_seed_and_offset"
         """,
     "flashinfer/gemm.py": "def mm_fp4(*args):\n    return 'real mm_fp4'\n",
     "flashinfer/prefill.py": "class BatchPrefillWithPagedKVCacheWrapper:\n    pass\n",
@@ -257,7 +257,7 @@ def test_real_flashinfer_serves_the_rest_lazily(tmp_path, fake):
         assert flashinfer.BatchPrefillWithPagedKVCacheWrapper is aotinfer.BatchPrefillWithPagedKVCacheWrapper
         assert fake_log.imported == [], fake_log.imported
         assert flashinfer.__version__ == "9.9.9.post1"
-        assert flashinfer.sampling.chain_speculative_sampling() == "real chain_speculative_sampling"
+        assert flashinfer.sampling.get_seed_and_offset() == "real get_seed_and_offset"
         from flashinfer import mm_fp4
         assert mm_fp4() == "real mm_fp4"
         assert flashinfer.utils.device_support_pdl(None) == "real device_support_pdl"  # no stand-in

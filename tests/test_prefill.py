@@ -377,6 +377,31 @@ def test_blocks_take_the_heads_a_few_at_a_time(backend, kind, ctas):
 
 
 @gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_plan_after_a_captured_run_is_refused(kind, backend):
+    """A wrapper made without use_cuda_graph may capture and replay a run under its plan; a new
+    plan would have the replays launch the captured grid over other tables, so it is refused."""
+    case = Case([(30, 200), (5, 900)], (8, 2, 128), torch.float16, kind)
+    wrapper = case.wrapper(backend=backend_or_skip(backend, 128))
+    case.plan(wrapper, causal=True)
+    out = torch.empty_like(case.q)
+    case.run(wrapper, out=out)
+    torch.cuda.synchronize()
+    case.plan(wrapper, causal=True)  # eager runs: planning again is fine
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        case.run(wrapper, out=out)
+    out.fill_(float("nan"))
+    graph.replay()  # the plan it was captured under: right
+    torch.cuda.synchronize()
+    want, _ = case.reference(causal=True)
+    check(out, want, torch.float16)
+    with pytest.raises(RuntimeError, match="captured into a CUDA graph.*use_cuda_graph=True"):
+        case.plan(wrapper, causal=True)
+
+
+@gpu
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
 def test_cuda_graph_replays_after_a_new_plan(kind, layout):
@@ -806,7 +831,7 @@ def test_single_prefill_builds_the_tables_the_plan_writes(monkeypatch, shape, ca
     q = torch.randn(q_len, heads, head_dim, dtype=torch.bfloat16)
     k = torch.randn(kv_len, kv_heads, head_dim, dtype=torch.bfloat16)
     prefill.single_prefill_with_kv_cache(q, k, k, causal=causal)
-    partial_out, work, requests, ctas, merge_from = (seen["args"][i] for i in (2, 8, 9, 17, 18))
+    partial_out, work, requests, ctas, merge_from = (seen["args"][i] for i in (2, 8, 9, 18, 19))
     rows = prefill.tile_rows(head_dim, sm90=True)
     plan = partition([(q_len, kv_len)], (heads, kv_heads, head_dim), sms=132, causal=causal, ctas_per_sm=1,
                      rows_per_tile=rows, last_wave_slots=1 << 30)  # fmt: skip
@@ -865,7 +890,7 @@ def test_partition_orders_causal_tiles_by_their_keys():
     assert row_begins == sorted(row_begins, reverse=True)
 
 
-def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout,
+def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, captured, kv_layout,
                         sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl):  # fmt: skip
     """The batch_prefill binding's contract (modules.toml; the table formats in aotinfer/prefill.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""

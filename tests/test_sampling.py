@@ -774,3 +774,130 @@ def test_top_k_sampled_floor_and_its_misses():
         torch.testing.assert_close(masked[:, :-1], aotinfer.top_k_mask_logits(short_logits, k), rtol=0, atol=0)
         keep = kept_mask(logits[:8].double() - logits[:8].double().min() + 1, top_k=k)
         torch.testing.assert_close(masked[:8], torch.where(keep, logits[:8], float("-inf")), rtol=0, atol=0)
+
+
+# ---- chain speculative sampling -------------------------------------------------------------------
+
+
+def test_chain_speculative_sampling_arguments():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with pytest.raises(ValueError, match="Expected draft_probs to be a CUDA tensor, got a tensor on cpu"):
+        aotinfer.chain_speculative_sampling(torch.rand(2, 3, 8), torch.zeros(2, 3, dtype=torch.int32), torch.rand(2, 4, 8))
+    with FakeTensorMode():  # checked while tracing (on stand-ins), as eagerly
+        good = dict(draft_probs=torch.empty(2, 3, 8, device="cuda"),
+                    draft_token_ids=torch.empty(2, 3, dtype=torch.int32, device="cuda"),
+                    target_probs=torch.empty(2, 4, 8, device="cuda"))
+        cases = [
+            (dict(target_probs=torch.empty(2, 3, 8, device="cuda")), ValueError, r"Expected target_probs to have shape \[2, 4, 8\]"),
+            (dict(draft_token_ids=torch.empty(2, 4, dtype=torch.int32, device="cuda")), ValueError,
+             r"Expected draft_token_ids to have shape \[2, 3\]"),
+            (dict(draft_token_ids=torch.empty(2, 3, device="cuda")), TypeError, "Expected draft_token_ids to have dtype int32 or int64"),
+            (dict(draft_probs=torch.empty(2, 3, 8, dtype=torch.float16, device="cuda")), TypeError,
+             "Expected draft_probs to have dtype float32"),
+            (dict(maybe_output_accepted_token_num=torch.empty(2, dtype=torch.int64, device="cuda")), TypeError,
+             "Expected maybe_output_accepted_token_num to have dtype int32"),
+            (dict(maybe_output_emitted_draft_token_num=torch.empty(3, dtype=torch.int32, device="cuda")), ValueError,
+             r"Expected maybe_output_emitted_draft_token_num to have shape \[2\]"),
+            (dict(draft_probs=torch.empty(2, 3, device="cuda")), ValueError, "draft_probs"),
+        ]
+        for changed, error, message in cases:
+            arguments = dict(good, **changed)
+            with pytest.raises(error, match=message):
+                aotinfer.chain_speculative_sampling(**arguments)
+        with pytest.raises(TypeError, match="Expected deterministic to be a bool"):
+            aotinfer.chain_speculative_sampling(**good, deterministic=None)
+        out, accepted, emitted = aotinfer.chain_speculative_sampling(**good)
+        assert out.shape == (2, 4) and out.dtype == torch.int32 and accepted.shape == emitted.shape == (2,)
+
+
+def _speculative_case(batch, n, vocab, seed):
+    """Random draft and target distributions (the same for every request, so that the draws pool),
+    and draft tokens drawn from the draft distributions."""
+    g = torch.Generator().manual_seed(seed)
+    draft = torch.softmax(torch.randn(n, vocab, generator=g, dtype=torch.float64) * 1.2, -1)
+    target = torch.softmax(torch.randn(n + 1, vocab, generator=g, dtype=torch.float64) * 1.2, -1)
+    ids = torch.stack([torch.multinomial(draft[i].float(), batch, replacement=True, generator=g) for i in range(n)], 1)
+    return draft, target, ids.int()
+
+
+@gpu
+def test_chain_speculative_sampling_follows_the_target():
+    """Every emitted token follows the target model's distribution at its position (a chi-square
+    test per position over the requests that emit it); the first position's acceptance rate is
+    sum(min(draft, target)) (a binomial test at 5 sigma); the counters add to what was there and
+    agree with the tokens."""
+    batch, n, vocab = 100_000, 3, 12
+    draft, target, ids = _speculative_case(batch, n, vocab, seed=5)
+    draft_rows = draft.float().cuda().expand(batch, n, vocab).contiguous()
+    target_rows = target.float().cuda().expand(batch, n + 1, vocab).contiguous()
+    accepted0 = torch.full((batch,), 3, dtype=torch.int32, device="cuda")
+    emitted0 = torch.full((batch,), 7, dtype=torch.int32, device="cuda")
+    out, accepted, emitted = aotinfer.chain_speculative_sampling(
+        draft_rows, ids.cuda(), target_rows, accepted0.clone(), emitted0.clone(), seed=11, offset=0)
+    out, accepted, emitted = out.cpu(), (accepted - accepted0).cpu(), (emitted - emitted0).cpu()
+    for position in range(n + 1):
+        tokens = out[:, position]
+        assert_draws_match(tokens[tokens >= 0], target[position])
+    # The layout: the accepted prefix (the draft tokens), one drawn token, then -1.
+    assert torch.equal(emitted + 1, (out >= 0).sum(1).int())
+    positions = torch.arange(n + 1)
+    assert bool(((out >= 0) == (positions[None] <= emitted[:, None])).all())
+    assert bool((out[:, :n] == ids).logical_or(positions[None, :n] >= emitted[:, None]).all())
+    assert bool((accepted >= emitted).all()) and bool((accepted <= n).all())
+    rate = float(torch.minimum(draft[0], target[0]).sum())
+    passed0 = float((emitted >= 1).double().mean())
+    assert abs(passed0 - rate) < 5 * math.sqrt(rate * (1 - rate) / batch), (passed0, rate)
+    # accepted counts every position's test: its mean is the sum of the positions' rates.
+    rates = sum(float(torch.minimum(draft[i], target[i]).sum()) for i in range(n))
+    assert abs(float(accepted.double().mean()) - rates) < 5 * math.sqrt(n / batch), (float(accepted.double().mean()), rates)
+
+
+@gpu
+def test_chain_speculative_sampling_decided_cases():
+    """One-hot targets decide every token; a draft token the target gives nothing is rejected; ids
+    of int64 and outside the vocabulary; the same seed and offset give the same tokens."""
+    batch, n, vocab = 6, 4, 1000
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, vocab, (batch, n), generator=g)
+    hot = torch.randint(0, vocab, (batch, n + 1), generator=g)
+    hot[:3, :n] = ids[:3]  # requests 0-2: the target agrees with every draft token
+    hot[4, 1] = ids[4, 1]  # request 4 agrees at position 1 only (after its first rejection)
+    ids[5, 0] = vocab + 3  # request 5: a draft token outside the vocabulary
+    draft = torch.softmax(torch.randn(batch, n, vocab, generator=g), -1).cuda()
+    target = torch.zeros(batch, n + 1, vocab).scatter_(2, hot[..., None], 1.0).cuda()
+    out, accepted, emitted = aotinfer.chain_speculative_sampling(draft, ids.cuda(), target, seed=1, offset=4)
+    want = torch.full((batch, n + 1), -1, dtype=torch.int32)
+    want[:3] = hot[:3].int()  # all accepted, then the bonus token
+    for row in range(3, batch):
+        want[row, 0] = hot[row, 0]  # rejected at once: the target's token
+    assert torch.equal(out.cpu(), want)
+    assert accepted.tolist() == [n, n, n, 0, 1, 0] and emitted.tolist() == [n, n, n, 0, 0, 0]
+    again = aotinfer.chain_speculative_sampling(draft, ids.cuda(), target, seed=1, offset=4)
+    assert all(torch.equal(a, b) for a, b in zip(again, (out, accepted, emitted)))
+
+
+@gpu
+def test_chain_speculative_sampling_under_graph_replay():
+    """seed and offset tensors are read when the kernel runs: a captured call draws anew after the
+    offset changes, the tokens an eager call with that offset draws."""
+    batch, n, vocab = 64, 3, 300
+    draft, target, ids = _speculative_case(batch, n, vocab, seed=9)
+    draft_rows = draft.float().cuda().expand(batch, n, vocab).contiguous()
+    target_rows = target.float().cuda().expand(batch, n + 1, vocab).contiguous()
+    ids = ids.cuda()
+    seed = torch.tensor([5], dtype=torch.int64, device="cuda")
+    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
+    aotinfer.chain_speculative_sampling(draft_rows, ids, target_rows, seed=seed, offset=offset)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = aotinfer.chain_speculative_sampling(draft_rows, ids, target_rows, seed=seed, offset=offset)
+    outputs = []
+    for step in (4, 8):
+        offset.fill_(step)
+        graph.replay()
+        eager = aotinfer.chain_speculative_sampling(draft_rows, ids, target_rows, seed=5, offset=step)
+        assert torch.equal(captured[0], eager[0])
+        outputs.append(captured[0].clone())
+    assert not torch.equal(outputs[0], outputs[1])

@@ -1,6 +1,7 @@
 // Sampling from probabilities and logits without sorting the vocabulary: top-k, top-p, min-p and
-// their combinations, the top-k / top-p renormalizations and top-k masking of logits (softmax is
-// in softmax.cuh; the row kernels' blocks, reads and launches in rows.cuh).
+// their combinations, the top-k / top-p renormalizations and top-k masking of logits, and chain
+// speculative sampling (speculative.cuh; softmax is in softmax.cuh; the row kernels' blocks, reads
+// and launches in rows.cuh).
 //
 // One block of kRowThreads threads per output row. Every filter keeps the elements at or above
 // one threshold value t (top-k: the k-th largest; top-p: the smallest value whose upper set holds
@@ -71,6 +72,7 @@
 #include "aotinfer/sampling/top_k_from_logits.cuh"
 #include "aotinfer/sampling/sampling_kernel.cuh"
 #include "aotinfer/sampling/renorm_and_mask.cuh"
+#include "aotinfer/sampling/speculative.cuh"
 
 namespace aotinfer {
 

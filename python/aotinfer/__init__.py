@@ -42,6 +42,7 @@ from .rope import (
     rope_quantize_fp8,
 )
 from .sampling import (
+    chain_speculative_sampling,
     min_p_sampling_from_probs,
     sampling_from_logits,
     sampling_from_probs,
@@ -79,6 +80,7 @@ __all__ = [
     "apply_rope_pos_ids_inplace",
     "apply_rope_with_cos_sin_cache",
     "apply_rope_with_cos_sin_cache_inplace",
+    "chain_speculative_sampling",
     "fast_decode_plan",
     "fused_add_rmsnorm",
     "fused_add_rmsnorm_quant",

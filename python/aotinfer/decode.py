@@ -303,7 +303,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         use_cuda_graph : bool
             ``run`` reads the page table from the three buffers below, which ``plan`` fills, and
             launches a fixed grid: a captured ``run`` replays correctly after ``plan`` with a new
-            page table of the same batch size.
+            page table of the same batch size. Without it, a ``run`` captured into a graph replays
+            right under its own plan, and the wrapper refuses a new ``plan`` (RuntimeError).
         use_tensor_cores : bool
             Accepted for FlashInfer's API; one kernel serves every group size.
         paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer : torch.Tensor
@@ -400,6 +401,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             One CTA column per request: deterministic, batch-invariant output.
         """
         import torch
+
+        self._check_not_captured()
 
         # ---- options
         check_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
@@ -591,6 +594,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             plan.requests,
             plan.counters,
             plan.empty if sinks is None else sinks,
+            self._captured,
             self._kv_layout_code,
             self._sm_scale_for(plan.head_dim, q_scale, k_scale),
             self._logits_soft_cap or 0.0,
@@ -849,6 +853,7 @@ def single_decode_with_kv_cache(
         sm_scale *= k_scale
     out = torch.empty((1, num_qo_heads, head_dim), dtype=q.dtype, device=device)
     lse = torch.empty((1, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
+    none = torch.empty(0, dtype=torch.float32, device=device)
     _batch_decode(
         out,
         lse,
@@ -861,7 +866,8 @@ def single_decode_with_kv_cache(
         work,
         requests,
         torch.zeros(heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32, device=device),
-        torch.empty(0, dtype=torch.float32, device=device),
+        none,  # no sinks
+        none,  # captured: each call has tables of its own
         KV_LAYOUTS[kv_layout],
         sm_scale,
         logits_soft_cap or 0.0,

@@ -441,6 +441,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         plan.work,
         plan.requests,
         plan.empty if sinks is None else sinks,
+        wrapper._captured,
         kv_layout_code,
         sm_scale,
         wrapper._logits_soft_cap or 0.0,
@@ -620,7 +621,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             ``"NHD"`` (K and V ``[kv_tokens, heads, dim]``) or ``"HND"`` (``[heads, kv_tokens, dim]``).
         use_cuda_graph : bool
             ``run`` launches a fixed grid over tables that keep their place: a captured ``run``
-            replays correctly after ``plan`` with new lengths of the same batch size.
+            replays correctly after ``plan`` with new lengths of the same batch size. Without it, a
+            ``run`` captured into a graph replays right under its own plan, and the wrapper refuses
+            a new ``plan`` (RuntimeError).
         qo_indptr_buf, kv_indptr_buf : torch.Tensor
             With ``use_cuda_graph``: int32 GPU buffers of ``batch_size + 1`` elements, which
             ``plan`` fills. The batch size is fixed by them.
@@ -705,6 +708,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         disable_split_kv : bool
             One item a query tile: deterministic, batch-invariant output.
         """
+        self._check_not_captured()
         _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
@@ -868,7 +872,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         use_cuda_graph : bool
             ``run`` reads the page ids from ``paged_kv_indices_buf``, which ``plan`` fills, and
             launches a fixed grid: a captured ``run`` replays correctly after ``plan`` with a new
-            page table of the same batch size.
+            page table of the same batch size. Without it, a ``run`` captured into a graph replays
+            right under its own plan, and the wrapper refuses a new ``plan`` (RuntimeError).
         qo_indptr_buf, paged_kv_indptr_buf, paged_kv_last_page_len_buf : torch.Tensor
             With ``use_cuda_graph``: int32 GPU buffers of ``batch_size + 1``, ``batch_size + 1``
             and ``batch_size`` elements. The batch size is fixed by them.
@@ -954,6 +959,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         """
         import torch
 
+        self._check_not_captured()
         _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                             fixed_split_size, custom_mask, packed_custom_mask)  # fmt: skip
@@ -1347,7 +1353,8 @@ def single_prefill_with_kv_cache(
         torch.empty(0, dtype=torch.int32, device=device),
         work,
         requests,
-        empty,
+        empty,  # no sinks
+        empty,  # captured: each call has tables of its own
         0,
         1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
         logits_soft_cap or 0.0,

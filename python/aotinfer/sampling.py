@@ -1,6 +1,7 @@
 """Sampling with FlashInfer's signatures and semantics (module ``flashinfer.sampling``): draws from
 probabilities or logits under top-k, top-p, min-p and their combinations, the top-k / top-p
-renormalizations, top-k masking of logits, and softmax with temperature.
+renormalizations, top-k masking of logits, softmax with temperature, and chain speculative
+sampling (draft tokens accepted or resampled so that the emitted tokens follow the target model).
 
 No op sorts the vocabulary. Every filter keeps the elements at or above one threshold value (ties
 with it are kept), found by a radix search over the row's bit patterns in shared memory; a draw is
@@ -40,6 +41,7 @@ from __future__ import annotations
 from ._kernels import kernel
 from .api_logging import aotinfer_api
 from .trace.templates.sampling import (
+    chain_speculative_sampling_trace,
     min_p_sampling_trace,
     sampling_from_logits_trace,
     sampling_from_probs_trace,
@@ -65,6 +67,7 @@ _sample = kernel("sampling", "sample")
 _renorm = kernel("sampling", "renorm")
 _top_k_mask_logits = kernel("sampling", "top_k_mask_logits")
 _softmax = kernel("sampling", "softmax")
+_chain_speculative_sampling = kernel("sampling", "chain_speculative_sampling")
 
 _ORDERS = ("top_k_first", "joint")  # filter_apply_order's values, the binding's names of those filters
 _PHILOX_OFFSETS_PER_CALL = 4  # a call's draws use one offset; 4 keeps the generator's offset a multiple of 4
@@ -154,6 +157,15 @@ def _random_state(device, generator, seed, offset):
     return seed, offset
 
 
+def _random_arguments(device, generator, seed, offset, none):
+    """The bindings' (seed, seed_val, offset, offset_val): a tensor and 0, or ``none`` and the value as
+    a signed 64-bit integer."""
+    seed, offset = _random_state(device, generator, seed, offset)
+    seed, seed_val = (seed, 0) if _is_tensor(seed) else (none, seed - 2**64 if seed >= 2**63 else seed)
+    offset, offset_val = (offset, 0) if _is_tensor(offset) else (none, offset - 2**64 if offset >= 2**63 else offset)
+    return seed, seed_val, offset, offset_val
+
+
 def _draw(sample, probs, filter, top_k, top_p, min_p, indices, generator, check_nan, seed, offset,
           return_valid, from_logits=False):
     """One sampling call: output allocation, per-row parameters, random state, the binding."""
@@ -175,9 +187,7 @@ def _draw(sample, probs, filter, top_k, top_p, min_p, indices, generator, check_
     top_k, top_k_val = _per_row(top_k, torch.int32, -1, none)
     top_p, top_p_val = _per_row(top_p, torch.float32, -1.0, none)
     min_p, min_p_val = _per_row(min_p, torch.float32, -1.0, none)
-    seed, offset = _random_state(probs.device, generator, seed, offset)
-    seed, seed_val = (seed, 0) if _is_tensor(seed) else (none, seed - 2**64 if seed >= 2**63 else seed)
-    offset, offset_val = (offset, 0) if _is_tensor(offset) else (none, offset - 2**64 if offset >= 2**63 else offset)
+    seed, seed_val, offset, offset_val = _random_arguments(probs.device, generator, seed, offset, none)
     # No elements: not wanted. Its own tensor, not `none`: the op's schema marks valid as written, and
     # a written argument may not alias the others under torch.compile.
     valid = torch.empty(batch if return_valid else 0, dtype=torch.bool, device=probs.device)
@@ -577,8 +587,6 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: Union[torch.Te
         _check_top_k_top_p(top_k, top_p, filter_apply_order)
         _check_random(deterministic, generator, check_nan, seed, offset, return_valid)
 
-    import torch
-
     return _draw(_sample, logits, filter_apply_order, top_k, top_p, None, indices, generator, check_nan,
                  seed, offset, return_valid, from_logits=True)
 
@@ -666,3 +674,67 @@ def softmax(logits: torch.Tensor, temperature: Optional[Union[torch.Tensor, floa
                                             out.new_empty(0))
     _softmax(out, logits, temperature, temperature_val, -1 if enable_pdl is None else enable_pdl)
     return out
+
+
+@aotinfer_api(trace=chain_speculative_sampling_trace)
+def chain_speculative_sampling(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                               maybe_output_accepted_token_num: Optional[torch.Tensor] = None,
+                               maybe_output_emitted_draft_token_num: Optional[torch.Tensor] = None,
+                               deterministic: bool = True, generator: Optional[torch.Generator] = None,
+                               seed: Optional[Union[int, torch.Tensor]] = None,
+                               offset: Optional[Union[int, torch.Tensor]] = None, *,
+                               skip_check: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Speculative sampling of a chain of draft tokens per request (FlashInfer's semantics).
+
+    Draft token ``i`` of a request is accepted while ``u_i * draft_probs[i, d_i] <
+    target_probs[i, d_i]`` (``u_i`` uniform in (0, 1)); the first rejected position draws from
+    ``max(0, target_probs[i] - draft_probs[i])`` normalized, and where every draft token is accepted
+    the bonus position draws from ``target_probs[n]``. The emitted tokens then follow the target
+    model's distribution.
+
+    Parameters
+    ----------
+    draft_probs : torch.Tensor
+        float32 ``[batch_size, n, vocab_size]``: the draft model's distribution at each position.
+    draft_token_ids : torch.Tensor
+        int32 or int64 ``[batch_size, n]``: the draft tokens (one outside the vocabulary is rejected).
+    target_probs : torch.Tensor
+        float32 ``[batch_size, n + 1, vocab_size]``: the target model's distributions, one more
+        position than the draft (the bonus token's).
+    maybe_output_accepted_token_num, maybe_output_emitted_draft_token_num : Optional[torch.Tensor]
+        int32 ``[batch_size]`` counters, added to in place (new zeros when None): the draft tokens
+        whose test passes, each position tested on its own (how well the models agree), and the
+        draft tokens emitted (the accepted prefix; the bonus or resampled token is not counted).
+    deterministic : bool
+        Accepted for FlashInfer's API: the same inputs, seed and offset always give the same tokens.
+    generator, seed, offset
+        As the other samplers: ``seed`` and ``offset`` Python ints or int64 tensors of 1 or
+        ``batch_size`` elements read when the kernel runs (CUDA-graph replays draw anew), else the
+        generator's, whose offset is advanced.
+
+    Returns
+    -------
+    Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        ``output_token_ids`` int32 ``[batch_size, n + 1]`` (the accepted draft tokens, the drawn
+        token, then -1), and the two counters.
+    """
+    if not skip_check:
+        _check_random(deterministic, generator, False, seed, offset, False)
+
+    import torch
+
+    check_tensor(draft_probs, "draft_probs")
+    shape = list(draft_probs.shape) + [0] * max(0, 3 - draft_probs.dim())  # (a wrong rank: the binding names it)
+    device = draft_probs.device
+    out = torch.empty(shape[0], shape[1] + 1, dtype=torch.int32, device=device)
+    accepted = maybe_output_accepted_token_num
+    if accepted is None:
+        accepted = torch.zeros(shape[0], dtype=torch.int32, device=device)
+    emitted = maybe_output_emitted_draft_token_num
+    if emitted is None:
+        emitted = torch.zeros(shape[0], dtype=torch.int32, device=device)
+    none = torch.empty(0, dtype=torch.int64, device=device)
+    seed, seed_val, offset, offset_val = _random_arguments(device, generator, seed, offset, none)
+    _chain_speculative_sampling(out, accepted, emitted, draft_probs, draft_token_ids, target_probs, seed, offset,
+                                seed_val, offset_val, -1)
+    return out, accepted, emitted

@@ -88,17 +88,18 @@ __device__ __forceinline__ float BlockSum(float v, SamplingShared& sh) {
   return BlockReduce(v, sh.scratch_f, [](float a, float b) { return a + b; });
 }
 
-__device__ __forceinline__ Best BlockBest(Best b, SamplingShared& sh) {
+// The block's best (the race's winner), in every thread; through one key and one index a warp.
+__device__ __forceinline__ Best BlockBest(Best b, float* keys, int* indices) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     b = Better(b, Best{__shfl_xor_sync(0xffffffffu, b.key, o), __shfl_xor_sync(0xffffffffu, b.index, o)});
   }
   if (threadIdx.x % 32 == 0) {
-    sh.scratch_f[threadIdx.x / 32] = b.key;
-    sh.scratch_i[threadIdx.x / 32] = b.index;
+    keys[threadIdx.x / 32] = b.key;
+    indices[threadIdx.x / 32] = b.index;
   }
   __syncthreads();
-  b = Best{sh.scratch_f[threadIdx.x % 32], sh.scratch_i[threadIdx.x % 32]};
+  b = Best{keys[threadIdx.x % 32], indices[threadIdx.x % 32]};
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     b = Better(b, Best{__shfl_xor_sync(0xffffffffu, b.key, o), __shfl_xor_sync(0xffffffffu, b.index, o)});
@@ -106,6 +107,8 @@ __device__ __forceinline__ Best BlockBest(Best b, SamplingShared& sh) {
   __syncthreads();
   return b;
 }
+
+__device__ __forceinline__ Best BlockBest(Best b, SamplingShared& sh) { return BlockBest(b, sh.scratch_f, sh.scratch_i); }
 
 // Row-wide reductions: each block's result, merged in part order (the same for every split).
 __device__ __forceinline__ float RowMax(float v, SamplingShared& sh) {

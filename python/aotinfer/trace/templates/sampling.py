@@ -19,6 +19,13 @@ def _one_hot_probs(shape, device, dtype):
     return probs.scatter_(-1, hot, 1.0)
 
 
+def _some_tokens(shape, device):
+    """Token ids 0 and 1 (in any vocabulary): with one-hot rows, each draft token passes or not."""
+    import torch
+
+    return torch.randint(0, 2, shape, device=device, dtype=torch.int32)
+
+
 def _peaked_logits(shape, device, dtype):
     """Random logits with one token per row 1000 above the rest (its probability rounds to 1)."""
     import torch
@@ -124,6 +131,38 @@ def _top_k_mask_logits_reference(logits, top_k):
     return torch.where(x >= _top_k_threshold(x, top_k)[:, None], x, float("-inf")).to(logits.dtype)
 
 
+def _chain_speculative_sampling_reference(draft_probs, draft_token_ids, target_probs):
+    """Each request's draft tokens tested in order with float64 uniforms, the first rejected (or the
+    bonus) position drawn with torch.multinomial from max(0, target - draft) (the target row where
+    that is zero), in a plain loop."""
+    import torch
+
+    batch, n = draft_token_ids.shape
+    vocab = draft_probs.shape[-1]
+    out = torch.full((batch, n + 1), -1, dtype=torch.int32)
+    accepted = torch.zeros(batch, dtype=torch.int32)
+    emitted = torch.zeros(batch, dtype=torch.int32)
+    draft, target, ids = draft_probs.double().cpu(), target_probs.double().cpu(), draft_token_ids.long().cpu()
+    for b in range(batch):
+        drawn_at = n
+        for i in range(n):
+            d = int(ids[b, i])
+            passes = 0 <= d < vocab and float(torch.rand((), dtype=torch.float64)) * draft[b, i, d] < target[b, i, d]
+            accepted[b] += int(passes)
+            if drawn_at == n:
+                if passes:
+                    out[b, i] = d
+                else:
+                    drawn_at = i
+        row = target[b, drawn_at]
+        if drawn_at < n and bool(((row - draft[b, drawn_at]).clamp(min=0) > 0).any()):
+            row = (row - draft[b, drawn_at]).clamp(min=0)
+        out[b, drawn_at] = int(torch.multinomial(row.clamp(min=0), 1)) if bool((row > 0).any()) else 0
+        emitted[b] = drawn_at
+    device = draft_probs.device
+    return out.to(device), accepted.to(device), emitted.to(device)
+
+
 def _softmax_reference(logits, temperature):
     import torch
 
@@ -179,6 +218,29 @@ top_k_mask_logits_trace = _template(
     "top_k_mask_logits", "Set all but the k largest logits of each row to -inf.",
     {"logits": Tensor(_ROWS), "top_k": _TOP_K},
     {"masked_logits": Tensor(_ROWS, dtype_from="logits")}, _top_k_mask_logits_reference, op_type="sampling_renorm")
+chain_speculative_sampling_trace = TraceTemplate(
+    op_type="speculative_sampling", name_prefix="chain_speculative_sampling",
+    description="Accept draft tokens while u * draft < target, draw the first rejected (or bonus) position from "
+                "max(0, target - draft).",
+    axes={"batch_size": Var(), "num_speculate_tokens": Const(abbrev="n"), "vocab_size": Const(abbrev="v"),
+          "num_positions": Const(derive=lambda sizes: sizes["num_speculate_tokens"] + 1)},
+    inputs={
+        "draft_probs": Tensor(["batch_size", "num_speculate_tokens", "vocab_size"], dtype="float32", example=_one_hot_probs,
+                              description="The draft model's distribution at each position."),
+        "draft_token_ids": Tensor(["batch_size", "num_speculate_tokens"], dtype="int32",
+                                  example=lambda shape, device, dtype: _some_tokens(shape, device),
+                                  description="The draft tokens."),
+        "target_probs": Tensor(["batch_size", "num_positions", "vocab_size"], dtype="float32", example=_one_hot_probs,
+                               description="The target model's distribution at each position and the bonus one."),
+    },
+    outputs={
+        "output_token_ids": Tensor(["batch_size", "num_positions"], dtype="int32",
+                                   description="The accepted draft tokens, the drawn token, then -1."),
+        "output_accepted_token_num": Tensor(["batch_size"], dtype="int32",
+                                            description="Draft tokens whose test passes, each on its own."),
+        "output_emitted_draft_token_num": Tensor(["batch_size"], dtype="int32", description="Draft tokens emitted."),
+    },
+    tags=_TAGS, reference=_chain_speculative_sampling_reference)
 softmax_trace = _template(
     "softmax", "softmax(logits / temperature) over each row, in float32.",
     {"logits": Tensor(_ROWS), "temperature": Scalar("float32", description="A Python float or float32 [batch_size].")},
