@@ -13,27 +13,20 @@
 namespace aotinfer {
 
 // A wrapper's run whose grid and tables a later plan replaces (one made without use_cuda_graph)
-// passes `captured`, one byte on the host; others pass a tensor of no elements. Where the launch
-// is captured into a CUDA graph the binding sets the byte, and the wrapper's next plan refuses to
-// run: the graph's replays would run the captured grid over that plan's tables
+// passes `captured`, the address of a byte on the host that the wrapper owns; others pass 0 (an
+// address, not a tensor: converting a tensor argument costs every run more). Where the launch is
+// captured into a CUDA graph the binding sets the byte, and the wrapper's next plan refuses to run:
+// the graph's replays would run the captured grid over that plan's tables
 // (docs/design/overlay.md#capture-guard).
-inline void CheckCaptureFlag(const TensorView& captured) {
-  if (captured.numel() == 0) return;
-  if (captured.device().device_type != kDLCPU || captured.dtype() != DLDataType{kDLUInt, 8, 1}) {
-    AOTINFER_THROW(TypeError) << "Expected captured to be a uint8 tensor on the CPU, got " << captured.dtype()
-                              << " on " << DeviceString(captured.device());
-  }
-}
-
-inline void RecordCapture(const TensorView& captured, cudaStream_t stream) {
-  if (captured.numel() == 0) return;
+inline void RecordCapture(int64_t captured, cudaStream_t stream) {
+  if (captured == 0) return;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     // The legacy stream asked while another thread captures: that capture is refused its launch.
     (void)cudaGetLastError();
     return;
   }
-  if (status != cudaStreamCaptureStatusNone) *data_ptr<uint8_t>(captured) = 1;
+  if (status != cudaStreamCaptureStatusNone) *reinterpret_cast<uint8_t*>(captured) = 1;
 }
 
 // head_dim values with a kernel.

@@ -24,14 +24,13 @@ cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_
 // V copies cached evict-first in L2 (the plan's choice), else normally.
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                   TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
-                  TensorView counters, TensorView sinks, TensorView captured, int64_t kv_layout, double sm_scale,
+                  TensorView counters, TensorView sinks, int64_t captured, int64_t kv_layout, double sm_scale,
                   double logits_soft_cap, int64_t window_left, double v_scale, int64_t max_partials, int64_t kv_read_once,
                   int64_t enable_pdl) {
   // 1. Validate; 2. guard the device; 3. get the stream (and record a capture); 4. dispatch and launch.
   const aotinfer::CheckedDecode checked = aotinfer::CheckDecode(
       out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters, sinks, kv_layout,
       sm_scale, logits_soft_cap, window_left, v_scale, kv_read_once, enable_pdl);
-  aotinfer::CheckCaptureFlag(captured);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);

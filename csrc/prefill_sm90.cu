@@ -8,7 +8,7 @@
 // Prefill attention over the planned work items (the tensors: CheckPrefill).
 void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                         TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
-                        TensorView sinks, TensorView captured, int64_t kv_layout, double sm_scale, double logits_soft_cap,
+                        TensorView sinks, int64_t captured, int64_t kv_layout, double sm_scale, double logits_soft_cap,
                         int64_t window_left, double v_scale, bool causal, int64_t ctas, int64_t merge_from,
                         int64_t enable_pdl) {
   // 1. Validate; 2. guard the device; 3. get the stream (and record a capture); 4. dispatch and launch.
@@ -22,7 +22,6 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
   if (checked.head_dim != 64 && checked.head_dim != 128 && checked.head_dim != 256) {
     AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256 for this backend, got " << checked.head_dim;
   }
-  aotinfer::CheckCaptureFlag(captured);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);

@@ -274,16 +274,17 @@ class AttentionWrapper(AttentionWorkspace):
         self._rope_scale: Optional[float] = None
         self._rope_theta: Optional[float] = None
         self._plan: Any = None
-        # run's `captured`: a host byte the binding sets where a run is captured into a CUDA graph
-        # (a wrapper without use_cuda_graph, whose next plan would change the tables under the
-        # captured grid); no elements for a wrapper that keeps its grid.
-        self._captured = torch.zeros(0 if self._use_cuda_graph else 1, dtype=torch.uint8)
-        self._captured_byte = None if self._use_cuda_graph else ctypes.c_uint8.from_address(self._captured.data_ptr())
+        # run's `captured`: the address of a host byte the binding sets where a run is captured
+        # into a CUDA graph (a wrapper without use_cuda_graph, whose next plan would change the
+        # tables under the captured grid); 0 for a wrapper that keeps its grid.
+        self._captured = torch.zeros(1, dtype=torch.uint8)  # owns the byte
+        self._captured_address = 0 if self._use_cuda_graph else self._captured.data_ptr()
+        self._captured_byte = ctypes.c_uint8.from_address(self._captured.data_ptr())
 
     def _check_not_captured(self) -> None:
         """Refuse a new plan once a run under the current one was captured (see _init_wrapper): the
         graph's replays would run the old plan's grid over the new plan's tables."""
-        if self._captured_byte is not None and self._captured_byte.value:
+        if self._captured_byte.value:
             raise RuntimeError(
                 f"{type(self).__name__}.plan: a run of this wrapper was captured into a CUDA graph, and its replays "
                 "launch the grid of the plan it was captured under: a new plan would have them read other tables. "

@@ -594,7 +594,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             plan.requests,
             plan.counters,
             plan.empty if sinks is None else sinks,
-            self._captured,
+            self._captured_address,
             self._kv_layout_code,
             self._sm_scale_for(plan.head_dim, q_scale, k_scale),
             self._logits_soft_cap or 0.0,
@@ -867,7 +867,7 @@ def single_decode_with_kv_cache(
         requests,
         torch.zeros(heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32, device=device),
         none,  # no sinks
-        none,  # captured: each call has tables of its own
+        0,  # captured: each call has tables of its own
         KV_LAYOUTS[kv_layout],
         sm_scale,
         logits_soft_cap or 0.0,

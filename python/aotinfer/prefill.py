@@ -441,7 +441,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         plan.work,
         plan.requests,
         plan.empty if sinks is None else sinks,
-        wrapper._captured,
+        wrapper._captured_address,
         kv_layout_code,
         sm_scale,
         wrapper._logits_soft_cap or 0.0,
@@ -1354,7 +1354,7 @@ def single_prefill_with_kv_cache(
         work,
         requests,
         empty,  # no sinks
-        empty,  # captured: each call has tables of its own
+        0,  # captured: each call has tables of its own
         0,
         1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
         logits_soft_cap or 0.0,
