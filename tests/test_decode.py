@@ -379,6 +379,19 @@ def test_captured_byte_is_read_by_plan():
     case.plan(graph_wrapper)
 
 
+def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan(kernel_model):
+    """FlashInfer reads fixed_split_size <= 0 as none (vLLM passes -1 outside its batch-invariant
+    mode): the same tables as None."""
+    case = Case([4000, 5, 900, 33], 16, (32, 8, 128), torch.float16, device="cpu")
+    tables = []
+    for fixed in (None, -1, 0):
+        wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD")
+        case.plan(wrapper, fixed_split_size=fixed)
+        tables.append((wrapper._plan.work.tolist(), wrapper._plan.requests.tolist()))
+    assert tables[0] == tables[1] == tables[2]
+    assert len(tables[0][0]) > 4, "the plan should split the long request"
+
+
 def test_fast_decode_plan_takes_one_query_token():
     with pytest.raises(NotImplementedError, match="q_len_per_req=2 is not implemented"):
         aotinfer.fast_decode_plan(None, None, None, None, 32, 8, 128, 16, q_len_per_req=2)
@@ -387,7 +400,9 @@ def test_fast_decode_plan_takes_one_query_token():
 
 
 @gpu
-@pytest.mark.parametrize("mode", [dict(disable_split_kv=True), dict(fixed_split_size=8)], ids=["disable_split_kv", "fixed_split_size"])
+@pytest.mark.parametrize("mode", [dict(disable_split_kv=True), dict(fixed_split_size=8),
+                                  dict(fixed_split_size=2048, disable_split_kv=True)],
+                         ids=["disable_split_kv", "fixed_split_size", "vllm_batch_invariant"])
 def test_batch_invariant_and_deterministic(mode):
     # A request's output is bit for bit the same alone, in a large batch and again.
     heads, page_size = (32, 8, 128), 16
@@ -934,7 +949,7 @@ PLAN_ERRORS = [
     (dict(q_data_type="half_float"), TypeError, "Expected q_data_type to be a torch.dtype"),
     (dict(kv_data_type=torch.bfloat16), ValueError, "Expected kv_data_type to be q_data_type \\(float16\\)"),
     (dict(o_data_type=torch.float32), NotImplementedError, "o_data_type=float32 is not implemented"),
-    (dict(fixed_split_size=0), ValueError, "fixed_split_size to be at least 1"),
+    (dict(fixed_split_size=1.5), TypeError, "Expected fixed_split_size to be an integer"),
     (dict(indptr=torch.tensor([0, 1, 3], dtype=torch.int32)), ValueError, "indptr to have batch_size \\+ 1 = 4 elements"),
     (dict(indptr=torch.tensor([0, 1, 9, 9], dtype=torch.int32)), ValueError, "up to len\\(indices\\) = 4"),
     (dict(last_page_len=torch.tensor([5, 17, 0], dtype=torch.int32)), ValueError, "last_page_len in 0..page_size \\(16\\)"),

@@ -330,7 +330,8 @@ def test_batch_invariant_and_deterministic(kind):
         alone.k, alone.v = case.k[:3000], case.v[:3000]
     else:
         alone.cache, alone.indices, alone.indptr, alone.last_page_len = case.cache, case.indices, case.indptr[:2], case.last_page_len[:1]
-    for options in (dict(fixed_split_size=32), dict(disable_split_kv=True)):
+    # The last: vLLM's batch-invariant mode (its decode passes 2048 and disable_split_kv too).
+    for options in (dict(fixed_split_size=32), dict(disable_split_kv=True), dict(fixed_split_size=4096, disable_split_kv=True)):
         wrapper = case.wrapper()
         case.plan(wrapper, causal=True, **options)
         first, second = case.run(wrapper), case.run(wrapper)
@@ -1048,6 +1049,17 @@ def paged_plan_args():
     return (indptr_of([5]), indptr_of([1]), torch.zeros(1, dtype=torch.int32), torch.tensor([5], dtype=torch.int32), 8, 8, 64, 16)
 
 
+def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan():
+    """FlashInfer reads fixed_split_size <= 0 as none (vLLM passes -1 outside its batch-invariant
+    mode): the same tables as None."""
+    tables = []
+    for fixed in (None, -1, 0):
+        wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(64 << 20, dtype=torch.uint8))
+        wrapper.plan(indptr_of([3000, 7]), indptr_of([9000, 20]), 8, 8, 64, causal=True, fixed_split_size=fixed)
+        tables.append((wrapper._plan.work.tolist(), wrapper._plan.requests.tolist()))
+    assert tables[0] == tables[1] == tables[2]
+
+
 @pytest.mark.parametrize("name", ["custom_mask", "packed_custom_mask"])
 def test_custom_masks_are_not_implemented(name):
     mask = torch.ones(25, dtype=torch.bool)
@@ -1079,7 +1091,7 @@ def test_mask_buffers_are_not_implemented(name):
         (dict(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
         (dict(sm_scale="x"), TypeError, "sm_scale"),
         (dict(causal=1), TypeError, "causal"),
-        (dict(fixed_split_size=0), ValueError, "fixed_split_size"),
+        (dict(fixed_split_size="4096"), TypeError, "fixed_split_size"),
     ],
     ids=lambda x: str(x)[:40],
 )

@@ -93,6 +93,16 @@ def check_options(pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any
     check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
 
 
+def fixed_split(fixed_split_size: Any) -> Optional[int]:
+    """plan's ``fixed_split_size`` checked, as the partitions take it: None (the plan splits) for
+    None or a value <= 0, as FlashInfer reads it (vLLM passes -1 outside its batch-invariant mode),
+    else the fixed chunk in pages (tokens for ragged KV)."""
+    if fixed_split_size is None:
+        return None
+    check_int(fixed_split_size, "fixed_split_size", -(2**31))
+    return fixed_split_size if fixed_split_size > 0 else None
+
+
 def check_head_dim(head_dim: Any) -> None:
     check_int(head_dim, "head_dim", 1)
     if head_dim not in HEAD_DIMS:

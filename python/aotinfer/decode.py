@@ -74,6 +74,7 @@ from ._attention import (
     check_soft_cap,
     check_window_left,
     device_property,
+    fixed_split,
     num_chunks,
     num_sms,
     smallest_chunk,
@@ -396,9 +397,11 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         seq_lens : Optional[torch.Tensor]
             Sequence lengths ``[batch_size]`` to use instead of those of ``last_page_len``.
         fixed_split_size : Optional[int]
-            Split every sequence into chunks of this many pages (batch-invariant output).
+            Split every sequence into chunks of this many pages (batch-invariant output); None
+            or <= 0 (vLLM passes -1): the plan splits as it sees fit.
         disable_split_kv : bool
-            One CTA column per request: deterministic, batch-invariant output.
+            One CTA column per request: deterministic, batch-invariant output (it wins
+            over ``fixed_split_size``, as in FlashInfer).
         """
         import torch
 
@@ -409,8 +412,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         check_heads(num_qo_heads, num_kv_heads)
         check_head_dim(head_dim)
         check_int(page_size, "page_size", 1)
-        if fixed_split_size is not None:
-            check_int(fixed_split_size, "fixed_split_size", 1)
+        fixed_split_size = fixed_split(fixed_split_size)
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type

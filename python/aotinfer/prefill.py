@@ -90,6 +90,7 @@ from ._attention import (
     check_soft_cap,
     check_window_left,
     device_property,
+    fixed_split,
     num_chunks,
     num_sms,
     smallest_chunk,
@@ -167,14 +168,13 @@ def _refuse_masks(**masks: Any) -> None:
 
 def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size) -> None:
     check_head_dim(head_dim_qk)
+    fixed_split(fixed_split_size)
     if head_dim_vo is not None:
         check_int(head_dim_vo, "head_dim_vo", 1)
         if head_dim_vo != head_dim_qk:
             raise NotImplementedError(f"head_dim_vo={head_dim_vo} different from head_dim_qk={head_dim_qk} is not implemented")
     if use_fp16_qk_reduction:
         raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
-    if fixed_split_size is not None:
-        check_int(fixed_split_size, "fixed_split_size", 1)
 
 
 def _indptr_on_host(indptr: Any, name: str, batch: Optional[int] = None) -> "torch.Tensor":
@@ -485,6 +485,8 @@ class _BatchPrefillWrapper(AttentionWrapper):
     ) -> None:  # fmt: skip
         import torch
 
+        fixed_split_size = fixed_split(fixed_split_size)  # None where <= 0, as FlashInfer reads it
+
         batch = qo_host.numel() - 1
         q_len = (qo_host[1:] - qo_host[:-1]).tolist()
         kv_len_list = kv_len.tolist()
@@ -704,9 +706,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         non_blocking : bool
             Copy the tables to the GPU without waiting for the copy.
         fixed_split_size : Optional[int]
-            Split every request's keys into chunks of this many tokens (batch-invariant output).
+            Split every request's keys into chunks of this many tokens (batch-invariant output);
+            None or <= 0 (vLLM passes -1): the plan splits as it sees fit.
         disable_split_kv : bool
-            One item a query tile: deterministic, batch-invariant output.
+            One item a query tile: deterministic, batch-invariant output (it wins
+            over ``fixed_split_size``, as in FlashInfer).
         """
         self._check_not_captured()
         _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
