@@ -863,6 +863,52 @@ def test_plan_and_run_drive_the_kernel_contract(kernel_model, layout, page_size,
     check(out, want, torch.float16, lse, want_lse)
 
 
+def test_vllm_fast_plan_decode_sequence(kernel_model):
+    """vLLM's flashinfer backend (v1/attention/backends/flashinfer.py, 0.33), call by call: a decode
+    wrapper made with use_cuda_graph and use_tensor_cores; its first step planned by plan() with
+    FlashInfer's 22 positional arguments; later steps by its fast_plan_decode, which fills the
+    wrapper's buffers, calls _cached_module.plan with FlashInfer's tensor-core planner arguments and
+    sets the options on the wrapper; after each plan it asserts _window_left, _logits_soft_cap and
+    _sm_scale, then runs with k_scale and v_scale into its output."""
+    heads, page_size, batch, scale, window_left = (16, 4, 64), 16, 4, 0.125, -1
+    indptr_buf = torch.zeros(batch + 1, dtype=torch.int32)
+    indices_buf = torch.zeros(1000, dtype=torch.int32)
+    last_buf = torch.zeros(batch, dtype=torch.int32)
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace("cpu", 16 << 20), "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf, use_tensor_cores=True,
+    )  # fmt: skip
+    pool = 900
+    cache, k, v = kv_pool(pool, page_size, 4, 64, torch.float16, "NHD", "5d", "cpu")
+    for step, lengths in enumerate(([3, 17, 40, 2], [4000, 5, 0, 700], [16, 1, 2, 3])):
+        indptr, indices, last, _ = page_table(lengths, page_size)
+        indices = torch.randperm(pool)[: indices.numel()].int()
+        seq_lens = torch.tensor(lengths, dtype=torch.int32)
+        indices_buf[: indices.numel()] = indices  # vLLM writes the page ids into the buffer itself
+        if step == 0:
+            wrapper.plan(indptr, indices_buf[: indices.numel()], last, *heads, page_size, "NONE", window_left, None,
+                         torch.float16, torch.float16, torch.float16, None, scale, None, None, True, None, None, -1,
+                         False)  # fmt: skip
+        else:
+            indptr_buf.copy_(indptr)
+            last_buf.copy_(last)
+            qo_indptr_host = decode._get_range_buf(batch + 1, "cpu")
+            wrapper._plan_info = wrapper._cached_module.plan(
+                wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+                qo_indptr_host, indptr, seq_lens, batch, batch, heads[0], heads[1], page_size,
+                wrapper.is_cuda_graph_enabled, heads[2], heads[2], False, window_left,
+            )  # fmt: skip
+            wrapper._pos_encoding_mode, wrapper._window_left, wrapper._logits_soft_cap = "NONE", window_left, 0.0
+            wrapper._sm_scale, wrapper._rope_scale, wrapper._rope_theta = scale, None, None
+        assert wrapper._window_left == window_left and wrapper._logits_soft_cap == 0.0 and wrapper._sm_scale == scale
+        q = torch.randn(batch, 16, 64).half()
+        out = torch.full_like(q, float("nan"))
+        wrapper.run(q, cache, k_scale=1.0, v_scale=1.0, out=out)
+        keys, values = gather(k, v, indptr, indices, last, "NHD")
+        want, _ = reference(q, keys, values, scale)
+        check(out, want, torch.float16)
+
+
 def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
     # The tables, the page ids and the partial results keep their addresses and shapes between
     # plans, and a run captured once (here: the same arguments) stays right after a new plan.

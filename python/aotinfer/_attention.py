@@ -334,10 +334,12 @@ class AttentionWrapper(AttentionWorkspace):
 
     def _keep_options(self, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any, sm_scale: Any,
                       rope_scale: Any, rope_theta: Any) -> None:  # fmt: skip
-        """Keep checked options (plan's, last, so that a plan that raises leaves the wrapper as it was)."""
+        """Keep checked options (plan's, last, so that a plan that raises leaves the wrapper as it was).
+        Servers read them back (vLLM asserts ``_sm_scale``, ``_window_left`` and ``_logits_soft_cap``
+        against its layers'): plan passes sm_scale resolved, as FlashInfer's does."""
         self._pos_encoding_mode = pos_encoding_mode
         self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
+        self._logits_soft_cap = 0.0 if logits_soft_cap is None else logits_soft_cap  # as FlashInfer keeps it
         self._sm_scale = sm_scale
         self._rope_scale = rope_scale
         self._rope_theta = rope_theta

@@ -87,7 +87,7 @@ from .utils import check_enable_pdl, check_int, check_tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Tuple, Union
+    from typing import Any, Optional, Tuple, Union
 
     import torch
 
@@ -327,6 +327,11 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
 
     @property
+    def _cached_module(self) -> _TensorCorePlanModule:
+        """FlashInfer's planning module, as servers that plan through it call it (_TensorCorePlanModule)."""
+        return _TensorCorePlanModule(self)
+
+    @property
     def use_tensor_cores(self) -> bool:
         return self._use_tensor_cores
 
@@ -515,6 +520,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         self._plan = plan
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
         self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q_dtype, kv_dtype, q_dtype
+        sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
         self._keep_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
 
     begin_forward = plan
@@ -644,6 +650,59 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         r"""Deprecated form of ``run_return_lse``, as ``forward``."""
         self._set_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+
+
+def _get_range_buf(seq_len: int, device: Any) -> "torch.Tensor":
+    """FlashInfer's private helper that vLLM's flashinfer backend imports from flashinfer.decode
+    (the overlay serves it there): 0 .. seq_len - 1, int32, on ``device``."""
+    import torch
+
+    return torch.arange(seq_len, dtype=torch.int32, device=device)
+
+
+class _TensorCorePlanModule:
+    """What a decode wrapper's ``_cached_module`` is to servers that plan through FlashInfer's
+    internals (vLLM's ``fast_plan_decode``, SGLang's ``fast_decode_plan``): after a first full
+    ``plan``, a CUDA-graph wrapper's buffers are filled by the server and ``_cached_module.plan``
+    is called with the arguments of FlashInfer's tensor-core decode planner. This plans again from
+    those buffers, with the dtypes and options of the last plan; the server then sets the options
+    it planned with on the wrapper, as it would on FlashInfer's (docs/design/overlay.md)."""
+
+    def __init__(self, wrapper: "BatchDecodeWithPagedKVCacheWrapper") -> None:
+        self._wrapper = wrapper
+
+    def plan(self, float_workspace_buffer, int_workspace_buffer, page_locked_int_workspace_buffer, qo_indptr,
+             kv_indptr, kv_len, total_num_rows, batch_size, num_qo_heads, num_kv_heads, page_size, enable_cuda_graph,
+             head_dim_qk, head_dim_vo, causal, window_left, fixed_split_size=-1, disable_split_kv=False,
+             num_colocated_ctas=0) -> list:  # fmt: skip
+        import torch
+
+        wrapper, last = self._wrapper, self._wrapper._plan
+        if not isinstance(kv_len, torch.Tensor):
+            raise NotImplementedError(
+                "_cached_module.plan takes the arguments of FlashInfer's tensor-core decode planner (a wrapper made "
+                "with use_tensor_cores=True); plan the wrapper with plan() instead"
+            )
+        if last is None or not wrapper._use_cuda_graph:
+            raise RuntimeError(
+                "_cached_module.plan replans a wrapper made with use_cuda_graph=True from its buffers, after a first "
+                "plan(): call plan() first"
+            )
+        if total_num_rows != batch_size or head_dim_vo != head_dim_qk or causal:
+            raise NotImplementedError(
+                f"_cached_module.plan: one query token a request (total_num_rows {total_num_rows} for batch_size "
+                f"{batch_size}), head_dim_vo = head_dim_qk and causal=False are what decode plans"
+            )
+        kv_indptr = kv_indptr.to("cpu", torch.int32)
+        kv_len = kv_len.to("cpu", torch.int32)
+        last_page_len = torch.where(kv_len > 0, (kv_len - 1) % page_size + 1, 0).to(torch.int32)
+        wrapper.plan(
+            kv_indptr, wrapper._paged_kv_indices_buf[: int(kv_indptr[-1])], last_page_len, num_qo_heads, num_kv_heads,
+            head_dim_qk, page_size, window_left=window_left, logits_soft_cap=wrapper._logits_soft_cap,
+            q_data_type=last.q_dtype, kv_data_type=last.kv_dtype, sm_scale=wrapper._sm_scale, seq_lens=kv_len,
+            fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+        )  # fmt: skip
+        return []  # FlashInfer's plan info: servers keep it as _plan_info and pass it back to nothing here
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

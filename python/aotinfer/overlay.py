@@ -52,6 +52,9 @@ FAMILIES: Dict[str, Tuple[str, ...]] = {
 }
 #: Served at their family's module only: FlashInfer's ``__init__`` does not export them.
 NOT_AT_TOP = frozenset({"rope_quantize_fp8", "mla_rope_quantize_fp8"})
+#: FlashInfer's private helpers that servers import, served at their family's module from aotinfer's
+#: module of that name (vLLM's flashinfer backend imports ``flashinfer.decode._get_range_buf``).
+INTERNALS: Dict[str, Tuple[str, ...]] = {"decode": ("_get_range_buf",)}
 #: The FlashInfer release whose API aotinfer follows. Without a real FlashInfer,
 #: ``flashinfer.__version__`` is this with a local label: version checks such as
 #: ``Version(v) >= Version("0.7.0")`` and ``v in SpecifierSet("==0.7.2.post1")`` accept it.
@@ -108,6 +111,10 @@ def served(families: Iterable[str]) -> Dict[str, Dict[str, Any]]:
             result[f"flashinfer.{family}"][name] = obj
             if name not in NOT_AT_TOP:
                 result["flashinfer"][name] = obj
+    for family, names in INTERNALS.items():
+        if family in families:
+            module = importlib.import_module(f"aotinfer.{FAMILIES[family][0]}")
+            result[f"flashinfer.{family}"].update({name: getattr(module, name) for name in names})
     return result
 
 

@@ -553,6 +553,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
 
         self._plan = plan
         self._causal = bool(causal)
+        sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
         self._keep_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
 
     def _set_forward_options(self, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
