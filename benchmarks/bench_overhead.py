@@ -27,11 +27,15 @@ from aotinfer import _loader
 from aotinfer.testing import copy_bandwidth
 
 
-def measure(variants, calls, rounds):
+def measure(variants, calls, rounds, sleep_cycles=0):
+    """{name: [host seconds per call, a round]}; with ``sleep_cycles``, each batch is issued behind
+    a GPU sleep of that many cycles, so that no launch waits for the GPU (calls that launch work)."""
     per_call = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
             torch.cuda.synchronize()
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
             start = time.perf_counter()
             for _ in range(calls):
                 fn()

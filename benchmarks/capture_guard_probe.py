@@ -15,29 +15,13 @@ median per call of each, and the medians of the per-round ratios to ``before``.
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 
 import aotinfer
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_overhead import import_other  # noqa: E402
-
-
-def measure(variants, calls, rounds, sleep_cycles):
-    """{name: [host seconds per call, a round]}: each batch issued behind a GPU sleep."""
-    per_call = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            torch.cuda.synchronize()
-            torch.cuda._sleep(sleep_cycles)
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_call[name].append((time.perf_counter() - start) / calls)
-    torch.cuda.synchronize()
-    return per_call
+from bench_overhead import import_other, measure  # noqa: E402
 
 
 def decode_step(lib, graph: bool, unguarded: bool = False):
