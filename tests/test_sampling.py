@@ -901,3 +901,29 @@ def test_chain_speculative_sampling_under_graph_replay():
         assert torch.equal(captured[0], eager[0])
         outputs.append(captured[0].clone())
     assert not torch.equal(outputs[0], outputs[1])
+
+
+@gpu
+def test_vllm_flashinfer_sample_calls():
+    """vLLM's flashinfer_sample (v1/sample/ops/topk_topp_sampler.py), its three branches as it calls
+    them: per-row k as int64 and p as float32 tensors, deterministic=True; every token drawn lies in
+    the row's kept set, and each branch returns one token a row."""
+    batch, vocab = 64, 32000
+    g = torch.Generator(device="cuda").manual_seed(4)
+    logits = torch.randn(batch, vocab, device="cuda", generator=g) * 4
+    k = torch.randint(1, 200, (batch,), device="cuda", generator=g)  # int64, as vLLM holds it
+    p = torch.rand(batch, device="cuda", generator=g) * 0.9 + 0.05
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    calls = {
+        "top_p": (aotinfer.top_p_sampling_from_probs(probs, p, deterministic=True), dict(top_p=p)),
+        "top_k": (aotinfer.top_k_sampling_from_probs(probs, k, deterministic=True), dict(top_k=k)),
+        "top_k_top_p": (aotinfer.top_k_top_p_sampling_from_logits(logits, k, p, deterministic=True),
+                        dict(top_k=k, top_p=p)),
+    }
+    for name, (tokens, filters) in calls.items():
+        tokens = tokens.view(-1)
+        assert tokens.shape == (batch,), name
+        if "top_p" in filters:  # the boundary token's mass, computed in float32 by the kernel: a margin
+            filters = dict(filters, top_p=(filters["top_p"] + 1e-4).clamp(max=1.0))
+        keep = kept_mask(probs, **filters)
+        assert bool(keep.gather(1, tokens.long()[:, None]).all()), f"{name}: a token outside its row's kept set"
