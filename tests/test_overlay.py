@@ -162,7 +162,7 @@ def test_serves_every_shipped_name_at_flashinfers_paths(tmp_path):
             assert "flashinfer.rope" in str(e), e
         print("ok")
         """, "1")
-    assert "aotinfer serves flashinfer's activation, cascade, decode, norm, page, prefill, rope, sampling" in out.stderr
+    assert "aotinfer serves flashinfer's activation, cascade, decode, norm, page, prefill, quantization, rope, sampling" in out.stderr
     assert "FlashInfer is not installed" in out.stderr
 
 

@@ -27,6 +27,7 @@ from .prefill import (
     single_prefill_with_kv_cache,
     single_prefill_with_kv_cache_return_lse,
 )
+from .quantization import packbits, segment_packbits
 from .rope import (
     apply_llama31_rope,
     apply_llama31_rope_inplace,
@@ -97,12 +98,14 @@ __all__ = [
     "merge_states",
     "min_p_sampling_from_probs",
     "mla_rope_quantize_fp8",
+    "packbits",
     "rmsnorm",
     "rmsnorm_quant",
     "rope_quantize_fp8",
     "sampling_from_logits",
     "sampling_from_probs",
     "scale",
+    "segment_packbits",
     "silu_and_mul",
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache",

@@ -47,6 +47,7 @@ FAMILIES: Dict[str, Tuple[str, ...]] = {
     "norm": ("norm", "norm_quant"),
     "page": ("page",),
     "prefill": ("prefill",),
+    "quantization": ("quantization",),
     "rope": ("rope",),
     "sampling": ("sampling",),
 }
