@@ -111,12 +111,34 @@ def latency():
           f"torch SDPA on gathered pages {theirs * 1e6:.2f} us")
 
 
+def several_tokens(batch=64, kv_len=4096, q_lens=(2, 4)):
+    """Decode steps of q_len_per_req query tokens a request (MTP, speculative verification: the paged
+    prefill kernel, causal) beside one token a request over the same batch (the decode kernel): us,
+    and the ratio to one token (cold L2; the KV is read once either way)."""
+    q, cache, indptr, indices, last = paged_case(batch, kv_len, 32, 8)
+    workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    times = {}
+    for q_len in (1,) + tuple(q_lens):
+        wrapper.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16, q_len_per_req=q_len)
+        qs = torch.randn(batch * q_len, 32, 128, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(qs)
+        times[q_len], _ = bench_gpu_time(lambda: wrapper.run(qs, cache, out=out))
+    print(f"\nseveral query tokens a request, bf16 32/8 heads, {batch}x{kv_len}: us (ratio to one token)")
+    for q_len, t in times.items():
+        print(f"  q_len_per_req {q_len}: {t * 1e6:8.1f} ({t / times[1]:.2f})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="three shapes only")
+    parser.add_argument("--several-tokens", action="store_true", help="only the table of q_len_per_req 1, 2, 4")
     parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build)")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
+    if args.several_tokens:
+        several_tokens()
+        return
     print("bandwidth: ours, then a copy of the same bytes, and ours / copy; the read-only limits / copy (plain loads,"
           " and loads evict-first in L2 as ours), and ours / the evict-first one")
     shapes = [(1, 1024), (16, 1024), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 2048), (256, 8192),
@@ -131,6 +153,7 @@ def main():
         run_case(f"fp8 e4m3 KV 32/8 {batch}x{kv_len}", batch, kv_len, 32, 8, torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0)
     run_case("fp8 e5m2 KV 32/8 64x4096", 64, 4096, 32, 8, torch.float8_e5m2, k_scale=0.5, v_scale=2.0)
     latency()
+    several_tokens()
 
 
 if __name__ == "__main__":

@@ -362,6 +362,29 @@ def test_plan_after_a_captured_run_is_refused(lengths):
                                   q_data_type=torch.float16)
 
 
+@gpu
+@pytest.mark.parametrize("q_len", [2, 4, 8])
+@pytest.mark.parametrize("use_cuda_graph", [False, True], ids=["eager", "cuda_graph"])
+def test_several_query_tokens_a_request(q_len, use_cuda_graph):
+    """q_len_per_req 2-8 (MTP and speculative verification) against the float32 reference: each
+    request's query tokens are its last positions, causal among themselves."""
+    lengths = [9, 300, 17, 1031, 4096, 64]
+    case, q, want, want_lse = several_tokens_case(lengths, q_len, (32, 8, 128), torch.bfloat16, "cuda")
+    buffers = {}
+    if use_cuda_graph:
+        buffers = dict(paged_kv_indptr_buffer=torch.empty(len(lengths) + 1, dtype=torch.int32, device="cuda"),
+                       paged_kv_indices_buffer=torch.empty(2000, dtype=torch.int32, device="cuda"),
+                       paged_kv_last_page_len_buffer=torch.empty(len(lengths), dtype=torch.int32, device="cuda"))
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD", use_cuda_graph=use_cuda_graph,
+                                                          **buffers)  # fmt: skip
+    wrapper.plan(case.indptr.cuda(), case.indices.cuda(), case.last_page_len.cuda(), 32, 8, 128, 16,
+                 q_data_type=torch.bfloat16, q_len_per_req=q_len)  # fmt: skip
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    wrapper.run(q, case.cache, out=out, lse=lse, return_lse=True)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
 def test_captured_byte_is_read_by_plan():
     """The host byte the binding sets under capture (what the GPU test above has it do): plan reads
     it; a use_cuda_graph wrapper passes no byte and plans after any capture."""
@@ -392,11 +415,43 @@ def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan(kernel_mo
     assert len(tables[0][0]) > 4, "the plan should split the long request"
 
 
-def test_fast_decode_plan_takes_one_query_token():
-    with pytest.raises(NotImplementedError, match="q_len_per_req=2 is not implemented"):
-        aotinfer.fast_decode_plan(None, None, None, None, 32, 8, 128, 16, q_len_per_req=2)
+def test_q_len_per_req_is_checked():
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD")
+    case = Case([5, 40], 16, (32, 8, 128), torch.float16, device="cpu")
     with pytest.raises(ValueError, match="Expected q_len_per_req to be at least 1"):
-        aotinfer.fast_decode_plan(None, None, None, None, 32, 8, 128, 16, q_len_per_req=0)
+        aotinfer.fast_decode_plan(wrapper, case.indptr, case.indices, case.last_page_len, 32, 8, 128, 16, q_len_per_req=0)
+    with pytest.raises(ValueError, match="q_len_per_req=8 needs every request to hold at least that many tokens"):
+        case.plan(wrapper, q_len_per_req=8)
+
+
+def several_tokens_case(lengths, q_len, heads, dtype, device):
+    """A decode batch whose requests each have ``q_len`` query tokens, the last of their positions:
+    the case, q [batch * q_len, heads, dim] and the float32 reference (prefill's, causal)."""
+    import test_prefill
+
+    case = Case(lengths, 16, heads, dtype, device=device)
+    q = torch.randn(len(lengths) * q_len, heads[0], heads[2], device=device).to(dtype)
+    qo_indptr = torch.arange(len(lengths) + 1) * q_len
+    want, want_lse = test_prefill.reference(q, qo_indptr, case.keys, case.values, 1 / math.sqrt(heads[2]), causal=True)
+    return case, q, want, want_lse
+
+
+@pytest.mark.parametrize("q_len", [2, 3, 8])
+def test_several_query_tokens_a_request_on_the_prefill_model(monkeypatch, q_len):
+    """q_len_per_req > 1 runs the paged prefill plan, causal among a request's new tokens (its
+    kernel replaced by its float32 model: on the CPU), through plan and through fast_decode_plan."""
+    import test_prefill
+    from aotinfer import prefill
+
+    monkeypatch.setattr(prefill, "_batch_prefill", test_prefill.model_batch_prefill)
+    case, q, want, want_lse = several_tokens_case([9, 300, 17, 1031], q_len, (16, 4, 64), torch.float16, "cpu")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu", 64 << 20), "NHD")
+    for plan in (wrapper.plan, functools.partial(aotinfer.fast_decode_plan, wrapper)):
+        plan(case.indptr, case.indices, case.last_page_len, 16, 4, 64, 16, q_data_type=torch.float16, q_len_per_req=q_len)
+        out, lse = wrapper.run(q, case.cache, return_lse=True)
+        check(out, want, torch.float16, lse, want_lse)
+    case.plan(wrapper)  # one token a request again
+    assert wrapper._q_len_per_req == 1 and wrapper._plan is not None
 
 
 @gpu

@@ -54,6 +54,9 @@ FlashInfer behaviours followed, and the decisions they settle:
   ``seq_lens`` replaces the lengths computed from ``last_page_len``.
 - ``use_tensor_cores`` and ``backend`` (any of FlashInfer's names) pick nothing: one kernel serves
   every group size.
+- ``plan(q_len_per_req=N)``, N > 1 (speculative verification, MTP): N query tokens a request, its
+  last N positions, causal among themselves; a paged prefill wrapper over the same workspace and
+  buffers plans and runs them (FlashInfer's tensor-core decode runs its prefill kernel too).
 """
 
 from __future__ import annotations
@@ -325,6 +328,10 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        # Several query tokens a request (plan's q_len_per_req > 1): a paged prefill wrapper over the
+        # same workspace and buffers runs them, causal among the new tokens (_plan_several_tokens).
+        self._several_tokens = None
+        self._q_len_per_req = 1
 
     @property
     def _cached_module(self) -> _TensorCorePlanModule:
@@ -360,6 +367,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         seq_lens: Optional[torch.Tensor] = None,
         fixed_split_size: Optional[int] = None,
         disable_split_kv: bool = False,
+        q_len_per_req: int = 1,
     ) -> None:
         r"""Plan the decode of one step: read the page table, split the work, write the tables.
 
@@ -407,10 +415,30 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         disable_split_kv : bool
             One CTA column per request: deterministic, batch-invariant output (it wins
             over ``fixed_split_size``, as in FlashInfer).
+        q_len_per_req : int
+            Query tokens a request (speculative decoding's verification, MTP): ``run`` takes q of
+            ``[batch_size * q_len_per_req, ...]``, request ``i``'s tokens at rows ``i *
+            q_len_per_req`` on, the last of the request's KV positions, causal among themselves
+            (every request holds at least ``q_len_per_req`` tokens). Above 1 the paged prefill
+            kernel runs them.
         """
         import torch
 
         self._check_not_captured()
+        check_int(q_len_per_req, "q_len_per_req", 1)
+        if data_type is not None:
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
+        if q_len_per_req > 1:
+            self._plan_several_tokens(
+                q_len_per_req, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
+                q_data_type=q_data_type, kv_data_type=kv_data_type,
+                o_data_type=o_data_type, sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+                non_blocking=non_blocking, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
+                disable_split_kv=disable_split_kv,
+            )  # fmt: skip
+            return
 
         # ---- options
         check_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
@@ -418,9 +446,6 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         check_head_dim(head_dim)
         check_int(page_size, "page_size", 1)
         fixed_split_size = fixed_split(fixed_split_size)
-        if data_type is not None:
-            q_data_type = data_type if q_data_type is None else q_data_type
-            kv_data_type = data_type if kv_data_type is None else kv_data_type
         q_dtype, kv_dtype = check_dtypes(q_data_type, kv_data_type, o_data_type, fp8_kv=True)
 
         # ---- the page table, on the host
@@ -518,12 +543,55 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         plan.kv_read_once = reads_once(attended, num_qo_heads, num_kv_heads, head_dim, kv_dtype.itemsize, l2_bytes)
 
         self._plan = plan
+        self._q_len_per_req = 1
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
         self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q_dtype, kv_dtype, q_dtype
         sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
         self._keep_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
 
     begin_forward = plan
+
+    def _plan_several_tokens(self, q_len_per_req, indptr, indices, last_page_len, num_qo_heads, num_kv_heads,
+                             head_dim, page_size, seq_lens, **options) -> None:  # fmt: skip
+        """plan with ``q_len_per_req`` > 1: the paged prefill wrapper's plan, with ``q_len_per_req``
+        query tokens a request, causal (FlashInfer's decode runs these on its prefill kernel too)."""
+        import torch
+
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        check_int32(last_page_len, "last_page_len")
+        batch = last_page_len.numel()
+        if self._several_tokens is None:
+            graph = {}
+            if self._use_cuda_graph:  # the decode wrapper's buffers, and one for the fixed query rows
+                graph = dict(
+                    qo_indptr_buf=torch.empty(self._fixed_batch_size + 1, dtype=torch.int32, device=self.device),
+                    paged_kv_indptr_buf=self._paged_kv_indptr_buf, paged_kv_indices_buf=self._paged_kv_indices_buf,
+                    paged_kv_last_page_len_buf=self._paged_kv_last_page_len_buf,
+                )  # fmt: skip
+            self._several_tokens = BatchPrefillWithPagedKVCacheWrapper(
+                self._float_workspace_buffer, self._kv_layout, use_cuda_graph=self._use_cuda_graph,
+                backend=self._backend if self._backend in ("auto", "fa2", "fa3") else "fa2", **graph,
+            )  # fmt: skip
+        qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * q_len_per_req
+        if seq_lens is not None:
+            kv_len = seq_lens.to("cpu", torch.int64)
+        else:
+            pages = (indptr[1:] - indptr[:-1]).to("cpu", torch.int64)
+            kv_len = torch.where(pages > 0, (pages - 1) * page_size + last_page_len.to("cpu", torch.int64), 0)
+        if batch and int(kv_len.min()) < q_len_per_req:
+            raise ValueError(
+                f"q_len_per_req={q_len_per_req} needs every request to hold at least that many tokens (its query "
+                f"tokens are its last positions), got kv lengths {kv_len.tolist()}"
+            )
+        self._several_tokens.plan(
+            qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, causal=True,
+            seq_lens=seq_lens, **options,
+        )  # fmt: skip
+        inner = self._several_tokens
+        self._plan, self._q_len_per_req = None, q_len_per_req
+        self._keep_options(inner._pos_encoding_mode, inner._window_left, inner._logits_soft_cap, inner._sm_scale,
+                           inner._rope_scale, inner._rope_theta)  # fmt: skip
 
     @aotinfer_api
     def run(
@@ -577,6 +645,11 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         """
         import torch
 
+        if self._q_len_per_req > 1:
+            return self._several_tokens.run(
+                q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+                return_lse=return_lse, enable_pdl=enable_pdl, window_left=window_left, sinks=sinks, skip_check=skip_check,
+            )  # fmt: skip
         if not skip_check:
             _check_run(self, q, q_scale, k_scale, v_scale, enable_pdl, window_left)
         plan = self._plan
@@ -757,13 +830,8 @@ def fast_decode_plan(
     r"""FlashInfer's plan for multi-step draft decoding, used as ``wrapper.plan = partial(fast_decode_plan,
     wrapper)``. It plans exactly as ``self.plan`` does (which copies nothing it need not): the same
     arguments, ``global_override_indptr_cpu`` taken as the host copy of ``indptr`` where given.
-    ``q_len_per_req`` > 1 (several query tokens a request) is not implemented. The parameters are
+    ``q_len_per_req`` as ``plan``'s. The parameters are
     spelled out, not forwarded: FlashInfer's order here has no ``o_data_type``, unlike ``plan``'s."""
-    check_int(q_len_per_req, "q_len_per_req", 1)
-    if q_len_per_req > 1:
-        raise NotImplementedError(
-            f"q_len_per_req={q_len_per_req} is not implemented: decode takes one query token a request"
-        )
     BatchDecodeWithPagedKVCacheWrapper.plan(
         self,
         indptr if global_override_indptr_cpu is None else global_override_indptr_cpu,
@@ -785,6 +853,7 @@ def fast_decode_plan(
         non_blocking=non_blocking,
         fixed_split_size=fixed_split_size,
         disable_split_kv=disable_split_kv,
+        q_len_per_req=q_len_per_req,
     )
 
 
