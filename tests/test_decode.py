@@ -964,6 +964,43 @@ def test_vllm_fast_plan_decode_sequence(kernel_model):
         check(out, want, torch.float16)
 
 
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
+def test_sglang_fast_decode_plan_sequence(kernel_model, use_tensor_cores):
+    """SGLang's fast_decode_plan (layers/attention/flashinfer_backend.py), call by call, on a wrapper
+    without CUDA graphs: it sets the wrapper's _paged_kv_*_buf to its tensors and calls
+    _cached_module.plan with FlashInfer's tensor-core planner arguments (15 of them) or its CUDA-core
+    planner's (with empty tensors of the dtypes), then sets the options on the wrapper."""
+    heads, page_size, scale = (16, 4, 64), 16, 0.125
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu", 16 << 20), "NHD", use_tensor_cores=use_tensor_cores)
+    pool = 900
+    cache, k, v = kv_pool(pool, page_size, 4, 64, torch.float16, "NHD", "5d", "cpu")
+    wrapper.plan(*page_table([3, 2], page_size)[:3], *heads, page_size, q_data_type=torch.float16, sm_scale=scale)
+    for lengths in ([3, 17, 40, 2], [4000, 5, 0, 700]):
+        indptr, indices, last, _ = page_table(lengths, page_size)
+        indices = torch.randperm(pool)[: indices.numel()].int()
+        wrapper._paged_kv_indptr_buf, wrapper._paged_kv_indices_buf, wrapper._paged_kv_last_page_len_buf = indptr, indices, last
+        batch = len(lengths)
+        if use_tensor_cores:
+            qo_indptr_host = decode._get_range_buf(batch + 1, "cpu")
+            kv_lens = aotinfer.get_seq_lens(indptr, last, page_size)
+            wrapper._plan_info = wrapper._cached_module.plan(
+                wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+                qo_indptr_host, indptr, kv_lens, batch, batch, heads[0], heads[1], page_size,
+                wrapper.is_cuda_graph_enabled, heads[2], heads[2], False,
+            )  # fmt: skip
+        else:
+            wrapper._plan_info = wrapper._cached_module.plan(
+                wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+                indptr, batch, heads[0], heads[1], page_size, wrapper.is_cuda_graph_enabled, -1, 0.0, heads[2], heads[2],
+                torch.empty(0, dtype=torch.float16), torch.empty(0, dtype=torch.float16),
+            )  # fmt: skip
+        wrapper._window_left, wrapper._logits_soft_cap, wrapper._sm_scale = -1, 0.0, scale
+        q = torch.randn(batch, 16, 64).half()
+        keys, values = gather(k, v, indptr, indices, last, "NHD")
+        want, _ = reference(q, keys, values, scale)
+        check(wrapper.run(q, cache), want, torch.float16)
+
+
 def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
     # The tables, the page ids and the partial results keep their addresses and shapes between
     # plans, and a run captured once (here: the same arguments) stays right after a new plan.

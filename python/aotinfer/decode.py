@@ -334,9 +334,9 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         self._q_len_per_req = 1
 
     @property
-    def _cached_module(self) -> _TensorCorePlanModule:
-        """FlashInfer's planning module, as servers that plan through it call it (_TensorCorePlanModule)."""
-        return _TensorCorePlanModule(self)
+    def _cached_module(self) -> _PlanModule:
+        """FlashInfer's planning module, as servers that plan through it call it (_PlanModule)."""
+        return _PlanModule(self)
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -733,49 +733,67 @@ def _get_range_buf(seq_len: int, device: Any) -> "torch.Tensor":
     return torch.arange(seq_len, dtype=torch.int32, device=device)
 
 
-class _TensorCorePlanModule:
+class _PlanModule:
     """What a decode wrapper's ``_cached_module`` is to servers that plan through FlashInfer's
-    internals (vLLM's ``fast_plan_decode``, SGLang's ``fast_decode_plan``): after a first full
-    ``plan``, a CUDA-graph wrapper's buffers are filled by the server and ``_cached_module.plan``
-    is called with the arguments of FlashInfer's tensor-core decode planner. This plans again from
-    those buffers, with the dtypes and options of the last plan; the server then sets the options
-    it planned with on the wrapper, as it would on FlashInfer's (docs/design/overlay.md)."""
+    internals (vLLM's ``fast_plan_decode``, SGLang's ``fast_decode_plan``): they put the page table
+    in the wrapper's buffers (a CUDA-graph wrapper's, or ``_paged_kv_*_buf`` set to their tensors)
+    and call ``_cached_module.plan`` with the arguments of one of FlashInfer's two decode planners,
+    then set the options they planned with on the wrapper. This plans the wrapper again from those
+    buffers, with the dtypes of the last plan or of the planner's arguments
+    (docs/design/overlay.md#vllms-flashinfer-backend)."""
 
     def __init__(self, wrapper: "BatchDecodeWithPagedKVCacheWrapper") -> None:
         self._wrapper = wrapper
 
-    def plan(self, float_workspace_buffer, int_workspace_buffer, page_locked_int_workspace_buffer, qo_indptr,
-             kv_indptr, kv_len, total_num_rows, batch_size, num_qo_heads, num_kv_heads, page_size, enable_cuda_graph,
-             head_dim_qk, head_dim_vo, causal, window_left, fixed_split_size=-1, disable_split_kv=False,
-             num_colocated_ctas=0) -> list:  # fmt: skip
+    def plan(self, *args) -> list:
+        if len(args) > 4 and isinstance(args[4], int):
+            self._plan_cuda_core(*args)
+        else:
+            self._plan_tensor_core(*args)
+        return []  # FlashInfer's plan info: servers keep it as _plan_info, and nothing here reads it
+
+    def _plan_tensor_core(self, float_workspace_buffer, int_workspace_buffer, page_locked_int_workspace_buffer,
+                          qo_indptr, kv_indptr, kv_len, total_num_rows, batch_size, num_qo_heads, num_kv_heads,
+                          page_size, enable_cuda_graph, head_dim_qk, head_dim_vo, causal, window_left=-1,
+                          fixed_split_size=-1, disable_split_kv=False, num_colocated_ctas=0) -> None:  # fmt: skip
         import torch
 
-        wrapper, last = self._wrapper, self._wrapper._plan
-        if not isinstance(kv_len, torch.Tensor):
-            raise NotImplementedError(
-                "_cached_module.plan takes the arguments of FlashInfer's tensor-core decode planner (a wrapper made "
-                "with use_tensor_cores=True); plan the wrapper with plan() instead"
-            )
-        if last is None or not wrapper._use_cuda_graph:
-            raise RuntimeError(
-                "_cached_module.plan replans a wrapper made with use_cuda_graph=True from its buffers, after a first "
-                "plan(): call plan() first"
-            )
-        if total_num_rows != batch_size or head_dim_vo != head_dim_qk or causal:
+        if total_num_rows != batch_size or causal:
             raise NotImplementedError(
                 f"_cached_module.plan: one query token a request (total_num_rows {total_num_rows} for batch_size "
-                f"{batch_size}), head_dim_vo = head_dim_qk and causal=False are what decode plans"
+                f"{batch_size}) and causal=False are what it plans; use plan(q_len_per_req=...) for more"
             )
-        kv_indptr = kv_indptr.to("cpu", torch.int32)
-        kv_len = kv_len.to("cpu", torch.int32)
+        last = self._wrapper._plan
+        kv_len = kv_len.to("cpu", torch.int64)
         last_page_len = torch.where(kv_len > 0, (kv_len - 1) % page_size + 1, 0).to(torch.int32)
+        self._replan(kv_indptr, last_page_len, kv_len.to(torch.int32), num_qo_heads, num_kv_heads, head_dim_qk,
+                     head_dim_vo, page_size, window_left, None if last is None else last.q_dtype,
+                     None if last is None else last.kv_dtype, fixed_split_size, disable_split_kv)  # fmt: skip
+
+    def _plan_cuda_core(self, float_workspace_buffer, int_workspace_buffer, page_locked_int_workspace_buffer, indptr,
+                        batch_size, num_qo_heads, num_kv_heads, page_size, enable_cuda_graph, window_left,
+                        logits_soft_cap, head_dim_qk, head_dim_vo, empty_q_data, empty_kv_data) -> None:  # fmt: skip
+        last_page_len = self._wrapper._paged_kv_last_page_len_buf
+        if last_page_len is None:
+            raise RuntimeError("_cached_module.plan reads the last page lengths from _paged_kv_last_page_len_buf: set it")
+        self._replan(indptr, last_page_len, None, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, page_size,
+                     window_left, empty_q_data.dtype, empty_kv_data.dtype, None, False)  # fmt: skip
+
+    def _replan(self, indptr, last_page_len, seq_lens, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+                page_size, window_left, q_dtype, kv_dtype, fixed_split_size, disable_split_kv) -> None:  # fmt: skip
+        wrapper = self._wrapper
+        if q_dtype is None:
+            raise RuntimeError("_cached_module.plan keeps the dtypes of the last plan(): call plan() first")
+        if wrapper._paged_kv_indices_buf is None:
+            raise RuntimeError("_cached_module.plan reads the page ids from _paged_kv_indices_buf: set it")
+        if head_dim_vo != head_dim_qk:
+            raise NotImplementedError(f"head_dim_vo={head_dim_vo} is not implemented: it must equal head_dim_qk")
         wrapper.plan(
-            kv_indptr, wrapper._paged_kv_indices_buf[: int(kv_indptr[-1])], last_page_len, num_qo_heads, num_kv_heads,
+            indptr, wrapper._paged_kv_indices_buf[: int(indptr[-1])], last_page_len, num_qo_heads, num_kv_heads,
             head_dim_qk, page_size, window_left=window_left, logits_soft_cap=wrapper._logits_soft_cap,
-            q_data_type=last.q_dtype, kv_data_type=last.kv_dtype, sm_scale=wrapper._sm_scale, seq_lens=kv_len,
+            q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=wrapper._sm_scale, seq_lens=seq_lens,
             fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
         )  # fmt: skip
-        return []  # FlashInfer's plan info: servers keep it as _plan_info and pass it back to nothing here
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
