@@ -117,7 +117,7 @@ def several_tokens(batch=64, kv_len=4096, q_lens=(2, 4)):
     and the ratio to one token (cold L2; the KV is read once either way)."""
     q, cache, indptr, indices, last = paged_case(batch, kv_len, 32, 8)
     workspace = torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda")
-    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
     times = {}
     for q_len in (1,) + tuple(q_lens):
         wrapper.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=torch.bfloat16, q_len_per_req=q_len)

@@ -376,7 +376,7 @@ def test_several_query_tokens_a_request(q_len, use_cuda_graph):
                        paged_kv_indices_buffer=torch.empty(2000, dtype=torch.int32, device="cuda"),
                        paged_kv_last_page_len_buffer=torch.empty(len(lengths), dtype=torch.int32, device="cuda"))
     wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD", use_cuda_graph=use_cuda_graph,
-                                                          **buffers)  # fmt: skip
+                                                          use_tensor_cores=True, **buffers)  # fmt: skip
     wrapper.plan(case.indptr.cuda(), case.indices.cuda(), case.last_page_len.cuda(), 32, 8, 128, 16,
                  q_data_type=torch.bfloat16, q_len_per_req=q_len)  # fmt: skip
     out = torch.full_like(q, float("nan"))
@@ -415,13 +415,31 @@ def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan(kernel_mo
     assert len(tables[0][0]) > 4, "the plan should split the long request"
 
 
-def test_q_len_per_req_is_checked():
-    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD")
+def test_q_len_per_req_is_checked(kernel_model):
+    """FlashInfer's refusals: q_len_per_req < 1, requests shorter than it (an empty KV range),
+    a wrapper without tensor cores, a CUDA-graph wrapper's q_len_per_req changed after its first plan,
+    q of other than batch_size * q_len_per_req rows."""
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD", use_tensor_cores=True)
     case = Case([5, 40], 16, (32, 8, 128), torch.float16, device="cpu")
     with pytest.raises(ValueError, match="Expected q_len_per_req to be at least 1"):
         aotinfer.fast_decode_plan(wrapper, case.indptr, case.indices, case.last_page_len, 32, 8, 128, 16, q_len_per_req=0)
-    with pytest.raises(ValueError, match="q_len_per_req=8 needs every request to hold at least that many tokens"):
+    with pytest.raises(ValueError, match="q_len_per_req=8 needs every request .* empty KV range"):
         case.plan(wrapper, q_len_per_req=8)
+    case.plan(wrapper, q_len_per_req=2)
+    with pytest.raises(ValueError, match=r"Expected q to have batch_size \* q_len_per_req = 4 rows"):
+        wrapper.run(torch.zeros(6, 32, 128).half(), case.cache)
+    cuda_cores = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD")
+    with pytest.raises(ValueError, match="use_tensor_cores=True"):
+        case.plan(cuda_cores, q_len_per_req=2)
+    buffers = dict(paged_kv_indptr_buffer=torch.empty(3, dtype=torch.int32), paged_kv_indices_buffer=torch.empty(8, dtype=torch.int32),
+                   paged_kv_last_page_len_buffer=torch.empty(2, dtype=torch.int32))
+    graph = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD", use_cuda_graph=True, use_tensor_cores=True,
+                                                        **buffers)  # fmt: skip
+    case.plan(graph, q_len_per_req=2)
+    case.plan(graph, q_len_per_req=2)
+    for q_len in (3, 1):
+        with pytest.raises(ValueError, match=f"q_len_per_req is frozen at 2 .* got {q_len}"):
+            case.plan(graph, q_len_per_req=q_len)
 
 
 def several_tokens_case(lengths, q_len, heads, dtype, device):
@@ -445,7 +463,7 @@ def test_several_query_tokens_a_request_on_the_prefill_model(monkeypatch, q_len)
 
     monkeypatch.setattr(prefill, "_batch_prefill", test_prefill.model_batch_prefill)
     case, q, want, want_lse = several_tokens_case([9, 300, 17, 1031], q_len, (16, 4, 64), torch.float16, "cpu")
-    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu", 64 << 20), "NHD")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu", 64 << 20), "NHD", use_tensor_cores=True)
     for plan in (wrapper.plan, functools.partial(aotinfer.fast_decode_plan, wrapper)):
         plan(case.indptr, case.indices, case.last_page_len, 16, 4, 64, 16, q_data_type=torch.float16, q_len_per_req=q_len)
         out, lse = wrapper.run(q, case.cache, return_lse=True)

@@ -332,6 +332,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         # same workspace and buffers runs them, causal among the new tokens (_plan_several_tokens).
         self._several_tokens = None
         self._q_len_per_req = 1
+        self._graph_q_len = None  # under use_cuda_graph, the first plan's q_len_per_req: frozen
 
     @property
     def _cached_module(self) -> _PlanModule:
@@ -420,12 +421,16 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             ``[batch_size * q_len_per_req, ...]``, request ``i``'s tokens at rows ``i *
             q_len_per_req`` on, the last of the request's KV positions, causal among themselves
             (every request holds at least ``q_len_per_req`` tokens). Above 1 the paged prefill
-            kernel runs them.
+            kernel runs them; as FlashInfer's, that takes a wrapper made with
+            ``use_tensor_cores=True``, and a CUDA-graph wrapper keeps its first plan's value.
         """
         import torch
 
         self._check_not_captured()
         check_int(q_len_per_req, "q_len_per_req", 1)
+        if self._use_cuda_graph and self._graph_q_len not in (None, q_len_per_req):
+            raise ValueError(f"q_len_per_req is frozen at {self._graph_q_len} for a wrapper made with "
+                             f"use_cuda_graph=True (its graphs' q shape), got {q_len_per_req}")
         if data_type is not None:
             q_data_type = data_type if q_data_type is None else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
@@ -544,6 +549,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
 
         self._plan = plan
         self._q_len_per_req = 1
+        if self._use_cuda_graph:
+            self._graph_q_len = 1
         self._batch_size, self._num_qo_heads, self._num_kv_heads = batch, num_qo_heads, num_kv_heads
         self._cached_q_data_type, self._cached_kv_data_type, self._cached_o_data_type = q_dtype, kv_dtype, q_dtype
         sm_scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
@@ -559,6 +566,9 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
 
         from .prefill import BatchPrefillWithPagedKVCacheWrapper
 
+        if not self._use_tensor_cores:
+            raise ValueError(f"q_len_per_req={q_len_per_req} takes a wrapper made with use_tensor_cores=True, as "
+                             "FlashInfer's (its query tokens run on the prefill kernel)")
         check_int32(last_page_len, "last_page_len")
         batch = last_page_len.numel()
         if self._several_tokens is None:
@@ -582,14 +592,18 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         if batch and int(kv_len.min()) < q_len_per_req:
             raise ValueError(
                 f"q_len_per_req={q_len_per_req} needs every request to hold at least that many tokens (its query "
-                f"tokens are its last positions), got kv lengths {kv_len.tolist()}"
+                f"tokens are its last positions; the first would attend an empty KV range), got kv lengths "
+                f"{kv_len.tolist()}"
             )
         self._several_tokens.plan(
             qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, causal=True,
             seq_lens=seq_lens, **options,
         )  # fmt: skip
         inner = self._several_tokens
+        self._batch_size = batch
         self._plan, self._q_len_per_req = None, q_len_per_req
+        if self._use_cuda_graph:
+            self._graph_q_len = q_len_per_req
         self._keep_options(inner._pos_encoding_mode, inner._window_left, inner._logits_soft_cap, inner._sm_scale,
                            inner._rope_scale, inner._rope_theta)  # fmt: skip
 
@@ -646,6 +660,10 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         import torch
 
         if self._q_len_per_req > 1:
+            rows = self._batch_size * self._q_len_per_req
+            if not skip_check and (getattr(q, "dim", lambda: 0)() != 3 or q.shape[0] != rows):
+                raise ValueError(f"Expected q to have batch_size * q_len_per_req = {rows} rows (q_len_per_req="
+                                 f"{self._q_len_per_req}), got shape {list(getattr(q, 'shape', []))}")
             return self._several_tokens.run(
                 q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
                 return_lse=return_lse, enable_pdl=enable_pdl, window_left=window_left, sinks=sinks, skip_check=skip_check,
