@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 
     import torch
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built for
 KV_LAYOUTS = {"NHD": 0, "HND": 1}
 POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")  # FlashInfer's; only NONE is implemented
-BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl")  # FlashInfer's names, all one kernel here
+BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl")  # FlashInfer's names (prefill: fa3 is Hopper's kernel)
 Q_DTYPES = ("float16", "bfloat16")
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan: no kernel runs there)
