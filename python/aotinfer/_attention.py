@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import math
 
 from . import _loader
@@ -263,6 +262,8 @@ class AttentionWrapper(AttentionWorkspace):
     are each wrapper's own."""
 
     def _init_wrapper(self, float_workspace_buffer: Any, kv_layout: Any, use_cuda_graph: Any, backend: Any) -> None:
+        import ctypes  # here, not at import: it costs `import aotinfer` about 4 ms
+
         import torch
 
         check_kv_layout(kv_layout)

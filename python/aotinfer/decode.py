@@ -661,7 +661,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
 
         if self._q_len_per_req > 1:
             rows = self._batch_size * self._q_len_per_req
-            if not skip_check and (getattr(q, "dim", lambda: 0)() != 3 or q.shape[0] != rows):
+            check_tensor(q, "q")
+            if not skip_check and (q.dim() != 3 or q.shape[0] != rows):
                 raise ValueError(f"Expected q to have batch_size * q_len_per_req = {rows} rows (q_len_per_req="
                                  f"{self._q_len_per_req}), got shape {list(getattr(q, 'shape', []))}")
             return self._several_tokens.run(
