@@ -85,6 +85,8 @@ from ._attention import (
 from ._kernels import kernel
 from ._workspace import _aligned
 from .api_logging import aotinfer_api
+from .page import get_seq_lens
+from .prefill import BatchPrefillWithPagedKVCacheWrapper
 from .trace.templates.decode import single_decode_with_kv_cache_trace
 from .utils import check_enable_pdl, check_int, check_tensor
 
@@ -564,8 +566,6 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         query tokens a request, causal (FlashInfer's decode runs these on its prefill kernel too)."""
         import torch
 
-        from .prefill import BatchPrefillWithPagedKVCacheWrapper
-
         if not self._use_tensor_cores:
             raise ValueError(f"q_len_per_req={q_len_per_req} takes a wrapper made with use_tensor_cores=True, as "
                              "FlashInfer's (its query tokens run on the prefill kernel)")
@@ -584,11 +584,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
                 backend=self._backend if self._backend in ("auto", "fa2", "fa3") else "fa2", **graph,
             )  # fmt: skip
         qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * q_len_per_req
-        if seq_lens is not None:
-            kv_len = seq_lens.to("cpu", torch.int64)
-        else:
-            pages = (indptr[1:] - indptr[:-1]).to("cpu", torch.int64)
-            kv_len = torch.where(pages > 0, (pages - 1) * page_size + last_page_len.to("cpu", torch.int64), 0)
+        kv_len = (get_seq_lens(indptr, last_page_len, page_size) if seq_lens is None else seq_lens).to("cpu", torch.int64)
         if batch and int(kv_len.min()) < q_len_per_req:
             raise ValueError(
                 f"q_len_per_req={q_len_per_req} needs every request to hold at least that many tokens (its query "
@@ -664,7 +660,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             check_tensor(q, "q")
             if not skip_check and (q.dim() != 3 or q.shape[0] != rows):
                 raise ValueError(f"Expected q to have batch_size * q_len_per_req = {rows} rows (q_len_per_req="
-                                 f"{self._q_len_per_req}), got shape {list(getattr(q, 'shape', []))}")
+                                 f"{self._q_len_per_req}), got shape {list(q.shape)}")
             return self._several_tokens.run(
                 q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
                 return_lse=return_lse, enable_pdl=enable_pdl, window_left=window_left, sinks=sinks, skip_check=skip_check,
