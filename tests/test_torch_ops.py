@@ -264,6 +264,43 @@ print("children that did not finish:", hung)
 """
 
 
+FIRST_LOAD_FORK_SCRIPT = """
+import os, sys, threading, time
+import torch, aotinfer
+assert "tvm_ffi" not in sys.modules  # the first call imports it
+
+x, w = torch.randn(4, 8), torch.randn(8)
+def call():
+    try:
+        aotinfer.rmsnorm(x, w)
+    except ValueError:
+        return True
+    return False
+
+thread = threading.Thread(target=call)
+thread.start()
+children = []
+while thread.is_alive() or not children:  # forks all through the first call's import and load
+    pid = os.fork()
+    if pid == 0:
+        threading.Timer(10, lambda: os._exit(3)).start()
+        os._exit(0 if call() else 1)
+    children.append(pid)
+    time.sleep(0.002)
+thread.join()
+codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+print("children:", len(children), "that did not finish:", sum(code != 0 for code in codes))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_during_the_first_import_of_tvm_ffi(tmp_path):
+    # The first call imports tvm_ffi and loads a module in one thread; a child forked meanwhile
+    # must not inherit the import's locks held by a thread it does not have.
+    out = run_python(FIRST_LOAD_FORK_SCRIPT, cwd=tmp_path, timeout=300)
+    assert "that did not finish: 0" in out.stdout, out.stdout
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_fork_while_another_thread_loads(tmp_path):
     # A server forks workers while warm-up threads make their first calls: a child must never

@@ -37,6 +37,10 @@ def fork_safe_lock() -> threading.Lock:
 
 
 _lock = fork_safe_lock()  # guards _modules and _loading; never held while a module loads
+# Held while a thread imports tvm_ffi and dlopens a module, milliseconds: a fork waits for both.
+# A child forked halfway through would inherit the import's module locks held by a thread it
+# does not have, and its own first call would wait on them forever.
+_native_lock = fork_safe_lock()
 _modules: "Dict[Tuple[str, int], Any]" = {}
 _loading: "Dict[Tuple[str, int], _Pending]" = {}  # loads in progress, by (module, device index)
 _properties: "Dict[int, Any]" = {}  # device index -> torch.cuda.get_device_properties
@@ -171,10 +175,14 @@ def _load(name: str, index: int) -> Any:
             RuntimeWarning,
             stacklevel=4,
         )
-    import tvm_ffi  # after the manifest's checks: a broken install says so first
+    # torch first, outside the lock: importing it runs aotinfer's hook, which takes the ops' lock.
+    import torch  # noqa: F401
 
     try:
-        return tvm_ffi.load_module(path)
+        with _native_lock:
+            import tvm_ffi  # after the manifest's checks: a broken install says so first
+
+            return tvm_ffi.load_module(path)
     except Exception as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise BrokenInstall(
