@@ -67,7 +67,7 @@ if os.environ.get("PROBE_FLUSH") == "read":  # a cold L2 that leaves no dirty li
 
 
 if os.environ.get("PROBE_MIN_CHUNK"):
-    _attention._MIN_CHUNK = int(os.environ["PROBE_MIN_CHUNK"])
+    _attention.MIN_CHUNK = int(os.environ["PROBE_MIN_CHUNK"])
 
 
 def sweep(ctas_list):
@@ -104,21 +104,21 @@ def latency_probe():
 
 
 def parts_probe(min_chunks):
-    default_min_chunk = _attention._MIN_CHUNK
+    default_min_chunk = _attention.MIN_CHUNK
     print("us, cold L2 / warm graph replay (parts a request); columns: the plan's smallest chunk")
     print(f"{'shape':>10} " + " ".join(f"{c:>22}" for c in min_chunks))
     for batch, kv_len in [(1, 512), (1, 1024), (1, 2048), (1, 4096), (2, 1024), (4, 1024), (4, 2048), (8, 1024),
                           (8, 2048), (16, 1024)]:
         cells = []
         for min_chunk in min_chunks:
-            _attention._MIN_CHUNK = min_chunk
+            _attention.MIN_CHUNK = min_chunk
             run, _, w = case(batch, kv_len)
             cold, _ = bench_gpu_time(run)
             warm, _ = bench_gpu_time(run, use_cuda_graph=True, cold_l2_cache=False)
             parts = int(w._plan.partition.requests[0, 3])
             cells.append(f"{cold * 1e6:6.2f} / {warm * 1e6:6.2f} ({parts})")
         print(f"{batch:>4}x{kv_len:<6}" + " ".join(f"{c:>22}" for c in cells), flush=True)
-    _attention._MIN_CHUNK = default_min_chunk
+    _attention.MIN_CHUNK = default_min_chunk
 
 
 def read_once_probe():

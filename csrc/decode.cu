@@ -1,7 +1,8 @@
 // Binding of paged decode attention (include/aotinfer/decode.cuh): checks the tensors and the
 // plan's tables (decode_checks.h), then launches the decode kernel over the planned work items
 // and, where `max_partials` (the most items a request may have) is more than the kernel merges
-// itself, the merge kernel.
+// itself, the merge kernel. Beside it, plan_decode: the plan's tables, written on the host.
+#include "aotinfer/decode_plan.h"
 #include "decode_checks.h"
 
 namespace {
@@ -57,3 +58,140 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   });
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode, batch_decode);
+
+// ---- the plan's tables (host) --------------------------------------------------------------------
+
+namespace {
+
+bool OnHost(const TensorView& x) {
+  return x.device().device_type == kDLCPU || x.device().device_type == kDLCUDAHost;
+}
+
+// A host tensor the plan reads or writes: 1-D, contiguous, of `code`/`bits`.
+void CheckHostVector(const TensorView& x, const char* name, DLDataTypeCode code, int bits) {
+  if (!OnHost(x)) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " on the host, got a tensor on "
+                              << aotinfer::DeviceString(x.device());
+  }
+  aotinfer::CheckDim(1, x, name);
+  aotinfer::CheckContiguous(x, name);
+  if (x.dtype().code != code || x.dtype().bits != bits || x.dtype().lanes != 1) {
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype " << (code == kDLInt ? "int" : "uint") << bits
+                             << ", got " << x.dtype();
+  }
+}
+
+constexpr int64_t kTableAlign = 16;  // each table starts at a 16-byte boundary of the workspace
+
+int64_t Aligned(int64_t bytes) { return (bytes + kTableAlign - 1) / kTableAlign * kTableAlign; }
+
+}  // namespace
+
+// The decode plan of one step on the host (python/aotinfer/decode.py, partition_work): checks the
+// page table (int32 `indptr` [batch + 1], `last_page_len` [batch], or int64 `seq_lens` [batch]
+// where has_seq_lens), splits the attended positions as the policy says (decode_plan.h), and
+// writes the `requests`, `work` (capacity rows where capacity >= 0, idle ones last) and zeroed
+// `counters` tables into the host bytes `tables`, each at a 16-byte boundary. `facts` (int64
+// [8]) receives: bytes written, items, partial slots, chunk, the most items of a request, the
+// positions attended in all, and the byte offsets of `work` and `counters`.
+void plan_decode(TensorView tables, TensorView facts, TensorView indptr, TensorView last_page_len, TensorView seq_lens,
+                 bool has_seq_lens, int64_t num_indices, int64_t page_size, int64_t counters_per_request, int64_t fill,
+                 int64_t fill_short, int64_t short_request, int64_t min_chunk, int64_t chunk_unit, int64_t window_left,
+                 bool disable_split_kv, int64_t fixed_chunk, int64_t capacity) {
+  CheckHostVector(last_page_len, "last_page_len", kDLInt, 32);
+  const int64_t batch = last_page_len.size(0);
+  CheckHostVector(indptr, "indptr", kDLInt, 32);
+  if (indptr.size(0) != batch + 1) {
+    AOTINFER_THROW(ValueError) << "Expected indptr to have batch_size + 1 = " << batch + 1 << " elements, got "
+                              << indptr.size(0);
+  }
+  CheckHostVector(tables, "tables", kDLUInt, 8);
+  CheckHostVector(facts, "facts", kDLInt, 64);
+  if (facts.size(0) != 8) AOTINFER_THROW(ValueError) << "Expected facts to hold 8 values, got " << facts.size(0);
+  if (page_size < 1 || chunk_unit < 1 || fill < 1 || fill_short < 1 || fixed_chunk < 0) {
+    AOTINFER_THROW(ValueError) << "Expected page_size, chunk_unit and the fills to be at least 1 and fixed_chunk "
+                                  "at least 0";
+  }
+  const int32_t* pages_at = aotinfer::data_ptr<const int32_t>(indptr);
+  const int32_t* last = aotinfer::data_ptr<const int32_t>(last_page_len);
+  if (batch && (pages_at[0] < 0 || pages_at[batch] > num_indices)) {
+    AOTINFER_THROW(ValueError) << "Expected indptr to be non-decreasing from 0 or more, up to len(indices) = "
+                              << num_indices << ", got indptr[0] = " << pages_at[0] << " and indptr[" << batch
+                              << "] = " << pages_at[batch];
+  }
+  const int64_t* lengths = nullptr;
+  if (has_seq_lens) {
+    CheckHostVector(seq_lens, "seq_lens", kDLInt, 64);
+    if (seq_lens.size(0) != batch) {
+      AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
+                                << " lengths, each at most its pages times page_size, got " << seq_lens.size(0);
+    }
+    lengths = aotinfer::data_ptr<const int64_t>(seq_lens);
+  }
+
+  // The positions each request attends, its pages checked.
+  std::vector<aotinfer::Attended> attended(batch);
+  int64_t attended_in_all = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t pages = int64_t(pages_at[b + 1]) - pages_at[b];
+    if (pages < 0) {
+      AOTINFER_THROW(ValueError) << "Expected indptr to be non-decreasing from 0 or more, up to len(indices) = "
+                                << num_indices << ", got indptr[" << b + 1 << "] = " << pages_at[b + 1]
+                                << " after indptr[" << b << "] = " << pages_at[b];
+    }
+    int64_t kv_len;
+    if (lengths != nullptr) {
+      kv_len = lengths[b];
+      if (kv_len < 0 || kv_len > pages * page_size) {
+        AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
+                                  << " lengths, each at most its pages times page_size, got seq_lens[" << b
+                                  << "] = " << kv_len << " for " << pages << " pages of " << page_size;
+      }
+    } else {
+      if (last[b] < 0 || last[b] > page_size || (pages == 0 && last[b] != 0)) {
+        AOTINFER_THROW(ValueError) << "Expected last_page_len in 0..page_size (" << page_size
+                                  << "), and 0 for requests without pages, got last_page_len[" << b
+                                  << "] = " << last[b] << " for " << pages << " pages";
+      }
+      kv_len = std::max<int64_t>(pages - 1, 0) * page_size + last[b];
+    }
+    const int64_t lo = window_left >= 0 ? std::max<int64_t>(kv_len - 1 - window_left, 0) : 0;
+    attended[b] = {lo, kv_len};
+    attended_in_all += kv_len - lo;
+  }
+
+  // The partition, then the tables.
+  const aotinfer::DecodeSplitPolicy policy{fill,       fill_short,       short_request, min_chunk,
+                                           chunk_unit, disable_split_kv, fixed_chunk};
+  const aotinfer::DecodePartition p = aotinfer::PartitionDecode(attended, aotinfer::ChooseChunk(attended, policy));
+  const int64_t num_items = static_cast<int64_t>(p.items.size());
+  if (capacity >= 0 && num_items > capacity) {
+    AOTINFER_THROW(ValueError) << "this plan needs " << num_items << " work items, more than the " << capacity
+                              << " a CUDA graph's fixed grid holds for batch size " << batch
+                              << ": use a larger fixed_split_size (or none) or disable_split_kv=True";
+  }
+  const int64_t rows = capacity >= 0 ? capacity : num_items;
+  const int64_t work_offset = Aligned(16 * batch), counters_offset = work_offset + Aligned(16 * rows);
+  const int64_t need = counters_offset + Aligned(4 * batch * counters_per_request);
+  if (need > tables.size(0)) {
+    AOTINFER_THROW(ValueError) << "The int workspace holds " << tables.size(0)
+                              << " bytes of work tables, this plan needs " << need
+                              << ": give reset_workspace_buffer a larger int_workspace_buffer";
+  }
+  char* base = aotinfer::data_ptr<char>(tables);
+  int32_t* requests = reinterpret_cast<int32_t*>(base);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int32_t row[4] = {pages_at[b], int32_t(attended[b].hi), p.first_partial[b], p.num_partials[b]};
+    std::copy(row, row + 4, requests + 4 * b);
+  }
+  aotinfer::WorkItem* work = reinterpret_cast<aotinfer::WorkItem*>(base + work_offset);
+  std::copy(p.items.begin(), p.items.end(), work);
+  std::fill(work + num_items, work + rows, aotinfer::WorkItem{-1, 0, 0, -1});
+  std::fill(base + counters_offset, base + need, char{0});
+
+  int64_t* out = aotinfer::data_ptr<int64_t>(facts);
+  const int64_t values[8] = {need, num_items, p.num_slots, p.chunk, p.max_partials, attended_in_all,
+                             work_offset, counters_offset};
+  std::copy(values, values + 8, out);
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_decode, plan_decode);

@@ -711,12 +711,85 @@ def test_memcheck_clean(tmp_path):
 # ---- the work partition (CPU) -------------------------------------------------------------------
 
 
+def page_table_of(lengths, page_size):
+    pages = [-(-n // page_size) for n in lengths]
+    indptr = torch.tensor([0] + pages, dtype=torch.int32).cumsum(0).to(torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(lengths, pages)], dtype=torch.int32)
+    return indptr, last
+
+
 def partition(lengths, page_size=16, heads=(32, 8, 128), sms=132, **options):
-    kv_len = torch.tensor(lengths, dtype=torch.int64)
-    page_begin = torch.tensor([0] + [-(-n // page_size) for n in lengths], dtype=torch.int64).cumsum(0)[:-1]
+    indptr, last = page_table_of(lengths, page_size)
     return decode.partition_work(
-        kv_len, page_begin, page_size=page_size, num_qo_heads=heads[0], num_kv_heads=heads[1], num_sms=sms, **options
+        indptr, last, num_indices=int(indptr[-1]), page_size=page_size, num_qo_heads=heads[0], num_kv_heads=heads[1],
+        num_sms=sms, **options
     )
+
+
+def partition_reference(lengths, page_size, heads, sms, window_left=-1, disable_split_kv=False, fixed_split_size=None,
+                        capacity=None):
+    """The partition as plan made it in Python before plan_decode (the reference its tables must
+    equal bit for bit): (work, requests) int32 and the chunk."""
+    kv_len = torch.tensor(lengths, dtype=torch.int64)
+    batch = kv_len.numel()
+    page_begin = torch.tensor([0] + [-(-n // page_size) for n in lengths], dtype=torch.int64).cumsum(0)[:-1]
+    lo = (kv_len - 1 - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(kv_len)
+    fill = decode.target_items(sms, *heads[:2])
+    if disable_split_kv or (fixed_split_size is None and batch >= fill):
+        chunk = 0
+    elif fixed_split_size is not None:
+        chunk = fixed_split_size * page_size
+    else:
+        bounds = list(zip(lo.tolist(), kv_len.tolist()))
+        longest = max(h - l for l, h in bounds) if batch else 0
+        if longest <= decode._SHORT_REQUEST:
+            fill = decode.target_items(sms, *heads[:2], ctas_per_sm=1)
+
+        def count(c):
+            return sum(decode.num_chunks(l, h, c) for l, h in bounds)
+
+        end = max(kv_len.tolist()) if batch else 0
+        chunk = 0 if batch >= fill else decode.smallest_chunk(longest, end, fill, page_size, count)
+    rows, request_rows, num_slots = [], [], 0
+    for b, (l, h, begin) in enumerate(zip(lo.tolist(), kv_len.tolist(), page_begin.tolist())):
+        n = decode.num_chunks(l, h, chunk) if chunk else 1
+        if n == 1:
+            rows.append((b, l, h, -1))
+            request_rows.append((begin, h, -1, 0))
+            continue
+        first = l // chunk
+        for i in range(n):
+            rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i))
+        request_rows.append((begin, h, num_slots, n))
+        num_slots += n
+    rows.sort(key=lambda row: row[1] - row[2])  # longest first; sort is stable
+    if capacity is not None:
+        rows += [(-1, 0, 0, -1)] * (capacity - len(rows))
+    work = torch.tensor(rows, dtype=torch.int32).view(-1, 4)
+    return work, torch.tensor(request_rows, dtype=torch.int32).view(-1, 4), chunk
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_partition_equals_the_python_one(seed):
+    """plan_decode's tables equal the Python partition's bit for bit: ragged batches of 0-300
+    requests, page sizes 1-64, windows, fixed splits, CUDA-graph capacities."""
+    generator = torch.Generator().manual_seed(seed)
+    for case in range(40):
+        batch = [0, 1, 3, 16, 40, 300][int(torch.randint(6, (), generator=generator))]
+        longest = [40, 2048, 3000, 40000][int(torch.randint(4, (), generator=generator))]
+        lengths = torch.randint(0, longest + 1, (batch,), generator=generator).tolist()
+        page_size = [1, 16, 48, 64][case % 4]
+        heads = [(32, 8, 128), (64, 4, 128), (8, 8, 64)][case % 3]
+        options = [{}, dict(window_left=300), dict(fixed_split_size=5), dict(disable_split_kv=True)][case // 4 % 4]
+        sms = [132, 78, 20][case % 3]
+        work, requests, chunk = partition_reference(lengths, page_size, heads, sms, **options)
+        p = partition(lengths, page_size, heads, sms, **options)
+        assert p.chunk == chunk and torch.equal(p.work, work) and torch.equal(p.requests, requests), (lengths, options)
+        assert p.max_partials == (int(requests[:, 3].max()) if batch else 0)
+        capacity = work.shape[0] + case % 3
+        p = partition(lengths, page_size, heads, sms, capacity=capacity, **options)
+        assert torch.equal(p.work, partition_reference(lengths, page_size, heads, sms, capacity=capacity, **options)[0])
+        assert not p.counters.any() and p.counters.numel() == batch * decode.heads_ctas(*heads[:2])
 
 
 def check_partition(p, lengths, page_size=16, window_left=-1):
@@ -763,9 +836,9 @@ def test_partition_covers_every_position_once(page_size, window_left):
         return
     assert p.num_slots > 0
     unit = _attention.chunk_unit(page_size)
-    assert p.chunk % 64 == 0 and p.chunk % unit == 0 and p.chunk >= _attention._MIN_CHUNK and p.chunk % page_size == 0
+    assert p.chunk % 64 == 0 and p.chunk % unit == 0 and p.chunk >= _attention.MIN_CHUNK and p.chunk % page_size == 0
     # The smallest such chunk: one unit less makes too many items.
-    if p.chunk > _attention._MIN_CHUNK:
+    if p.chunk > _attention.MIN_CHUNK:
         bounds = [(max(n - 1 - window_left, 0) if window_left >= 0 else 0, n) for n in RAGGED]
         assert sum(decode.num_chunks(lo, hi, p.chunk - unit) for lo, hi in bounds) > target
 
@@ -1216,8 +1289,7 @@ def test_single_decode_plans_like_the_wrapper():
         fill = decode.target_items(decode._SINGLE_DECODE_SMS, 32, 8)
         chunk = decode.smallest_chunk(kv_len - lo, kv_len, fill, 1, lambda c: decode.num_chunks(lo, kv_len, c))
         work, requests, slots = decode._single_request_tables(kv_len, lo, chunk, torch.device("cpu"))
-        p = decode.partition_work(torch.tensor([kv_len]), torch.tensor([0]), page_size=1, num_qo_heads=32, num_kv_heads=8,
-                                  num_sms=decode._SINGLE_DECODE_SMS, window_left=window_left)  # fmt: skip
+        p = partition([kv_len], 1, (32, 8, 128), decode._SINGLE_DECODE_SMS, window_left=window_left)
         assert sorted(work.tolist()) == sorted(p.work.tolist()) and torch.equal(requests, p.requests) and slots == p.num_slots
 
 

@@ -39,7 +39,7 @@ CPU_SMS = 132  # what plan assumes for a workspace on the CPU (tests of the plan
 # more, shorter chunks (docs/design/decode.md#split-kv-and-merge).
 _CHUNK_UNIT = 64
 _MAX_CHUNK_UNIT = 4096
-_MIN_CHUNK = 128
+MIN_CHUNK = 128
 
 
 # ---- argument checks (what the binding cannot name) --------------------------------------------
@@ -176,17 +176,17 @@ def num_chunks(lo: int, hi: int, chunk: int) -> int:
 
 
 def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count: Callable[[int], int]) -> int:
-    """The smallest chunk size (a multiple of chunk_unit(page_size), at least _MIN_CHUNK tokens)
+    """The smallest chunk size (a multiple of chunk_unit(page_size), at least MIN_CHUNK tokens)
     whose partition has at most ``max_items`` items, ``count(chunk)`` being its number of items; 0
-    (no split) when no request attends more than _MIN_CHUNK positions (``longest``: the most any attends).
+    (no split) when no request attends more than MIN_CHUNK positions (``longest``: the most any attends).
     ``end``: the last position any request attends, plus one. Assumes one item a request fits."""
     unit = chunk_unit(page_size)
-    if longest <= _MIN_CHUNK:
+    if longest <= MIN_CHUNK:
         return 0
     # Binary search for the smallest k (chunk = k * unit) that fits. k_hi fits (a chunk as long
     # as every sequence: one a request), so the answer always fits, even where the count is not
     # monotonic in k (chunks are aligned to their size).
-    k_lo, k_hi = -(-_MIN_CHUNK // unit), max(-(-end // unit), 1)
+    k_lo, k_hi = -(-MIN_CHUNK // unit), max(-(-end // unit), 1)
     while k_lo < k_hi:
         mid = (k_lo + k_hi) // 2
         if count(mid * unit) <= max_items:

@@ -10,6 +10,8 @@ in flight.
 
 from __future__ import annotations
 
+import math
+
 from .utils import check_tensor
 
 TYPE_CHECKING = False
@@ -20,6 +22,9 @@ if TYPE_CHECKING:
 
 INT_WORKSPACE_BYTES = 8 << 20  # FlashInfer's size
 ALIGN = 16
+# Views of the workspaces kept for reuse, per kind: a plan makes its views once per layout (a
+# serving loop without CUDA graphs meets a new batch size most steps; the views are small).
+_VIEWS_KEPT = 256
 
 
 def check_workspace(buffer: Any, name: str) -> None:
@@ -52,6 +57,13 @@ class AttentionWorkspace:
         self._pin_memory_int_workspace_buffer = torch.empty(self._int_bytes.numel(), dtype=torch.uint8, pin_memory=pinned)
         self._staging_events: List[Optional[Any]] = [None, None]
         self._staging_half = 0
+        half_bytes = (self._pin_memory_int_workspace_buffer.numel() // 2) // ALIGN * ALIGN
+        table_bytes = self._table_bytes()
+        self._staging_halves = [self._pin_memory_int_workspace_buffer[h * half_bytes : h * half_bytes + table_bytes]
+                                for h in (0, 1)]
+        self._table_views: dict = {}  # table layout -> views of the int workspace (_upload)
+        self._partial: dict = {}  # (slots, heads, head_dim) -> views of the float workspace (_partial_views)
+        self._empty: Optional[torch.Tensor] = None
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
         r"""Use new workspace buffers from the next ``plan`` on (FlashInfer's API): the float one
@@ -88,43 +100,76 @@ class AttentionWorkspace:
                 "(a contiguous buffer of 128 MB is plenty; the wrapper's plan says when more is needed)"
             )
 
+    def _staging(self) -> torch.Tensor:
+        """The pinned staging half whose copy is not in flight, ``_table_bytes()`` long: a plan
+        writes its tables there, then ``_upload`` copies them to the workspace."""
+        half = self._staging_half
+        event = self._staging_events[half]
+        if event is not None:
+            event.synchronize()  # the copy of two plans ago, long done in practice
+        return self._staging_halves[half]
+
+    def _upload(self, staging: torch.Tensor, need: int, layout: Sequence[Tuple[int, tuple]],
+                non_blocking: bool) -> List[torch.Tensor]:
+        """Copy the first ``need`` bytes of ``staging`` (``_staging``) into the int workspace and
+        return views of the int32 tables there, given as (byte offset, shape); the views of a
+        layout are made once (a CUDA-graph wrapper's layout never changes)."""
+        import torch
+
+        half = self._staging_half
+        self._staging_half ^= 1
+        self._int_bytes[:need].copy_(staging[:need], non_blocking=non_blocking)
+        if self.device.type == "cuda" and non_blocking:
+            event = self._staging_events[half]
+            if event is None:
+                event = self._staging_events[half] = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        key = tuple(layout)
+        views = self._table_views.get(key)
+        if views is None:
+            if len(self._table_views) >= _VIEWS_KEPT:
+                self._table_views.clear()
+            views = self._table_views[key] = [
+                self._int_bytes[offset : offset + math.prod(shape) * 4].view(torch.int32).view(shape)
+                for offset, shape in layout
+            ]
+        return views
+
     def _write_tables(self, tables: Sequence[torch.Tensor], non_blocking: bool) -> List[torch.Tensor]:
         """Copy int32 CPU tables ``[rows, width]`` into the int workspace, each at a 16-byte
         boundary, in one copy from the pinned staging half not in flight; returns their views there."""
         import torch
 
-        offsets, need = [], 0
+        layout, need = [], 0
         for table in tables:
-            offsets.append(need)
+            layout.append((need, tuple(table.shape)))
             need += _aligned(table.numel() * 4)
-        half_bytes = (self._pin_memory_int_workspace_buffer.numel() // 2) // ALIGN * ALIGN
         if need > self._table_bytes():
             raise ValueError(
                 f"The int workspace holds {self._table_bytes()} bytes of work tables, this plan needs {need}: give "
                 "reset_workspace_buffer a larger int_workspace_buffer"
             )
-        half = self._staging_half
-        self._staging_half ^= 1
-        event = self._staging_events[half]
-        if event is not None:
-            event.synchronize()  # the copy of two plans ago, long done in practice
-        staging = self._pin_memory_int_workspace_buffer[half * half_bytes : half * half_bytes + need]
-        for table, offset in zip(tables, offsets):
-            staging[offset : offset + table.numel() * 4].view(torch.int32).view(table.shape).copy_(table)
-        self._int_bytes[:need].copy_(staging, non_blocking=non_blocking)
-        if self.device.type == "cuda" and non_blocking:
-            if event is None:
-                event = self._staging_events[half] = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-        return [
-            self._int_bytes[offset : offset + table.numel() * 4].view(torch.int32).view(table.shape)
-            for table, offset in zip(tables, offsets)
-        ]
+        staging = self._staging()
+        for table, (offset, shape) in zip(tables, layout):
+            staging[offset : offset + table.numel() * 4].view(torch.int32).view(shape).copy_(table)
+        return self._upload(staging, need, layout, non_blocking)
+
+    def _empty_tensor(self) -> torch.Tensor:
+        """A float32 tensor of no elements on the workspace's device: what a binding gets for an
+        output or input left out (made once a workspace)."""
+        import torch
+
+        if self._empty is None:
+            self._empty = torch.empty(0, dtype=torch.float32, device=self.device)
+        return self._empty
 
     def _partial_views(self, slots: int, num_heads: int, head_dim: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """float32 ``[slots, heads, head_dim]`` and ``[slots, heads]`` views of the float workspace."""
         import torch
 
+        views = self._partial.get((slots, num_heads, head_dim))
+        if views is not None:
+            return views
         out_bytes = slots * num_heads * head_dim * 4
         lse_begin = _aligned(out_bytes)
         need = lse_begin + slots * num_heads * 4
@@ -135,6 +180,9 @@ class AttentionWorkspace:
             )
         partial_out = self._float_bytes[:out_bytes].view(torch.float32).view(slots, num_heads, head_dim)
         partial_lse = self._float_bytes[lse_begin:need].view(torch.float32).view(slots, num_heads)
+        if len(self._partial) >= _VIEWS_KEPT:
+            self._partial.clear()
+        self._partial[(slots, num_heads, head_dim)] = partial_out, partial_lse
         return partial_out, partial_lse
 
     def _partial_capacity(self, num_heads: int, head_dim: int) -> int:

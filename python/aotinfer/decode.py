@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import math
 
+from . import _attention, _loader
 from ._attention import (
     KV_LAYOUTS,
     AttentionWrapper,
@@ -76,6 +77,7 @@ from ._attention import (
     check_pos_encoding_mode,
     check_soft_cap,
     check_window_left,
+    chunk_unit,
     device_property,
     fixed_split,
     num_chunks,
@@ -137,22 +139,53 @@ def target_items(num_sms: int, num_qo_heads: int, num_kv_heads: int, ctas_per_sm
 
 
 class WorkPartition:
-    """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
+    """What a plan wrote into its host tables (plan_decode in csrc/decode.cu): the facts that
+    sized them, and views of the int32 tables themselves."""
 
-    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk")
+    __slots__ = ("tables", "batch", "rows", "counters_size", "need", "num_items", "num_slots", "chunk",
+                 "max_partials", "attended", "work_offset", "counters_offset")
 
-    def __init__(self, work, requests, num_items, num_slots, chunk):
-        self.work = work  # [items or capacity, 4] (request, kv_begin, kv_end, slot)
-        self.requests = requests  # [batch, 4] (page_begin, kv_len, first_partial, num_partials)
-        self.num_items = num_items  # items that attend (the rest, under a capacity, are idle)
-        self.num_slots = num_slots  # partial results written
-        self.chunk = chunk  # tokens per chunk; 0: nothing split
+    def layout(self) -> tuple:
+        """(byte offset, shape) of requests, work and counters in the tables."""
+        return ((0, (self.batch, 4)), (self.work_offset, (self.rows, 4)), (self.counters_offset, (self.counters_size,)))
+
+    def _view(self, which: int) -> "torch.Tensor":
+        import torch
+
+        offset, shape = self.layout()[which]
+        size = math.prod(shape) * 4
+        return self.tables[offset : offset + size].view(torch.int32).view(shape)
+
+    @property
+    def requests(self) -> "torch.Tensor":  # [batch, 4] (page_begin, kv_len, first_partial, num_partials)
+        return self._view(0)
+
+    @property
+    def work(self) -> "torch.Tensor":  # [items or capacity, 4] (request, kv_begin, kv_end, slot)
+        return self._view(1)
+
+    @property
+    def counters(self) -> "torch.Tensor":  # zeros, one a request and block row
+        return self._view(2)
+
+
+_planners: dict = {}  # device index (-1: a CPU workspace) -> the plan_decode of that device's build
+
+
+def _planner(device: "torch.device") -> Any:
+    index = device.index if device.type == "cuda" else -1
+    planner = _planners.get(index)
+    if planner is None:
+        planner = _planners[index] = _loader.get_module("decode", index).plan_decode
+    return planner
 
 
 def partition_work(
-    kv_len: "torch.Tensor",
-    page_begin: "torch.Tensor",
+    indptr: "torch.Tensor",
+    last_page_len: "torch.Tensor",
+    seq_lens: "Optional[torch.Tensor]" = None,
     *,
+    num_indices: int,
     page_size: int,
     num_qo_heads: int,
     num_kv_heads: int,
@@ -161,73 +194,48 @@ def partition_work(
     disable_split_kv: bool = False,
     fixed_split_size: Optional[int] = None,
     capacity: Optional[int] = None,
+    tables: "Optional[torch.Tensor]" = None,
+    planner: Any = None,
 ) -> WorkPartition:
-    """Split each request's attended positions into work items (see the module doc).
+    """Split each request's attended positions into work items (see the module doc) and write the
+    tables, in compiled host code (plan_decode in csrc/decode.cu; the arithmetic in
+    include/aotinfer/decode_plan.h): the policy is this function's.
 
-    ``kv_len`` and ``page_begin`` are int64 CPU tensors ``[batch]``. A request attends positions
-    ``[lo, kv_len)``, ``lo = max(0, kv_len - 1 - window_left)`` with a window, else 0. Chunks start at
-    multiples of the chunk size from position 0, so a request's items depend on the request and
-    the chunk size alone. The chunk size: ``disable_split_kv``: none (one item a request);
+    ``indptr`` (int32 ``[batch + 1]``), ``last_page_len`` (int32 ``[batch]``) and ``seq_lens``
+    (int64 ``[batch]``, replacing the lengths of ``last_page_len``) are contiguous host tensors;
+    ``num_indices`` bounds ``indptr``. A request attends positions ``[lo, kv_len)``, ``lo =
+    max(0, kv_len - 1 - window_left)`` with a window, else 0. Chunks start at multiples of the
+    chunk size from position 0, so a request's items depend on the request and the chunk size
+    alone. The chunk size: ``disable_split_kv``: none (one item a request);
     ``fixed_split_size``: that many pages; otherwise none when the batch fills the GPU
     (``target_items``: 2 CTAs an SM, 1 where no request attends more than _SHORT_REQUEST
-    positions), else the smallest that keeps the items within it. Items are ordered
-    longest first (the tail of a ragged batch starts early). ``capacity`` (CUDA graphs): the work
-    table has exactly this many rows, idle ones at the end; ValueError when the items do not fit.
+    positions), else the smallest that keeps the items within it (_attention.smallest_chunk's
+    rule). Items are ordered longest first (the tail of a ragged batch starts early).
+    ``capacity`` (CUDA graphs): the work table has exactly this many rows, idle ones at the end;
+    ValueError when the items do not fit. ``tables``: the host bytes to write (a plan's pinned
+    staging); None: new ones. ``planner``: the device's plan_decode (_planner).
     """
     import torch
 
-    batch = kv_len.numel()
-    lo = (kv_len - 1 - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(kv_len)
-    fill = target_items(num_sms, num_qo_heads, num_kv_heads)
-    if disable_split_kv or (fixed_split_size is None and batch >= fill):
-        chunk = 0
-    elif fixed_split_size is not None:
-        chunk = fixed_split_size * page_size
-    else:
-        lo_list, hi_list = lo.tolist(), kv_len.tolist()
-        longest = max(h - l for l, h in zip(lo_list, hi_list)) if batch else 0
-        end = max(hi_list) if batch else 0
-
-        def count(c):
-            return sum(num_chunks(l, h, c) for l, h in zip(lo_list, hi_list))
-
-        if longest <= _SHORT_REQUEST:
-            fill = target_items(num_sms, num_qo_heads, num_kv_heads, ctas_per_sm=1)
-        chunk = 0 if batch >= fill else smallest_chunk(longest, end, fill, page_size, count)
-
-    if chunk == 0:
-        # One item a request (the usual large batch): tensor ops.
-        num_items, num_slots = batch, 0
-        none = torch.full_like(kv_len, -1)
-        work = torch.stack([torch.arange(batch), lo, kv_len, none], 1)
-        work = work[torch.argsort(kv_len - lo, descending=True, stable=True)]
-        requests = torch.stack([page_begin, kv_len, none, torch.zeros_like(kv_len)], 1)
-    else:
-        # Chunks (a small batch, or a fixed split): rows in Python, one tensor each at the end.
-        rows, request_rows, num_slots = [], [], 0
-        for b, (l, h, begin, length) in enumerate(zip(lo.tolist(), kv_len.tolist(), page_begin.tolist(), kv_len.tolist())):
-            first, n = l // chunk, num_chunks(l, h, chunk)
-            if n == 1:
-                rows.append((b, l, h, -1))
-                request_rows.append((begin, length, -1, 0))
-                continue
-            for i in range(n):
-                rows.append((b, max(l, (first + i) * chunk), min(h, (first + i + 1) * chunk), num_slots + i))
-            request_rows.append((begin, length, num_slots, n))
-            num_slots += n
-        rows.sort(key=lambda row: row[1] - row[2])  # longest first; sort is stable
-        num_items = len(rows)
-        work = torch.tensor(rows, dtype=torch.int64).view(-1, 4)
-        requests = torch.tensor(request_rows, dtype=torch.int64).view(-1, 4)
-    if capacity is not None:
-        if num_items > capacity:
-            raise ValueError(
-                f"this plan needs {num_items} work items, more than the {capacity} a CUDA graph's fixed grid holds "
-                f"for batch size {batch}: use a larger fixed_split_size (or none) or disable_split_kv=True"
-            )
-        idle = torch.tensor([[-1, 0, 0, -1]], dtype=work.dtype).expand(capacity - num_items, 4)
-        work = torch.cat([work, idle])
-    return WorkPartition(work.to(torch.int32), requests.to(torch.int32), num_items, num_slots, chunk)
+    batch = last_page_len.numel()
+    result = WorkPartition()
+    result.batch, result.counters_size = batch, batch * heads_ctas(num_qo_heads, num_kv_heads)
+    if tables is None:  # room for the most items there can be: a chunk of one position
+        rows = capacity if capacity is not None else 2 * batch + int(indptr[-1]) * page_size
+        tables = torch.empty(_aligned(16 * batch) + _aligned(16 * rows) + _aligned(4 * result.counters_size), dtype=torch.uint8)
+    facts = torch.empty(8, dtype=torch.int64)
+    (planner or _planner(torch.device("cpu")))(
+        tables, facts, indptr, last_page_len, last_page_len if seq_lens is None else seq_lens, seq_lens is not None,  # (unread without)
+        num_indices, page_size, heads_ctas(num_qo_heads, num_kv_heads),
+        target_items(num_sms, num_qo_heads, num_kv_heads), target_items(num_sms, num_qo_heads, num_kv_heads, ctas_per_sm=1),
+        _SHORT_REQUEST, _attention.MIN_CHUNK, chunk_unit(page_size), window_left, disable_split_kv,
+        0 if fixed_split_size is None else fixed_split_size * page_size, -1 if capacity is None else capacity,
+    )  # fmt: skip
+    (result.need, result.num_items, result.num_slots, result.chunk, result.max_partials, result.attended,
+     result.work_offset, result.counters_offset) = facts.tolist()  # fmt: skip
+    result.tables = tables
+    result.rows = result.num_items if capacity is None else capacity
+    return result
 
 
 def reads_once(tokens: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, kv_itemsize: int, l2_bytes: int) -> int:
@@ -478,36 +486,20 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         self._check_table_bytes(
             _aligned(16 * batch) * 2 + _aligned(4 * batch * heads_ctas(num_qo_heads, num_kv_heads)), f"a plan of {batch} requests"
         )
-        indptr_host = indptr.to("cpu", torch.int64)
-        last_host = last_page_len.to("cpu", torch.int64)
-        pages = indptr_host[1:] - indptr_host[:-1]
-        if batch and (bool((pages < 0).any()) or int(indptr_host[0]) < 0 or int(indptr_host[-1]) > indices.numel()):
-            raise ValueError(
-                f"Expected indptr to be non-decreasing from 0 or more, up to len(indices) = {indices.numel()}, "
-                f"got {indptr_host.tolist()}"
-            )
-        if seq_lens is None:
-            if bool(((last_host < 0) | (last_host > page_size) | ((pages == 0) & (last_host != 0))).any()):
-                raise ValueError(
-                    f"Expected last_page_len in 0..page_size ({page_size}), and 0 for requests without pages, got "
-                    f"{last_host.tolist()}"
-                )
-            kv_len = (pages - 1).clamp(min=0) * page_size + last_host
-        else:
+        seq_lens_host = None
+        if seq_lens is not None:
             check_tensor(seq_lens, "seq_lens")
-            kv_len = seq_lens.to("cpu", torch.int64).reshape(-1)
-            if kv_len.numel() != batch or bool(((kv_len < 0) | (kv_len > pages * page_size)).any()):
-                raise ValueError(
-                    f"Expected seq_lens to hold {batch} lengths, each at most its pages times page_size, got "
-                    f"{kv_len.tolist()}"
-                )
+            seq_lens_host = seq_lens.to("cpu", torch.int64).reshape(-1).contiguous()
 
-        # ---- the work partition
+        # ---- the work partition and its tables, written into the pinned staging bytes
         fill = target_items(num_sms(self.device), num_qo_heads, num_kv_heads)
         capacity = max(batch, fill) if self._use_cuda_graph else None
+        staging = self._staging()
         partition = partition_work(
-            kv_len,
-            indptr_host[:-1],
+            indptr.to("cpu").contiguous(),
+            last_page_len.to("cpu").contiguous(),
+            seq_lens_host,
+            num_indices=indices.numel(),
             page_size=page_size,
             num_qo_heads=num_qo_heads,
             num_kv_heads=num_kv_heads,
@@ -516,6 +508,8 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             disable_split_kv=disable_split_kv,
             fixed_split_size=fixed_split_size,
             capacity=capacity,
+            tables=staging,
+            planner=_planner(self.device),
         )
 
         # ---- the partial results, the tables and the page indices on the device (what can fail
@@ -525,8 +519,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         # run captured stay the same.
         slots = capacity if self._use_cuda_graph else partition.num_slots
         plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
-        counters = torch.zeros(batch * heads_ctas(num_qo_heads, num_kv_heads), dtype=torch.int32)
-        plan.requests, plan.work, plan.counters = self._write_tables([partition.requests, partition.work, counters], non_blocking)
+        plan.requests, plan.work, plan.counters = self._upload(staging, partition.need, partition.layout(), non_blocking)
         if self._use_cuda_graph:
             self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
             self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
@@ -539,15 +532,14 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             self._paged_kv_indices_buf = plan.indices
             self._paged_kv_last_page_len_buf = last_page_len
         # The most items a request has; a captured graph's, the most it may have after a new plan.
-        plan.max_partials = capacity if self._use_cuda_graph else int(partition.requests[:, 3].max()) if batch else 0
-        plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
+        plan.max_partials = capacity if self._use_cuda_graph else partition.max_partials
+        plan.empty = self._empty_tensor()
         plan.partition = partition
         plan.batch_size, plan.num_qo_heads, plan.num_kv_heads = batch, num_qo_heads, num_kv_heads
         plan.head_dim, plan.page_size, plan.q_dtype, plan.kv_dtype = head_dim, page_size, q_dtype, kv_dtype
         plan.window_left = window_left
-        attended = int((kv_len if window_left < 0 else kv_len.clamp(max=window_left + 1)).sum())
         l2_bytes = device_property(self.device, "L2_cache_size", _ASSUMED_L2_BYTES)
-        plan.kv_read_once = reads_once(attended, num_qo_heads, num_kv_heads, head_dim, kv_dtype.itemsize, l2_bytes)
+        plan.kv_read_once = reads_once(partition.attended, num_qo_heads, num_kv_heads, head_dim, kv_dtype.itemsize, l2_bytes)
 
         self._plan = plan
         self._q_len_per_req = 1
