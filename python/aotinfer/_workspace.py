@@ -64,6 +64,7 @@ class AttentionWorkspace:
         self._table_views: dict = {}  # table layout -> views of the int workspace (_upload)
         self._partial: dict = {}  # (slots, heads, head_dim) -> views of the float workspace (_partial_views)
         self._empty: Optional[torch.Tensor] = None
+        self._plan_facts = torch.empty(8, dtype=torch.int64)  # what a compiled plan reports of its tables
 
     def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor) -> None:
         r"""Use new workspace buffers from the next ``plan`` on (FlashInfer's API): the float one

@@ -195,6 +195,7 @@ def partition_work(
     fixed_split_size: Optional[int] = None,
     capacity: Optional[int] = None,
     tables: "Optional[torch.Tensor]" = None,
+    facts: "Optional[torch.Tensor]" = None,
     planner: Any = None,
 ) -> WorkPartition:
     """Split each request's attended positions into work items (see the module doc) and write the
@@ -213,20 +214,23 @@ def partition_work(
     rule). Items are ordered longest first (the tail of a ragged batch starts early).
     ``capacity`` (CUDA graphs): the work table has exactly this many rows, idle ones at the end;
     ValueError when the items do not fit. ``tables``: the host bytes to write (a plan's pinned
-    staging); None: new ones. ``planner``: the device's plan_decode (_planner).
+    staging), ``facts``: int64 ``[8]`` for what sized them; None: new ones. ``planner``: the
+    device's plan_decode (_planner).
     """
     import torch
 
     batch = last_page_len.numel()
+    ctas = heads_ctas(num_qo_heads, num_kv_heads)
     result = WorkPartition()
-    result.batch, result.counters_size = batch, batch * heads_ctas(num_qo_heads, num_kv_heads)
+    result.batch, result.counters_size = batch, batch * ctas
     if tables is None:  # room for the most items there can be: a chunk of one position
         rows = capacity if capacity is not None else 2 * batch + int(indptr[-1]) * page_size
         tables = torch.empty(_aligned(16 * batch) + _aligned(16 * rows) + _aligned(4 * result.counters_size), dtype=torch.uint8)
-    facts = torch.empty(8, dtype=torch.int64)
+    if facts is None:
+        facts = torch.empty(8, dtype=torch.int64)
     (planner or _planner(torch.device("cpu")))(
         tables, facts, indptr, last_page_len, last_page_len if seq_lens is None else seq_lens, seq_lens is not None,  # (unread without)
-        num_indices, page_size, heads_ctas(num_qo_heads, num_kv_heads),
+        num_indices, page_size, ctas,
         target_items(num_sms, num_qo_heads, num_kv_heads), target_items(num_sms, num_qo_heads, num_kv_heads, ctas_per_sm=1),
         _SHORT_REQUEST, _attention.MIN_CHUNK, chunk_unit(page_size), window_left, disable_split_kv,
         0 if fixed_split_size is None else fixed_split_size * page_size, -1 if capacity is None else capacity,
@@ -509,6 +513,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             fixed_split_size=fixed_split_size,
             capacity=capacity,
             tables=staging,
+            facts=self._plan_facts,
             planner=_planner(self.device),
         )
 

@@ -1,0 +1,163 @@
+"""Host time of the decode plan a serving loop makes every step, against FlashInfer's, in one process.
+
+    python benchmarks/bench_plan.py [--rounds 30] [--before CHECKOUT/python] [--flashinfer DIR]
+
+Shapes: Llama-3-8B's attention (32 query / 8 KV heads, head_dim 128, bf16, page_size 16), batches
+of 1, 64 and 256 requests of 2048 tokens and 64 of 16384, the page table (int32 indptr, indices,
+last_page_len) on the host (pinned) or on the GPU. Variants:
+
+* aotinfer: ``BatchDecodeWithPagedKVCacheWrapper.plan`` with ``use_cuda_graph=True`` buffers, as
+  vLLM and SGLang plan; ``--before``: the same of another checkout's aotinfer (its python/ folder
+  with kernels in aotinfer/_ops), imported as a second package.
+* flashinfer (``--flashinfer DIR``: the decode module of benchmarks/flashinfer_jit.py): what its
+  wrapper's plan does under ``use_cuda_graph`` on the CUDA-core path, its Python checks left
+  out: ``indptr`` to the host, the three copies into the graph buffers, then its compiled plan.
+  A lower bound of its wrapper's time.
+* flashinfer wrapper (``--flashinfer DIR`` where ``import flashinfer`` works): its own
+  ``BatchDecodeWithPagedKVCacheWrapper.plan`` with the same buffers, its JIT handed the module in
+  DIR (the machine that times it need not compile).
+
+Each round plans every variant once, the order rotating between rounds; a sample is the host
+time of one plan after a synchronize (the GPU idle, as between serving steps). The table gives
+medians over rounds, and each variant's ratio to flashinfer's (or to aotinfer's).
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import aotinfer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
+CASES = [(1, 2048), (64, 2048), (256, 2048), (64, 16384)]
+
+
+def page_table(batch, tokens, on_gpu):
+    pages = -(-tokens // PAGE)
+    indptr = torch.arange(batch + 1, dtype=torch.int32) * pages
+    indices = torch.randperm(batch * pages, dtype=torch.int32)
+    last = torch.full((batch,), tokens - (pages - 1) * PAGE, dtype=torch.int32)
+    if on_gpu:
+        return [t.cuda() for t in (indptr, indices, last)]
+    return [t.pin_memory() for t in (indptr, indices, last)]
+
+
+def graph_buffers(batch, num_indices):
+    return dict(
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buffer=torch.empty(num_indices, dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buffer=torch.empty(batch, dtype=torch.int32, device="cuda"),
+    )
+
+
+def aotinfer_plan(package, batch, tables):
+    indptr, indices, last = tables
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = package.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", **graph_buffers(batch, indices.numel()))
+    return lambda: wrapper.plan(indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, q_data_type=torch.bfloat16)
+
+
+def flashinfer_plan(module, batch, tables):
+    indptr, indices, last = tables
+    buffers = graph_buffers(batch, indices.numel())
+    indptr_buf, indices_buf, last_buf = (buffers[k] for k in ("paged_kv_indptr_buffer", "paged_kv_indices_buffer",
+                                                                "paged_kv_last_page_len_buffer"))
+    float_ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    int_ws = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    pinned_ws = torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True)
+    empty = torch.empty(0, dtype=torch.bfloat16)
+
+    def plan():
+        indptr_host = indptr.to("cpu")
+        indptr_buf.copy_(indptr, non_blocking=True)
+        last_buf.copy_(last, non_blocking=True)
+        indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
+        module.plan(float_ws, int_ws, pinned_ws, indptr_host, batch, QO_HEADS, KV_HEADS, PAGE, True, -1, 0.0,
+                    HEAD_DIM, HEAD_DIM, empty, empty)  # fmt: skip
+
+    return plan
+
+
+def flashinfer_wrapper_plan(directory, batch, tables):
+    import flashinfer
+    import tvm_ffi
+    from flashinfer.jit.core import JitSpec
+
+    if not getattr(JitSpec, "_bench_plan_patched", False):  # its JIT loads the module built elsewhere
+        JitSpec.build_and_load = lambda spec: tvm_ffi.load_module(os.path.join(directory, "decode_d128.so"))
+        JitSpec._bench_plan_patched = True
+    indptr, indices, last = tables
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", **graph_buffers(batch, indices.numel()))
+    return lambda: wrapper.plan(indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, q_data_type=torch.bfloat16,
+                                kv_data_type=torch.bfloat16)
+
+
+def time_rounds(variants, rounds):
+    samples = {name: [] for name in variants}
+    names = list(variants)
+    for fn in variants.values():  # warm-up: loads, device properties, first allocations
+        for _ in range(3):
+            fn()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            variants[name]()
+            samples[name].append(time.perf_counter() - begin)
+    torch.cuda.synchronize()
+    return {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--before", help="another checkout's python/ folder, timed beside this one")
+    parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's decode module (flashinfer_jit.py build)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    packages = {"aotinfer": aotinfer}
+    if args.before:
+        from bench_overhead import import_other
+
+        packages["before"] = import_other(args.before)
+    module = None
+    if args.flashinfer:
+        from flashinfer_jit import _load
+
+        module = _load(args.flashinfer, "decode_d128")
+        if module is None:
+            raise SystemExit(f"no FlashInfer decode module in {args.flashinfer}")
+
+    import importlib.util
+
+    wrapper = module is not None and importlib.util.find_spec("flashinfer") is not None
+
+    print(f"# Decode plan host time, us (median of {args.rounds}), {torch.cuda.get_device_name()}")
+    names = list(packages) + (["flashinfer"] if module is not None else []) + (["flashinfer wrapper"] if wrapper else [])
+    base = "flashinfer wrapper" if wrapper else "flashinfer" if module is not None else "aotinfer"
+    print("| tables | batch x tokens | " + " | ".join(names) + " | " + " | ".join(f"{n} / {base}" for n in names if n != base) + " |")
+    print("| --- | --- |" + " --- |" * (2 * len(names) - 1))
+    for on_gpu in (False, True):
+        for batch, tokens in CASES:
+            tables = page_table(batch, tokens, on_gpu)
+            variants = {name: aotinfer_plan(package, batch, tables) for name, package in packages.items()}
+            if module is not None:
+                variants["flashinfer"] = flashinfer_plan(module, batch, tables)
+            if wrapper:
+                variants["flashinfer wrapper"] = flashinfer_wrapper_plan(args.flashinfer, batch, tables)
+            us = time_rounds(variants, args.rounds)
+            cells = [f"{us[n]:.0f}" for n in names] + [f"{us[n] / us[base]:.2f}" for n in names if n != base]
+            print(f"| {'GPU' if on_gpu else 'host'} | {batch} x {tokens} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
