@@ -1037,6 +1037,46 @@ def test_cuda_graph_mode_keeps_its_tables_in_place(kernel_model):
         check(out, want, torch.float16, lse, want_lse)
 
 
+def test_sglang_fast_prefill_plan_sequence(kernel_model):
+    """SGLang's fast_prefill_plan (layers/attention/flashinfer_backend.py, EAGLE draft extend and
+    DFlash verification under CUDA graphs), call by call: after a real plan at capture, each replay
+    copies the page table into the wrapper's CUDA-graph buffers, sets its bookkeeping attributes
+    and calls _cached_module.plan with host tables and FlashInfer's fa2 planner arguments (20),
+    then runs forward with the layer's options."""
+    batch, heads, page_size, scale = 3, (12, 2, 64), 8, 0.2
+    buffers = dict(
+        qo_indptr_buf=torch.empty(batch + 1, dtype=torch.int32), paged_kv_indptr_buf=torch.empty(batch + 1, dtype=torch.int32),
+        paged_kv_indices_buf=torch.empty(4096, dtype=torch.int32), paged_kv_last_page_len_buf=torch.empty(batch, dtype=torch.int32),
+    )  # fmt: skip
+    wrapper = aotinfer.BatchPrefillWithPagedKVCacheWrapper(workspace("cpu", 16 << 20), "NHD", use_cuda_graph=True,
+                                                           backend="fa2", **buffers)  # fmt: skip
+    Case([(4, 30), (4, 9), (4, 4)], heads, torch.float16, "paged", page_size=page_size, device="cpu").plan(
+        wrapper, causal=True, sm_scale=scale)
+    assert wrapper._backend == "fa2" and wrapper._cached_module is not None and wrapper._max_total_num_rows is None
+    for pairs in ([(4, 100), (4, 4), (4, 57)], [(4, 12), (4, 300), (4, 9)]):
+        case = Case(pairs, heads, torch.float16, "paged", page_size=page_size, device="cpu")
+        qo_indptr_host, kv_indptr_host = case.qo_indptr, case.indptr
+        kv_lens_host = torch.tensor([kv for _, kv in pairs], dtype=torch.int32)
+        total_num_rows = int(qo_indptr_host[-1])
+        if wrapper._max_total_num_rows is None:
+            wrapper._max_total_num_rows = total_num_rows
+        wrapper._batch_size, wrapper._num_qo_heads, wrapper._num_kv_heads = batch, heads[0], heads[1]
+        wrapper._qo_indptr_buf.copy_(case.qo_indptr)
+        wrapper._paged_kv_indptr_buf.copy_(case.indptr)
+        wrapper._paged_kv_last_page_len_buf.copy_(case.last_page_len)
+        wrapper._paged_kv_indices_buf[: len(case.indices)].copy_(case.indices)
+        wrapper._cached_q_data_type = wrapper._cached_kv_data_type = torch.float16
+        wrapper._plan_info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+            qo_indptr_host, kv_indptr_host, kv_lens_host, wrapper._max_total_num_rows or total_num_rows, batch, heads[0],
+            heads[1], page_size, wrapper.is_cuda_graph_enabled, heads[2], heads[2], True, -1, -1, False, 0, 0,
+        )  # fmt: skip
+        assert int(wrapper._plan.requests.shape[0]) == batch
+        want, want_lse = case.reference(causal=True, sm_scale=scale)
+        out, lse = wrapper.forward_return_lse(case.q, case.cache, causal=True, sm_scale=scale)
+        check(out, want, torch.float16, lse, want_lse)
+
+
 # ---- argument errors on the CPU ----------------------------------------------------------------
 
 

@@ -591,6 +591,42 @@ def _check_ragged_run(self, q, k, v, enable_pdl) -> None:
             raise ValueError(f"The dtype of k {k.dtype} does not match the kv_data_type {plan.q_dtype} specified in plan")
 
 
+class _PagedPlanModule:
+    """What a paged prefill wrapper's ``_cached_module`` is to SGLang's ``fast_prefill_plan`` (EAGLE
+    draft extend, DFlash verification under CUDA graphs): it puts the page table in the wrapper's
+    CUDA-graph buffers, calls ``_cached_module.plan`` with the host tables and the arguments of
+    FlashInfer's fa2 (20) or fa3 (16) prefill planner, and sets the options on the wrapper. This
+    plans the wrapper again: the page ids from ``_paged_kv_indices_buf``, the lengths from the
+    host ``kv_len``, the dtypes, soft cap and scale of the last ``plan``
+    (docs/design/overlay.md#sglangs-flashinfer-backend)."""
+
+    def __init__(self, wrapper: "BatchPrefillWithPagedKVCacheWrapper") -> None:
+        self._wrapper = wrapper
+
+    def plan(self, float_workspace_buffer, int_workspace_buffer, page_locked_int_workspace_buffer, qo_indptr, kv_indptr,
+             kv_len, total_num_rows, batch_size, num_qo_heads, num_kv_heads, page_size, enable_cuda_graph, head_dim_qk,
+             head_dim_vo, causal, window_left=-1, fixed_split_size=-1, disable_split_kv=False, num_colocated_ctas=0,
+             uniform_q_len=0) -> list:  # fmt: skip
+        import torch
+
+        wrapper, last = self._wrapper, self._wrapper._plan
+        if last is None:
+            raise RuntimeError("_cached_module.plan keeps the dtypes of the last plan(): call plan() first")
+        if wrapper._paged_kv_indices_buf is None:
+            raise RuntimeError("_cached_module.plan reads the page ids from _paged_kv_indices_buf: set it")
+        kv_indptr = kv_indptr.to("cpu")
+        kv_len = kv_len.to("cpu", torch.int64).reshape(-1)
+        last_page_len = torch.where(kv_len > 0, (kv_len - 1) % page_size + 1, 0).to(torch.int32)
+        wrapper.plan(
+            qo_indptr, kv_indptr, wrapper._paged_kv_indices_buf[: int(kv_indptr[-1])], last_page_len, num_qo_heads,
+            num_kv_heads, head_dim_qk, page_size, head_dim_vo=head_dim_vo, causal=causal, window_left=window_left,
+            logits_soft_cap=wrapper._logits_soft_cap, q_data_type=last.q_dtype, kv_data_type=last.kv_dtype,
+            sm_scale=wrapper._sm_scale, seq_lens=kv_len, fixed_split_size=fixed_split_size,
+            disable_split_kv=disable_split_kv,
+        )  # fmt: skip
+        return []  # FlashInfer's plan info: SGLang keeps it as _plan_info, and nothing here reads it
+
+
 class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
     r"""Prefill attention for a batch of requests whose keys and values are contiguous rows
     (FlashInfer's wrapper): ``plan`` once per batch with ``qo_indptr`` and ``kv_indptr``, then
@@ -902,6 +938,12 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         self._paged_kv_indptr_buf = paged_kv_indptr_buf
         self._paged_kv_indices_buf = paged_kv_indices_buf
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
+        self._max_total_num_rows = None  # FlashInfer's; SGLang's fast_prefill_plan reads and sets it, nothing here does
+
+    @property
+    def _cached_module(self) -> "_PagedPlanModule":
+        """FlashInfer's planning module, as servers that plan through it call it (_PagedPlanModule)."""
+        return _PagedPlanModule(self)
 
     @aotinfer_api
     def plan(
