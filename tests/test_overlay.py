@@ -348,6 +348,25 @@ def test_started_processes_get_it_and_the_vllm_plugin(tmp_path):
     assert '[project.entry-points."vllm.general_plugins"]\naotinfer_flashinfer = "aotinfer.overlay:vllm_plugin"' in pyproject
 
 
+VLLM_GATE = """
+    import os
+    from aotinfer.overlay import vllm_plugin
+    vllm_plugin()
+    print(os.environ.get("VLLM_HAS_FLASHINFER_CUBIN"), "ok")
+    """
+
+
+def test_vllm_plugin_tells_vllm_no_compiler_is_needed(tmp_path, fake):
+    # No real FlashInfer: vLLM's has_flashinfer() must not ask for nvcc; the hook's process too.
+    assert run(tmp_path, VLLM_GATE, "1", hook=False).stdout.split() == ["1", "ok"]
+    assert run(tmp_path, VLLM_GATE, "sampling").stdout.split() == ["1", "ok"]
+    # Off, a real FlashInfer (whose other names may need its JIT), or the user's own value: untouched.
+    assert run(tmp_path, VLLM_GATE, None).stdout.split() == ["None", "ok"]
+    assert run(tmp_path, VLLM_GATE, "1", fake).stdout.split() == ["None", "ok"]
+    assert run(tmp_path, "import os; os.environ['VLLM_HAS_FLASHINFER_CUBIN'] = '0'\n" + textwrap.dedent(VLLM_GATE),
+               "1").stdout.split() == ["0", "ok"]
+
+
 def test_info_says_whether_this_process_has_it(tmp_path):
     run(tmp_path, """
         from aotinfer import overlay

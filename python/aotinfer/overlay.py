@@ -461,15 +461,33 @@ def find_spec(name: str, path: Any = None, target: Any = None) -> Optional[impor
     return _FINDER.find_spec(name, path, target)
 
 
+# vLLM's has_flashinfer() takes FlashInfer only where its kernels need no compiler (this variable,
+# or the flashinfer-cubin package) or where nvcc and ninja are there for its JIT.
+VLLM_NO_JIT_NEEDED = "VLLM_HAS_FLASHINFER_CUBIN"
+
+
 def vllm_plugin() -> None:
     """vLLM's general plugin (entry point ``aotinfer_flashinfer`` of ``vllm.general_plugins``, run in
     every vLLM process): installs the overlay when AOTINFER_FLASHINFER is set and the start-up hook
-    has not (aotinfer outside site-packages, ``python -S``). Never raises into vLLM."""
-    if _overlay is None and os.environ.get(ENV):
+    has not (aotinfer outside site-packages, ``python -S``). Without a real FlashInfer, every
+    FlashInfer name vLLM can reach is then aotinfer's compiled kernel or an error naming it, so
+    nothing of FlashInfer's compiles: the plugin sets VLLM_HAS_FLASHINFER_CUBIN=1 (unless set),
+    else vLLM refuses its FlashInfer paths on a machine without nvcc. With a real FlashInfer,
+    vLLM's own check stands: the names not served are FlashInfer's and may need its JIT. Never
+    raises into vLLM."""
+    if not os.environ.get(ENV):
+        return
+    if _overlay is None:
         try:
-            install_from_environment()
+            if not install_from_environment():
+                return
         except RuntimeError as e:
             logger.warning("%s", e)
+            return
+    if VLLM_NO_JIT_NEEDED not in os.environ and _find_real() is None:
+        os.environ[VLLM_NO_JIT_NEEDED] = "1"
+        logger.info("aotinfer: %s=1 for vLLM: the flashinfer overlay serves compiled kernels, and no FlashInfer "
+                    "is installed to compile anything", VLLM_NO_JIT_NEEDED)
 
 
 def state() -> Dict[str, Any]:
