@@ -17,6 +17,10 @@ last_page_len) on the host (pinned) or on the GPU. Variants:
   ``BatchDecodeWithPagedKVCacheWrapper.plan`` with the same buffers, its JIT handed the module in
   DIR (the machine that times it need not compile).
 
+Then the paged prefill plan of a ragged batch (64 prompts of 650-1950 tokens, causal): aotinfer's
+with ``backend="fa2"`` and ``"auto"``, and FlashInfer's fa2 wrapper where DIR holds its prefill
+module (``prefill_fa2_d128``).
+
 Each round plans every variant once, the order rotating between rounds; a sample is the host
 time of one plan after a synchronize (the GPU idle, as between serving steps). The table gives
 medians over rounds, and each variant's ratio to flashinfer's (or to aotinfer's).
@@ -85,18 +89,48 @@ def flashinfer_plan(module, batch, tables):
     return plan
 
 
-def flashinfer_wrapper_plan(directory, batch, tables):
-    import flashinfer
+def _patch_flashinfer_jit(directory):
     import tvm_ffi
     from flashinfer.jit.core import JitSpec
 
-    if not getattr(JitSpec, "_bench_plan_patched", False):  # its JIT loads the module built elsewhere
-        JitSpec.build_and_load = lambda spec: tvm_ffi.load_module(os.path.join(directory, "decode_d128.so"))
+    if not getattr(JitSpec, "_bench_plan_patched", False):  # its JIT loads the modules built elsewhere
+        JitSpec.build_and_load = lambda spec: tvm_ffi.load_module(
+            os.path.join(directory, "prefill_fa2_d128.so" if "prefill" in spec.name else "decode_d128.so"))
         JitSpec._bench_plan_patched = True
+
+
+def flashinfer_wrapper_plan(directory, batch, tables):
+    import flashinfer
+
+    _patch_flashinfer_jit(directory)
     indptr, indices, last = tables
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", **graph_buffers(batch, indices.numel()))
     return lambda: wrapper.plan(indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, q_data_type=torch.bfloat16,
+                                kv_data_type=torch.bfloat16)
+
+
+def prefill_tables(batch=64, mean=1300):
+    """A ragged prefill batch as the issue measured it: prompts of mean/2..3*mean/2 tokens, pages of
+    PAGE, the tables pinned on the host."""
+    generator = torch.Generator().manual_seed(0)
+    q_len = torch.randint(mean // 2, mean * 3 // 2 + 1, (batch,), generator=generator, dtype=torch.int32)
+    qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), q_len.cumsum(0).to(torch.int32)])
+    pages = (q_len + PAGE - 1) // PAGE
+    kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), pages.cumsum(0).to(torch.int32)])
+    indices = torch.randperm(int(kv_indptr[-1]), dtype=torch.int32)
+    last = (q_len - (pages - 1) * PAGE).to(torch.int32)
+    return [t.pin_memory() for t in (qo_indptr, kv_indptr, indices, last)]
+
+
+def prefill_plan(package, tables, backend, flashinfer_dir=None):
+    """The paged prefill wrapper's plan, causal (aotinfer's, or FlashInfer's own with its JIT
+    handed the module in flashinfer_dir)."""
+    if flashinfer_dir is not None:
+        _patch_flashinfer_jit(flashinfer_dir)
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = package.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+    return lambda: wrapper.plan(*tables, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, causal=True, q_data_type=torch.bfloat16,
                                 kv_data_type=torch.bfloat16)
 
 
@@ -157,6 +191,20 @@ def main():
             us = time_rounds(variants, args.rounds)
             cells = [f"{us[n]:.0f}" for n in names] + [f"{us[n] / us[base]:.2f}" for n in names if n != base]
             print(f"| {'GPU' if on_gpu else 'host'} | {batch} x {tokens} | " + " | ".join(cells) + " |", flush=True)
+
+    # The paged prefill plan: 64 prompts of 650-1950 tokens, causal.
+    tables = prefill_tables()
+    variants = {f"aotinfer {backend}": prefill_plan(aotinfer, tables, backend) for backend in ("fa2", "auto")}
+    if wrapper and os.path.exists(os.path.join(args.flashinfer, "prefill_fa2_d128.so")):
+        import flashinfer
+
+        variants["flashinfer wrapper fa2"] = prefill_plan(flashinfer, tables, "fa2", args.flashinfer)
+    us = time_rounds(variants, max(args.rounds // 3, 5))
+    base = "flashinfer wrapper fa2" if "flashinfer wrapper fa2" in us else "aotinfer fa2"
+    print(f"\n# Paged prefill plan host time, us, {len(tables[3])} x {int(tables[0][-1])} tokens, causal")
+    print("| variant | us | / " + base + " |\n| --- | --- | --- |")
+    for name, value in us.items():
+        print(f"| {name} | {value:.0f} | {value / us[base]:.2f} |")
 
 
 if __name__ == "__main__":
