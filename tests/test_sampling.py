@@ -927,3 +927,29 @@ def test_vllm_flashinfer_sample_calls():
             filters = dict(filters, top_p=(filters["top_p"] + 1e-4).clamp(max=1.0))
         keep = kept_mask(probs, **filters)
         assert bool(keep.gather(1, tokens.long()[:, None]).all()), f"{name}: a token outside its row's kept set"
+
+
+@gpu
+def test_sglang_sampler_calls():
+    """SGLang's Sampler with the flashinfer backend (srt/layers/sampler.py, 0.5.23), as it calls it:
+    top_k_top_p_sampling_from_probs(probs.contiguous(), top_ks, top_ps, filter_apply_order="joint")
+    with int32 k (1 << 30 meaning no top-k) and float32 p, and min_p_sampling_from_probs(probs,
+    min_ps) after its own renormalization; every token drawn lies in the row's kept set."""
+    batch, vocab, no_top_k = 64, 32000, 1 << 30
+    g = torch.Generator(device="cuda").manual_seed(6)
+    probs = (torch.randn(batch, vocab, device="cuda", generator=g) * 4).softmax(-1)
+    top_ks = torch.randint(1, 200, (batch,), device="cuda", generator=g).to(torch.int32)
+    top_ks[::4] = no_top_k
+    top_ps = torch.rand(batch, device="cuda", generator=g) * 0.9 + 0.05
+    top_ps[1::4] = 1.0
+    min_ps = torch.rand(batch, device="cuda", generator=g) * 0.3
+    joint = aotinfer.top_k_top_p_sampling_from_probs(probs.contiguous(), top_ks, top_ps, filter_apply_order="joint")
+    min_p = aotinfer.min_p_sampling_from_probs(probs, min_ps)
+    calls = {
+        "joint": (joint, dict(top_k=top_ks.long(), top_p=(top_ps + 1e-4).clamp(max=1.0), order="joint")),
+        "min_p": (min_p, dict(min_p=min_ps * (1 - 1e-5))),  # the threshold computed in float32: a margin
+    }
+    for name, (tokens, filters) in calls.items():
+        assert tokens.shape == (batch,) and tokens.dtype == torch.int32, name
+        keep = kept_mask(probs, **filters)
+        assert bool(keep.gather(1, tokens.long()[:, None]).all()), f"{name}: a token outside its row's kept set"
