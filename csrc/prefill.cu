@@ -1,7 +1,8 @@
 // Binding of batch prefill attention (include/aotinfer/prefill.cuh, mma.sync for every arch from
 // sm80): checks the tensors and the plan's tables (prefill_checks.h), then launches the prefill
 // kernel on num_kv_heads x `ctas` blocks and, unless `merge_from` is -1, the merge of split
-// requests from that query token on.
+// requests from that query token on. Beside it, plan_prefill: the plan's tables, written on the host.
+#include "aotinfer/prefill_plan.h"
 #include "prefill_checks.h"
 
 namespace {
@@ -42,3 +43,95 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   });
 }
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill, batch_prefill);
+
+// ---- the plan's tables (host) --------------------------------------------------------------------
+
+namespace {
+
+// A host tensor the plan reads or writes: contiguous, of `code`/`bits`, `ndim` dimensions.
+void CheckHostTable(const TensorView& x, const char* name, DLDataTypeCode code, int bits, int ndim) {
+  if (x.device().device_type != kDLCPU && x.device().device_type != kDLCUDAHost) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " on the host, got a tensor on "
+                              << aotinfer::DeviceString(x.device());
+  }
+  aotinfer::CheckDim(ndim, x, name);
+  aotinfer::CheckContiguous(x, name);
+  if (x.dtype().code != code || x.dtype().bits != bits || x.dtype().lanes != 1) {
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int" << bits << ", got " << x.dtype();
+  }
+}
+
+}  // namespace
+
+// The prefill plan's items on the host (python/aotinfer/prefill.py, partition_prefill): from the
+// int64 [batch] `q_begin`, `q_len`, `kv_offset` and `kv_len`, and the plan's choices (the chunk;
+// `split_from` of a lone request), writes the count row and the items of `work` (int32
+// [1 + items, 8], at least as many rows as items), `requests` (int32 [batch, 8]) and `spans`
+// (int64 [items, 3]: each item's request and the keys its rows attend), in the items' order
+// (prefill_plan.h). `facts` (int64 [4]) receives: items, partial slots, the first query token to
+// merge (-1: none), the halved items.
+void plan_prefill(TensorView work, TensorView requests, TensorView spans, TensorView facts, TensorView q_begin,
+                  TensorView q_len, TensorView kv_offset, TensorView kv_len, int64_t split_from, int64_t group,
+                  int64_t rows_per_tile, int64_t chunk, bool causal, int64_t window_left) {
+  CheckHostTable(q_len, "q_len", kDLInt, 64, 1);
+  const int64_t batch = q_len.size(0);
+  const std::pair<const TensorView*, const char*> columns[] = {{&q_begin, "q_begin"}, {&kv_offset, "kv_offset"},
+                                                               {&kv_len, "kv_len"}};
+  for (const auto& [column, name] : columns) {
+    CheckHostTable(*column, name, kDLInt, 64, 1);
+    if (column->size(0) != batch) {
+      AOTINFER_THROW(ValueError) << "Expected " << name << " to have q_len's " << batch << " elements, got "
+                                << column->size(0);
+    }
+  }
+  CheckHostTable(work, "work", kDLInt, 32, 2);
+  CheckHostTable(requests, "requests", kDLInt, 32, 2);
+  CheckHostTable(spans, "spans", kDLInt, 64, 2);
+  CheckHostTable(facts, "facts", kDLInt, 64, 1);
+  if (requests.size(0) != batch || requests.size(1) != 8 || work.size(1) != 8 || spans.size(1) != 3 ||
+      facts.size(0) != 4) {
+    AOTINFER_THROW(ValueError) << "Expected requests [" << batch << ", 8], work [rows, 8], spans [rows, 3] and "
+                                  "facts [4]";
+  }
+  if (group < 1 || rows_per_tile < 1 || chunk < 0 || (split_from != 0 && (batch != 1 || chunk == 0))) {
+    AOTINFER_THROW(ValueError) << "Expected group and rows_per_tile of at least 1, chunk of at least 0, and a "
+                                  "split_from for a lone split request only";
+  }
+  const int64_t* q_begin_at = aotinfer::data_ptr<const int64_t>(q_begin);
+  const int64_t* q_len_at = aotinfer::data_ptr<const int64_t>(q_len);
+  const int64_t* kv_offset_at = aotinfer::data_ptr<const int64_t>(kv_offset);
+  const int64_t* kv_len_at = aotinfer::data_ptr<const int64_t>(kv_len);
+  std::vector<aotinfer::PrefillRequest> batch_requests(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    batch_requests[b] = {q_begin_at[b], q_len_at[b], kv_offset_at[b], kv_len_at[b], b == 0 ? split_from : 0};
+  }
+  const aotinfer::PrefillItemsPolicy policy{group, rows_per_tile, chunk, causal, window_left};
+  const aotinfer::PrefillItems p = aotinfer::BuildPrefillItems(batch_requests, policy);
+  const int64_t num_items = static_cast<int64_t>(p.items.size());
+  if (work.size(0) < 1 + num_items || spans.size(0) < num_items) {
+    AOTINFER_THROW(ValueError) << "Expected work to hold 1 + " << num_items << " rows and spans " << num_items
+                              << ", got " << work.size(0) << " and " << spans.size(0);
+  }
+  int32_t* request_rows = aotinfer::data_ptr<int32_t>(requests);
+  for (int64_t b = 0; b < batch; ++b) {
+    const aotinfer::PrefillRequest& r = batch_requests[b];
+    const int64_t row[8] = {r.q_begin, r.q_len, r.kv_offset, r.kv_len, p.first_partial[b], p.num_partials[b],
+                            r.split_from, 0};
+    std::copy(row, row + 8, request_rows + 8 * b);
+  }
+  int32_t* work_rows = aotinfer::data_ptr<int32_t>(work);
+  int64_t* span_rows = aotinfer::data_ptr<int64_t>(spans);
+  std::fill(work_rows, work_rows + 8, 0);
+  work_rows[0] = int32_t(num_items);
+  for (int64_t i = 0; i < num_items; ++i) {
+    const aotinfer::PlannedItem& item = p.items[i];
+    const int64_t row[8] = {item.request, item.row_begin, item.kv_begin, item.kv_end, item.chunk, 0, 0, 0};
+    std::copy(row, row + 8, work_rows + 8 * (1 + i));
+    const int64_t span[3] = {item.request, item.lo, item.hi};
+    std::copy(span, span + 3, span_rows + 3 * i);
+  }
+  int64_t* out = aotinfer::data_ptr<int64_t>(facts);
+  const int64_t values[4] = {num_items, p.num_slots, p.merge_from, p.halves};
+  std::copy(values, values + 4, out);
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(plan_prefill, plan_prefill);

@@ -244,6 +244,7 @@ def partition_prefill(
     ctas_per_sm: int = _CTAS_PER_SM,
     rows_per_tile: Optional[int] = None,
     last_wave_slots: int = 0,
+    planner: Any = None,
 ) -> PrefillPartition:
     """Cut each request's query rows into tiles and, where the tiles leave the GPU idle, its keys
     into chunks (see the module doc). The chunk size: ``disable_split_kv``: none;
@@ -254,7 +255,8 @@ def partition_prefill(
     request under full attention has its last tiles' keys split in two (``tiles_to_halve``),
     within ``last_wave_slots`` partial slots (0: never). Items are ordered by their cost (rows x
     keys attended under ``causal`` and ``window_left``), most costly first: the tail of a ragged
-    batch starts early."""
+    batch starts early. ``q_begin``, ``q_len``, ``kv_offset``, ``kv_len``: lists or int64 tensors;
+    ``planner``: the device's plan_prefill (_prefill_planner)."""
     import torch
 
     rows_per_tile = rows_per_tile or tile_rows(head_dim)
@@ -276,52 +278,35 @@ def partition_prefill(
         split_from[0], chunk = halving(q_len[0], kv_len[0], group, rows_per_tile, num_kv_heads, ctas_per_sm * num_sms,
                                        causal, window_left, page_size, last_wave_slots)
 
-    # The request rows: a loop over the batch. The items (tiles x chunks, thousands for a large
-    # prefill): tensor ops on the host, no loop (plan's host cost, docs/design/prefill.md).
-    chunks_of, request_rows, num_slots, merge_from = [], [], 0, -1
-    for b, (ql, kl) in enumerate(zip(q_len, kv_len)):
-        n = num_chunks(0, kl, chunk) if chunk else 1
-        first = num_slots - split_from[b] * n if n > 1 else 0  # token t's slots: first + t * n + i
-        if n > 1:
-            num_slots += (ql - split_from[b]) * n
-            merge_from = q_begin[b] + split_from[b] if merge_from < 0 else merge_from
-        request_rows.append((q_begin[b], ql, kv_offset[b], kl, first, n if n > 1 else 0, split_from[b], 0))
-        chunks_of.append(n)
+    # The request rows and the items (tiles x chunks, thousands for a large prefill) in compiled
+    # host code (plan_prefill in csrc/prefill.cu, include/aotinfer/prefill_plan.h): plan's host
+    # cost, docs/design/prefill.md#plan-host-cost. Room for the items there are without a
+    # split_from (those with one have fewer).
+    rows = sum(t * (num_chunks(0, k, chunk) if chunk else 1) for t, k in zip(tiles, kv_len))
     i64 = torch.int64
-    tiles_t = torch.tensor(tiles, dtype=i64)
-    tile_request = torch.repeat_interleave(torch.arange(len(tiles), dtype=i64), tiles_t)
-    tile_index = torch.arange(tile_request.numel(), dtype=i64) - (tiles_t.cumsum(0) - tiles_t)[tile_request]
-    q_len_t, kv_len_t = torch.tensor(q_len, dtype=i64), torch.tensor(kv_len, dtype=i64)
-    tile_r0 = tile_index * rows_per_tile
-    tile_r1 = torch.minimum(tile_r0 + rows_per_tile, q_len_t[tile_request] * group) - 1
-    tile_split_row = torch.tensor(split_from, dtype=i64)[tile_request] * group
-    # A whole tile of a split request (rows before split_from): one item.
-    tile_chunks = torch.where(tile_r0 >= tile_split_row, torch.tensor(chunks_of, dtype=i64)[tile_request], 1)
-    item_tile = torch.repeat_interleave(torch.arange(tile_request.numel(), dtype=i64), tile_chunks)
-    item_chunk = torch.arange(item_tile.numel(), dtype=i64) - (tile_chunks.cumsum(0) - tile_chunks)[item_tile]
-    item_request, r0, r1 = tile_request[item_tile], tile_r0[item_tile], tile_r1[item_tile]
-    item_kv_len = kv_len_t[item_request]
-    split = tile_chunks[item_tile] > 1
-    kv_begin = torch.where(split, item_chunk * chunk, 0)
-    kv_end = torch.where(split, torch.minimum((item_chunk + 1) * chunk, item_kv_len), item_kv_len)
-    delta = item_kv_len - q_len_t[item_request]
-    lo, hi = kv_begin, kv_end  # keys_attended, on every item at once
-    if causal:
-        hi = torch.minimum(hi, r1 // group + delta + 1)
-    if window_left >= 0:
-        lo = torch.maximum(lo, r0 // group + delta - window_left)
-    cost = (r1 - r0 + 1) * (hi - lo).clamp(min=0)
-    order = torch.argsort(cost, descending=True, stable=True)  # most costly first, ties in item order
-    num_items = item_tile.numel()
-    zeros = torch.zeros_like(r0)
-    rows = torch.stack([item_request, r0, kv_begin, kv_end, item_chunk, zeros, zeros, zeros], 1)[order]
-    work = torch.empty(1 + num_items, _WORK_WIDTH, dtype=torch.int32)
-    work[0] = torch.tensor((num_items, 0, 0, 0, 0, 0, 0, 0), dtype=torch.int32)
-    work[1:] = rows
-    requests = torch.tensor(request_rows, dtype=torch.int32).view(-1, _WORK_WIDTH)
-    halves = int((r0 >= tile_split_row[item_tile]).sum()) if any(split_from) else 0
-    span_table = torch.stack([item_request, lo, hi], 1)[order]
-    return PrefillPartition(work, requests, num_items, num_slots, chunk, span_table, halves, merge_from)
+    work = torch.empty(1 + rows, _WORK_WIDTH, dtype=torch.int32)
+    requests = torch.empty(len(q_len), _WORK_WIDTH, dtype=torch.int32)
+    span_table = torch.empty(rows, 3, dtype=i64)
+    facts = torch.empty(4, dtype=i64)
+    (planner or _prefill_planner(torch.device("cpu")))(
+        work, requests, span_table, facts, torch.as_tensor(q_begin, dtype=i64), torch.as_tensor(q_len, dtype=i64),
+        torch.as_tensor(kv_offset, dtype=i64), torch.as_tensor(kv_len, dtype=i64), split_from[0] if split_from else 0,
+        group, rows_per_tile, chunk, causal, window_left,
+    )  # fmt: skip
+    num_items, num_slots, merge_from, halves = facts.tolist()
+    return PrefillPartition(work[: 1 + num_items], requests, num_items, num_slots, chunk, span_table[:num_items], halves,
+                            merge_from)  # fmt: skip
+
+
+_planners: dict = {}  # device index (-1: a CPU workspace) -> the plan_prefill of that device's build
+
+
+def _prefill_planner(device: "torch.device") -> Any:
+    index = device.index if device.type == "cuda" else -1
+    planner = _planners.get(index)
+    if planner is None:
+        planner = _planners[index] = _loader.get_module("prefill", index).plan_prefill
+    return planner
 
 
 def halving(q_len: int, kv_len: int, group: int, rows: int, heads: int, slots: int, causal: bool, window_left: int,
@@ -506,6 +491,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
             # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
             # over the items, no last wave.
             last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
+            planner=_prefill_planner(self.device),
         )  # fmt: skip
         partition.work[0, 1:3] = torch.tensor(
             _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
