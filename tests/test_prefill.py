@@ -862,6 +862,8 @@ def test_shortest_items_go_with_every_head_where_their_keys_fit():
     work = p.work[1:].tolist()
     assert [(b, hi) for b, _, hi in p.spans] == [(row[0], min(8192, row[1] + 192)) for row in work]
     assert prefill.items_in_head_groups(p.spans, 32, 512, 50 * mb) == p.num_items - 5
+    assert prefill.items_in_head_groups(p.span_table, 32, 512, 50 * mb) == p.num_items - 5  # read from its end
+    assert prefill.items_in_head_groups(p.span_table, 32, 512, 2000 * mb) == 0  # past the first block of 64
     # Full attention: every item reads every key, more than fit: all in head groups.
     p = partition([(8192, 8192)], (32, 32, 128), rows_per_tile=192)
     assert prefill.items_in_head_groups(p.spans, 32, 512, 50 * mb) == p.num_items

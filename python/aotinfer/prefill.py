@@ -362,11 +362,9 @@ def items_in_head_groups(spans: List[Tuple[int, int, int]], num_kv_heads: int, k
     causal 8192-token prefill with 32 KV heads: in head groups alone, the last group's costly
     items start late and leave SMs idle at the end (3% by a model of the schedule), which its 6
     shortest items of every head, run last, fill."""
-    if not isinstance(spans, list):
-        spans = spans.tolist()  # a span table (int64 [items, 3])
     budget = l2_bytes // 3 // max(num_kv_heads * key_bytes, 1)  # keys
     tail, keys, hulls = 0, 0, {}
-    for request, lo, hi in reversed(spans):
+    for request, lo, hi in _from_the_end(spans):
         old = hulls.get(request)
         new = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         keys += (new[1] - new[0]) - (0 if old is None else old[1] - old[0])
@@ -375,6 +373,19 @@ def items_in_head_groups(spans: List[Tuple[int, int, int]], num_kv_heads: int, k
         hulls[request] = new
         tail += 1
     return len(spans) - tail
+
+
+def _from_the_end(spans: Any):
+    """The spans, last first: a span table (int64 [items, 3]) is read in blocks from its end, since
+    the walk above stops after the few shortest items (a list of thousands costs milliseconds)."""
+    if isinstance(spans, list):
+        yield from reversed(spans)
+        return
+    end = spans.shape[0]
+    while end > 0:
+        begin = max(end - 64, 0)
+        yield from reversed(spans[begin:end].tolist())
+        end = begin
 
 
 def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, head_dim: int, kv_itemsize: int, device,
