@@ -210,6 +210,20 @@ def device_property(device: "torch.device", name: str, cpu_value: int) -> int:
     return getattr(_loader.device_properties(index), name)
 
 
+_host_bindings: dict = {}  # (module, function, device index) -> the tvm-ffi function
+
+
+def host_binding(module: str, function: str, device: "torch.device") -> Any:
+    """A binding that runs on the host (a plan's tables), from the build of ``module`` that the
+    device's kernels use (a CPU workspace: any build), found once."""
+    index = device.index if device.type == "cuda" else -1
+    key = (module, function, index)
+    binding = _host_bindings.get(key)
+    if binding is None:
+        binding = _host_bindings[key] = getattr(_loader.get_module(module, index), function)
+    return binding
+
+
 def num_sms(device: "torch.device") -> int:
     return device_property(device, "multi_processor_count", CPU_SMS)
 

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import math
 
-from . import _attention, _loader
+from . import _attention
 from ._attention import (
     KV_LAYOUTS,
     AttentionWrapper,
@@ -80,6 +80,7 @@ from ._attention import (
     chunk_unit,
     device_property,
     fixed_split,
+    host_binding,
     num_chunks,
     num_sms,
     smallest_chunk,
@@ -169,17 +170,6 @@ class WorkPartition:
         return self._view(2)
 
 
-_planners: dict = {}  # device index (-1: a CPU workspace) -> the plan_decode of that device's build
-
-
-def _planner(device: "torch.device") -> Any:
-    index = device.index if device.type == "cuda" else -1
-    planner = _planners.get(index)
-    if planner is None:
-        planner = _planners[index] = _loader.get_module("decode", index).plan_decode
-    return planner
-
-
 def partition_work(
     indptr: "torch.Tensor",
     last_page_len: "torch.Tensor",
@@ -215,7 +205,7 @@ def partition_work(
     ``capacity`` (CUDA graphs): the work table has exactly this many rows, idle ones at the end;
     ValueError when the items do not fit. ``tables``: the host bytes to write (a plan's pinned
     staging), ``facts``: int64 ``[8]`` for what sized them; None: new ones. ``planner``: the
-    device's plan_decode (_planner).
+    device's plan_decode (_attention.host_binding).
     """
     import torch
 
@@ -228,7 +218,7 @@ def partition_work(
         tables = torch.empty(_aligned(16 * batch) + _aligned(16 * rows) + _aligned(4 * result.counters_size), dtype=torch.uint8)
     if facts is None:
         facts = torch.empty(8, dtype=torch.int64)
-    (planner or _planner(torch.device("cpu")))(
+    (planner or host_binding("decode", "plan_decode", torch.device("cpu")))(
         tables, facts, indptr, last_page_len, last_page_len if seq_lens is None else seq_lens, seq_lens is not None,  # (unread without)
         num_indices, page_size, ctas,
         target_items(num_sms, num_qo_heads, num_kv_heads), target_items(num_sms, num_qo_heads, num_kv_heads, ctas_per_sm=1),
@@ -514,7 +504,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             capacity=capacity,
             tables=staging,
             facts=self._plan_facts,
-            planner=_planner(self.device),
+            planner=host_binding("decode", "plan_decode", self.device),
         )
 
         # ---- the partial results, the tables and the page indices on the device (what can fail

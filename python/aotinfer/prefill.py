@@ -91,6 +91,7 @@ from ._attention import (
     check_window_left,
     device_property,
     fixed_split,
+    host_binding,
     num_chunks,
     num_sms,
     smallest_chunk,
@@ -256,7 +257,7 @@ def partition_prefill(
     within ``last_wave_slots`` partial slots (0: never). Items are ordered by their cost (rows x
     keys attended under ``causal`` and ``window_left``), most costly first: the tail of a ragged
     batch starts early. ``q_begin``, ``q_len``, ``kv_offset``, ``kv_len``: lists or int64 tensors;
-    ``planner``: the device's plan_prefill (_prefill_planner)."""
+    ``planner``: the device's plan_prefill (_attention.host_binding)."""
     import torch
 
     rows_per_tile = rows_per_tile or tile_rows(head_dim)
@@ -288,7 +289,7 @@ def partition_prefill(
     requests = torch.empty(len(q_len), _WORK_WIDTH, dtype=torch.int32)
     span_table = torch.empty(rows, 3, dtype=i64)
     facts = torch.empty(4, dtype=i64)
-    (planner or _prefill_planner(torch.device("cpu")))(
+    (planner or host_binding("prefill", "plan_prefill", torch.device("cpu")))(
         work, requests, span_table, facts, torch.as_tensor(q_begin, dtype=i64), torch.as_tensor(q_len, dtype=i64),
         torch.as_tensor(kv_offset, dtype=i64), torch.as_tensor(kv_len, dtype=i64), split_from[0] if split_from else 0,
         group, rows_per_tile, chunk, causal, window_left,
@@ -296,17 +297,6 @@ def partition_prefill(
     num_items, num_slots, merge_from, halves = facts.tolist()
     return PrefillPartition(work[: 1 + num_items], requests, num_items, num_slots, chunk, span_table[:num_items], halves,
                             merge_from)  # fmt: skip
-
-
-_planners: dict = {}  # device index (-1: a CPU workspace) -> the plan_prefill of that device's build
-
-
-def _prefill_planner(device: "torch.device") -> Any:
-    index = device.index if device.type == "cuda" else -1
-    planner = _planners.get(index)
-    if planner is None:
-        planner = _planners[index] = _loader.get_module("prefill", index).plan_prefill
-    return planner
 
 
 def halving(q_len: int, kv_len: int, group: int, rows: int, heads: int, slots: int, causal: bool, window_left: int,
@@ -502,7 +492,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
             # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
             # over the items, no last wave.
             last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
-            planner=_prefill_planner(self.device),
+            planner=host_binding("prefill", "plan_prefill", self.device),
         )  # fmt: skip
         partition.work[0, 1:3] = torch.tensor(
             _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
