@@ -21,6 +21,12 @@ Then the paged prefill plan of a ragged batch (64 prompts of 650-1950 tokens, ca
 with ``backend="fa2"`` and ``"auto"``, and FlashInfer's fa2 wrapper where DIR holds its prefill
 module (``prefill_fa2_d128``).
 
+The machine that times it needs FlashInfer's Python package but not its compiler: the package
+without ``data/``, ``experimental/b12x`` and ``experimental/cake_vsa_sm90_cute`` (whose imports are
+lazy) imports, and its JIT reads only the templates and sources of the two modules from
+``data/csrc`` (``batch_decode*``, ``batch_prefill*``) before it is handed the built ones: about
+11 MB compressed, with its pure-Python dependencies (nvidia-ml-py, tqdm).
+
 Each round plans every variant once, the order rotating between rounds; a sample is the host
 time of one plan after a synchronize (the GPU idle, as between serving steps). The table gives
 medians over rounds, and each variant's ratio to flashinfer's (or to aotinfer's).
