@@ -63,24 +63,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode, batch_decode);
 
 namespace {
 
-bool OnHost(const TensorView& x) {
-  return x.device().device_type == kDLCPU || x.device().device_type == kDLCUDAHost;
-}
-
-// A host tensor the plan reads or writes: 1-D, contiguous, of `code`/`bits`.
-void CheckHostVector(const TensorView& x, const char* name, DLDataTypeCode code, int bits) {
-  if (!OnHost(x)) {
-    AOTINFER_THROW(ValueError) << "Expected " << name << " on the host, got a tensor on "
-                              << aotinfer::DeviceString(x.device());
-  }
-  aotinfer::CheckDim(1, x, name);
-  aotinfer::CheckContiguous(x, name);
-  if (x.dtype().code != code || x.dtype().bits != bits || x.dtype().lanes != 1) {
-    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype " << (code == kDLInt ? "int" : "uint") << bits
-                             << ", got " << x.dtype();
-  }
-}
-
 constexpr int64_t kTableAlign = 16;  // each table starts at a 16-byte boundary of the workspace
 
 int64_t Aligned(int64_t bytes) { return (bytes + kTableAlign - 1) / kTableAlign * kTableAlign; }
@@ -98,15 +80,15 @@ void plan_decode(TensorView tables, TensorView facts, TensorView indptr, TensorV
                  bool has_seq_lens, int64_t num_indices, int64_t page_size, int64_t counters_per_request, int64_t fill,
                  int64_t fill_short, int64_t short_request, int64_t min_chunk, int64_t chunk_unit, int64_t window_left,
                  bool disable_split_kv, int64_t fixed_chunk, int64_t capacity) {
-  CheckHostVector(last_page_len, "last_page_len", kDLInt, 32);
+  aotinfer::CheckHostTable(last_page_len, "last_page_len", kDLInt, 32, 1);
   const int64_t batch = last_page_len.size(0);
-  CheckHostVector(indptr, "indptr", kDLInt, 32);
+  aotinfer::CheckHostTable(indptr, "indptr", kDLInt, 32, 1);
   if (indptr.size(0) != batch + 1) {
     AOTINFER_THROW(ValueError) << "Expected indptr to have batch_size + 1 = " << batch + 1 << " elements, got "
                               << indptr.size(0);
   }
-  CheckHostVector(tables, "tables", kDLUInt, 8);
-  CheckHostVector(facts, "facts", kDLInt, 64);
+  aotinfer::CheckHostTable(tables, "tables", kDLUInt, 8, 1);
+  aotinfer::CheckHostTable(facts, "facts", kDLInt, 64, 1);
   if (facts.size(0) != 8) AOTINFER_THROW(ValueError) << "Expected facts to hold 8 values, got " << facts.size(0);
   if (page_size < 1 || chunk_unit < 1 || fill < 1 || fill_short < 1 || fixed_chunk < 0) {
     AOTINFER_THROW(ValueError) << "Expected page_size, chunk_unit and the fills to be at least 1 and fixed_chunk "
@@ -121,7 +103,7 @@ void plan_decode(TensorView tables, TensorView facts, TensorView indptr, TensorV
   }
   const int64_t* lengths = nullptr;
   if (has_seq_lens) {
-    CheckHostVector(seq_lens, "seq_lens", kDLInt, 64);
+    aotinfer::CheckHostTable(seq_lens, "seq_lens", kDLInt, 64, 1);
     if (seq_lens.size(0) != batch) {
       AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
                                 << " lengths, each at most its pages times page_size, got " << seq_lens.size(0);

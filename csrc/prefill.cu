@@ -46,23 +46,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill, batch_prefill);
 
 // ---- the plan's tables (host) --------------------------------------------------------------------
 
-namespace {
-
-// A host tensor the plan reads or writes: contiguous, of `code`/`bits`, `ndim` dimensions.
-void CheckHostTable(const TensorView& x, const char* name, DLDataTypeCode code, int bits, int ndim) {
-  if (x.device().device_type != kDLCPU && x.device().device_type != kDLCUDAHost) {
-    AOTINFER_THROW(ValueError) << "Expected " << name << " on the host, got a tensor on "
-                              << aotinfer::DeviceString(x.device());
-  }
-  aotinfer::CheckDim(ndim, x, name);
-  aotinfer::CheckContiguous(x, name);
-  if (x.dtype().code != code || x.dtype().bits != bits || x.dtype().lanes != 1) {
-    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype int" << bits << ", got " << x.dtype();
-  }
-}
-
-}  // namespace
-
 // The prefill plan's items on the host (python/aotinfer/prefill.py, partition_prefill): from the
 // int64 [batch] `q_begin`, `q_len`, `kv_offset` and `kv_len`, and the plan's choices (the chunk;
 // `split_from` of a lone request), writes the count row and the items of `work` (int32
@@ -73,21 +56,21 @@ void CheckHostTable(const TensorView& x, const char* name, DLDataTypeCode code, 
 void plan_prefill(TensorView work, TensorView requests, TensorView spans, TensorView facts, TensorView q_begin,
                   TensorView q_len, TensorView kv_offset, TensorView kv_len, int64_t split_from, int64_t group,
                   int64_t rows_per_tile, int64_t chunk, bool causal, int64_t window_left) {
-  CheckHostTable(q_len, "q_len", kDLInt, 64, 1);
+  aotinfer::CheckHostTable(q_len, "q_len", kDLInt, 64, 1);
   const int64_t batch = q_len.size(0);
   const std::pair<const TensorView*, const char*> columns[] = {{&q_begin, "q_begin"}, {&kv_offset, "kv_offset"},
                                                                {&kv_len, "kv_len"}};
   for (const auto& [column, name] : columns) {
-    CheckHostTable(*column, name, kDLInt, 64, 1);
+    aotinfer::CheckHostTable(*column, name, kDLInt, 64, 1);
     if (column->size(0) != batch) {
       AOTINFER_THROW(ValueError) << "Expected " << name << " to have q_len's " << batch << " elements, got "
                                 << column->size(0);
     }
   }
-  CheckHostTable(work, "work", kDLInt, 32, 2);
-  CheckHostTable(requests, "requests", kDLInt, 32, 2);
-  CheckHostTable(spans, "spans", kDLInt, 64, 2);
-  CheckHostTable(facts, "facts", kDLInt, 64, 1);
+  aotinfer::CheckHostTable(work, "work", kDLInt, 32, 2);
+  aotinfer::CheckHostTable(requests, "requests", kDLInt, 32, 2);
+  aotinfer::CheckHostTable(spans, "spans", kDLInt, 64, 2);
+  aotinfer::CheckHostTable(facts, "facts", kDLInt, 64, 1);
   if (requests.size(0) != batch || requests.size(1) != 8 || work.size(1) != 8 || spans.size(1) != 3 ||
       facts.size(0) != 4) {
     AOTINFER_THROW(ValueError) << "Expected requests [" << batch << ", 8], work [rows, 8], spans [rows, 3] and "

@@ -233,6 +233,20 @@ inline void CheckEnablePdl(int64_t enable_pdl) {
   }
 }
 
+// A table a plan reads or writes on the host (python/aotinfer's plans; pinned or not): `ndim`
+// dimensions, contiguous, of dtype `code`/`bits`.
+inline void CheckHostTable(const TensorView& x, const char* name, DLDataTypeCode code, int bits, int ndim) {
+  if (x.device().device_type != kDLCPU && x.device().device_type != kDLCUDAHost) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " on the host, got a tensor on " << DeviceString(x.device());
+  }
+  CheckDim(ndim, x, name);
+  CheckContiguous(x, name);
+  if (x.dtype().code != code || x.dtype().bits != bits || x.dtype().lanes != 1) {
+    AOTINFER_THROW(TypeError) << "Expected " << name << " to have dtype " << (code == kDLUInt ? "uint" : "int") << bits
+                             << ", got " << x.dtype();
+  }
+}
+
 // An index tensor (positions, indptr, page indices): int32 or int64, one lane.
 inline bool IsIndex(const TensorView& x) {
   const DLDataType dtype = x.dtype();

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <vector>
 
 #include "aotinfer/decode_plan.h"  // NumChunks
