@@ -210,6 +210,14 @@ def device_property(device: "torch.device", name: str, cpu_value: int) -> int:
     return getattr(_loader.device_properties(index), name)
 
 
+def last_page_len_of(kv_len: "torch.Tensor", page_size: int) -> "torch.Tensor":
+    """int32 tokens in each request's last page, for KV lengths ``kv_len`` (0 where a request has
+    none): what FlashInfer's planners, given lengths, leave the wrappers to derive."""
+    import torch
+
+    return torch.where(kv_len > 0, (kv_len - 1) % page_size + 1, 0).to(torch.int32)
+
+
 _host_bindings: dict = {}  # (module, function, device index) -> the tvm-ffi function
 
 

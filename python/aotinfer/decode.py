@@ -81,6 +81,7 @@ from ._attention import (
     device_property,
     fixed_split,
     host_binding,
+    last_page_len_of,
     num_chunks,
     num_sms,
     smallest_chunk,
@@ -767,7 +768,7 @@ class _PlanModule:
             )
         last = self._wrapper._plan
         kv_len = kv_len.to("cpu", torch.int64)
-        last_page_len = torch.where(kv_len > 0, (kv_len - 1) % page_size + 1, 0).to(torch.int32)
+        last_page_len = last_page_len_of(kv_len, page_size)
         self._replan(kv_indptr, last_page_len, kv_len.to(torch.int32), num_qo_heads, num_kv_heads, head_dim_qk,
                      head_dim_vo, page_size, window_left, None if last is None else last.q_dtype,
                      None if last is None else last.kv_dtype, fixed_split_size, disable_split_kv)  # fmt: skip

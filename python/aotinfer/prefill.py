@@ -92,6 +92,7 @@ from ._attention import (
     device_property,
     fixed_split,
     host_binding,
+    last_page_len_of,
     num_chunks,
     num_sms,
     smallest_chunk,
@@ -532,7 +533,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
         # The merge reads the query tokens from the first split one on (all under a CUDA graph, whose
         # replays may follow other plans); -1: none.
         plan.merge_from = 0 if self._use_cuda_graph else partition.merge_from
-        plan.empty = torch.empty(0, dtype=torch.float32, device=self.device)
+        plan.empty = self._empty_tensor()
         plan.partition = partition
         plan.batch_size, plan.total_q, plan.total_kv = batch, int(qo_host[-1]), total_kv
         plan.num_qo_heads, plan.num_kv_heads, plan.head_dim = num_qo_heads, num_kv_heads, head_dim
@@ -603,7 +604,7 @@ class _PagedPlanModule:
             raise RuntimeError("_cached_module.plan reads the page ids from _paged_kv_indices_buf: set it")
         kv_indptr = kv_indptr.to("cpu")
         kv_len = kv_len.to("cpu", torch.int64).reshape(-1)
-        last_page_len = torch.where(kv_len > 0, (kv_len - 1) % page_size + 1, 0).to(torch.int32)
+        last_page_len = last_page_len_of(kv_len, page_size)
         wrapper.plan(
             qo_indptr, kv_indptr, wrapper._paged_kv_indices_buf[: int(kv_indptr[-1])], last_page_len, num_qo_heads,
             num_kv_heads, head_dim_qk, page_size, head_dim_vo=head_dim_vo, causal=causal, window_left=window_left,
