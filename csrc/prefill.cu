@@ -1,7 +1,8 @@
 // Binding of batch prefill attention (include/aotinfer/prefill.cuh, mma.sync for every arch from
 // sm80): checks the tensors and the plan's tables (prefill_checks.h), then launches the prefill
 // kernel on num_kv_heads x `ctas` blocks and, unless `merge_from` is -1, the merge of split
-// requests from that query token on. Beside it, plan_prefill: the plan's tables, written on the host.
+// requests from that query token on. Beside it, prefill_lengths and plan_prefill: the plan's
+// tables, written on the host.
 #include "aotinfer/prefill_plan.h"
 #include "prefill_checks.h"
 
@@ -46,6 +47,94 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill, batch_prefill);
 
 // ---- the plan's tables (host) --------------------------------------------------------------------
 
+namespace {
+
+// An int32 indptr on the host: batch + 1 entries from 0, never decreasing, ending at most at `end`
+// (none where end < 0). Names the first bad entry.
+const int32_t* CheckIndptr(const TensorView& indptr, const char* name, int64_t batch, int64_t end, const char* end_says) {
+  aotinfer::CheckHostTable(indptr, name, kDLInt, 32, 1);
+  if (indptr.size(0) != batch + 1) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << " to have batch_size + 1 = " << batch + 1 << " elements, got "
+                              << indptr.size(0);
+  }
+  const int32_t* at = aotinfer::data_ptr<const int32_t>(indptr);
+  if (at[0] != 0) AOTINFER_THROW(ValueError) << "Expected " << name << " to start at 0, got " << name << "[0] = " << at[0];
+  for (int64_t b = 0; b < batch; ++b) {
+    if (at[b + 1] < at[b]) {
+      AOTINFER_THROW(ValueError) << "Expected " << name << " never to decrease, got " << name << "[" << b + 1
+                                << "] = " << at[b + 1] << " after " << name << "[" << b << "] = " << at[b];
+    }
+  }
+  if (end >= 0 && at[batch] > end) {
+    AOTINFER_THROW(ValueError) << "Expected " << name << "[-1] (" << at[batch] << ") to be at most " << end_says
+                              << " = " << end;
+  }
+  return at;
+}
+
+}  // namespace
+
+// The requests' lengths a prefill plan starts from, on the host, checked (python/aotinfer/prefill.py,
+// _request_lengths): from int32 `qo_indptr` and `kv_indptr` [batch + 1] (key rows of a ragged
+// cache where page_size is 0; else page-table entries, with int32 `last_page_len` [batch] or int64
+// `seq_lens` [batch] where has_seq_lens), writes int64 `lengths` [4, batch]: q_begin, q_len,
+// kv_offset (the first key row or page-table entry), kv_len. `kv_indptr_name` names kv_indptr
+// and, prefixed to "last_page_len", last_page_len in the errors.
+void prefill_lengths(TensorView lengths, TensorView qo_indptr, TensorView kv_indptr, TensorView last_page_len,
+                     TensorView seq_lens, bool has_seq_lens, int64_t page_size, int64_t num_indices,
+                     std::string kv_indptr_name) {
+  aotinfer::CheckHostTable(lengths, "lengths", kDLInt, 64, 2);
+  const int64_t batch = lengths.size(1);
+  if (lengths.size(0) != 4) AOTINFER_THROW(ValueError) << "Expected lengths [4, batch], got " << lengths.size(0) << " rows";
+  const int32_t* qo = CheckIndptr(qo_indptr, "qo_indptr", batch, -1, "");
+  const char* kv_name = kv_indptr_name.c_str();
+  const bool paged = page_size > 0;
+  const int32_t* kv = CheckIndptr(kv_indptr, kv_name, batch, paged ? num_indices : -1, "len(paged_kv_indices)");
+  const std::string last_name = kv_indptr_name.substr(0, kv_indptr_name.size() - 6) + "last_page_len";  // "..._indptr"
+  const int32_t* last = nullptr;
+  const int64_t* given = nullptr;
+  if (paged && has_seq_lens) {
+    aotinfer::CheckHostTable(seq_lens, "seq_lens", kDLInt, 64, 1);
+    if (seq_lens.size(0) != batch) {
+      AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
+                                << " lengths, each at most its pages times page_size, got " << seq_lens.size(0);
+    }
+    given = aotinfer::data_ptr<const int64_t>(seq_lens);
+  } else if (paged) {
+    aotinfer::CheckHostTable(last_page_len, last_name.c_str(), kDLInt, 32, 1);
+    if (last_page_len.size(0) != batch) {
+      AOTINFER_THROW(ValueError) << "Expected " << last_name << " to have batch_size = " << batch << " elements, got "
+                                << last_page_len.size(0);
+    }
+    last = aotinfer::data_ptr<const int32_t>(last_page_len);
+  }
+  int64_t* out = aotinfer::data_ptr<int64_t>(lengths);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t span = int64_t(kv[b + 1]) - kv[b];
+    int64_t kv_len = span;
+    if (given != nullptr) {
+      kv_len = given[b];
+      if (kv_len < 0 || kv_len > span * page_size) {
+        AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
+                                  << " lengths, each at most its pages times page_size, got seq_lens[" << b
+                                  << "] = " << kv_len << " for " << span << " pages of " << page_size;
+      }
+    } else if (last != nullptr) {
+      if (last[b] < 0 || last[b] > page_size || (span == 0 && last[b] != 0)) {
+        AOTINFER_THROW(ValueError) << "Expected " << last_name << " in 0..page_size (" << page_size
+                                  << "), and 0 for requests without pages, got " << last_name << "[" << b
+                                  << "] = " << last[b] << " for " << span << " pages";
+      }
+      kv_len = std::max<int64_t>(span - 1, 0) * page_size + last[b];
+    }
+    out[b] = qo[b];
+    out[batch + b] = int64_t(qo[b + 1]) - qo[b];
+    out[2 * batch + b] = kv[b];
+    out[3 * batch + b] = kv_len;
+  }
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(prefill_lengths, prefill_lengths);
+
 // The prefill plan's items on the host (python/aotinfer/prefill.py, partition_prefill): from the
 // int64 [batch] `q_begin`, `q_len`, `kv_offset` and `kv_len`, and the plan's choices (the chunk;
 // `split_from` of a lone request), writes the count row and the items of `work` (int32
@@ -89,7 +178,8 @@ void plan_prefill(TensorView work, TensorView requests, TensorView spans, Tensor
     batch_requests[b] = {q_begin_at[b], q_len_at[b], kv_offset_at[b], kv_len_at[b], b == 0 ? split_from : 0};
   }
   const aotinfer::PrefillItemsPolicy policy{group, rows_per_tile, chunk, causal, window_left};
-  const aotinfer::PrefillItems p = aotinfer::BuildPrefillItems(batch_requests, policy);
+  thread_local aotinfer::PrefillItems p;  // its buffers kept from plan to plan
+  aotinfer::BuildPrefillItems(batch_requests, policy, p);
   const int64_t num_items = static_cast<int64_t>(p.items.size());
   if (work.size(0) < 1 + num_items || spans.size(0) < num_items) {
     AOTINFER_THROW(ValueError) << "Expected work to hold 1 + " << num_items << " rows and spans " << num_items
@@ -107,7 +197,7 @@ void plan_prefill(TensorView work, TensorView requests, TensorView spans, Tensor
   std::fill(work_rows, work_rows + 8, 0);
   work_rows[0] = int32_t(num_items);
   for (int64_t i = 0; i < num_items; ++i) {
-    const aotinfer::PlannedItem& item = p.items[i];
+    const aotinfer::PlannedItem& item = p[i];
     const int64_t row[8] = {item.request, item.row_begin, item.kv_begin, item.kv_end, item.chunk, 0, 0, 0};
     std::copy(row, row + 8, work_rows + 8 * (1 + i));
     const int64_t span[3] = {item.request, item.lo, item.hi};

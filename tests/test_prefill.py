@@ -1176,6 +1176,37 @@ def test_plan_tables_are_checked():
         cpu_wrapper().run(torch.zeros(5, 8, 64).half(), torch.zeros(2, 2, 16, 8, 64).half())
 
 
+def test_bad_table_entries_are_named():
+    """The plan's compiled checks (prefill_lengths) name the first bad entry of each table."""
+    q3 = indptr_of([5, 2, 4])
+    pages = indptr_of([1, 1, 1])
+    indices = torch.arange(3, dtype=torch.int32)
+    last = torch.tensor([5, 2, 4], dtype=torch.int32)
+
+    def paged(qo=q3, indptr=pages, ids=indices, last_page_len=last, **options):
+        cpu_wrapper().plan(qo, indptr, ids, last_page_len, 8, 8, 64, 16, **options)
+
+    with pytest.raises(ValueError, match=r"qo_indptr never to decrease, got qo_indptr\[2\] = 3 after qo_indptr\[1\] = 5"):
+        paged(qo=torch.tensor([0, 5, 3, 11], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"paged_kv_indptr to start at 0, got paged_kv_indptr\[0\] = 1"):
+        paged(indptr=torch.tensor([1, 2, 3, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"paged_kv_indptr\[-1\] \(4\) to be at most len\(paged_kv_indices\) = 3"):
+        paged(indptr=indptr_of([1, 2, 1]))
+    with pytest.raises(ValueError, match=r"paged_kv_indptr to have batch_size \+ 1 = 4 elements, got 3"):
+        paged(indptr=indptr_of([1, 1]))
+    with pytest.raises(ValueError, match=r"paged_kv_last_page_len\[1\] = 17 for 1 pages"):
+        paged(last_page_len=torch.tensor([5, 17, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"paged_kv_last_page_len to have batch_size = 3 elements, got 2"):
+        paged(last_page_len=last[:2])
+    with pytest.raises(ValueError, match=r"seq_lens\[2\] = 20 for 1 pages of 16"):
+        paged(seq_lens=torch.tensor([5, 2, 20]))
+    paged(seq_lens=torch.tensor([5, 2, 16]))  # within the pages: planned
+    with pytest.raises(ValueError, match=r"kv_indptr never to decrease, got kv_indptr\[3\] = 6 after kv_indptr\[2\] = 7"):
+        cpu_wrapper("ragged").plan(q3, torch.tensor([0, 5, 7, 6], dtype=torch.int32), 8, 8, 64)
+    with pytest.raises(ValueError, match=r"kv_indptr to have batch_size \+ 1 = 4 elements"):
+        cpu_wrapper("ragged").plan(q3, indptr_of([5, 2]), 8, 8, 64)
+
+
 def test_run_checks_against_the_plan(kernel_model):
     wrapper = cpu_wrapper()
     wrapper.plan(*paged_plan_args(), q_data_type=torch.float16)

@@ -38,11 +38,15 @@ struct PlannedItem {
 };
 
 struct PrefillItems {
-  std::vector<PlannedItem> items;  // most costly first, ties in (request, tile, chunk) order
-  int64_t num_slots = 0;           // partial results: (query token, chunk) pairs of split requests
-  int64_t merge_from = -1;         // the first query token of the batch with partials to merge
-  int64_t halves = 0;              // items of split tiles in a batch with a split_from (a lone request)
+  std::vector<PlannedItem> items;  // in (request, tile, chunk) order
+  std::vector<int32_t> by_cost;    // indices into items: most costly first, ties in the items' order
+  std::vector<int32_t> scratch;    // the radix sort's other buffer
+  int64_t num_slots = 0;    // partial results: (query token, chunk) pairs of split requests
+  int64_t merge_from = -1;  // the first query token of the batch with partials to merge
+  int64_t halves = 0;       // items of split tiles in a batch with a split_from (a lone request)
   std::vector<int64_t> first_partial, num_partials;  // a request's slots: both 0 where unsplit
+
+  const PlannedItem& operator[](size_t i) const { return items[by_cost[i]]; }  // the i-th most costly
 };
 
 inline int64_t TilesOf(const PrefillRequest& r, const PrefillItemsPolicy& policy) {
@@ -69,8 +73,33 @@ inline int64_t CountPrefillItems(const std::vector<PrefillRequest>& requests, co
   return n;
 }
 
-inline PrefillItems BuildPrefillItems(const std::vector<PrefillRequest>& requests, const PrefillItemsPolicy& policy) {
-  PrefillItems p;
+// Orders `p.by_cost`: a stable radix sort of the items by descending cost, a byte of the cost a
+// pass. A comparison sort of thousands of items cost a plan more than everything else it does.
+inline void SortByCost(PrefillItems& p) {
+  const int32_t n = static_cast<int32_t>(p.items.size());
+  int64_t most = 0;
+  for (const PlannedItem& item : p.items) most = std::max(most, item.cost);
+  p.by_cost.resize(n);
+  p.scratch.resize(n);
+  for (int32_t i = 0; i < n; ++i) p.by_cost[i] = i;
+  for (int shift = 0; (most >> shift) > 0; shift += 8) {  // keys most - cost: ascending is most costly first
+    int32_t start[257] = {};
+    for (int32_t i : p.by_cost) ++start[1 + (((most - p.items[i].cost) >> shift) & 255)];
+    for (int d = 0; d < 256; ++d) start[d + 1] += start[d];
+    for (int32_t i : p.by_cost) p.scratch[start[((most - p.items[i].cost) >> shift) & 255]++] = i;
+    p.by_cost.swap(p.scratch);
+  }
+}
+
+// Fills `p`, reusing its vectors' memory: a plan builds thousands of items every serving step,
+// and fresh buffers of that size cost page faults on every call.
+inline void BuildPrefillItems(const std::vector<PrefillRequest>& requests, const PrefillItemsPolicy& policy,
+                              PrefillItems& p) {
+  p.items.clear();
+  p.first_partial.clear();
+  p.num_partials.clear();
+  p.num_slots = p.halves = 0;
+  p.merge_from = -1;
   bool any_split_from = false;
   for (const PrefillRequest& r : requests) {
     const int64_t n = ChunksOf(r, policy);
@@ -105,9 +134,7 @@ inline PrefillItems BuildPrefillItems(const std::vector<PrefillRequest>& request
       }
     }
   }
-  std::stable_sort(p.items.begin(), p.items.end(),
-                   [](const PlannedItem& x, const PlannedItem& y) { return x.cost > y.cost; });
-  return p;
+  SortByCost(p);
 }
 
 }  // namespace aotinfer

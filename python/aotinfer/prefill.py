@@ -98,6 +98,7 @@ from ._attention import (
     smallest_chunk,
 )
 from ._kernels import kernel
+from ._workspace import _aligned
 from .api_logging import aotinfer_api
 from .trace.template import dtype_name
 from .trace.templates.prefill import single_prefill_with_kv_cache_trace
@@ -179,18 +180,44 @@ def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_s
         raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
 
 
-def _indptr_on_host(indptr: Any, name: str, batch: Optional[int] = None) -> "torch.Tensor":
-    """An int32 indptr as int64 on the host, checked: non-decreasing from 0."""
+def _request_lengths(qo_indptr: Any, kv_indptr: Any, kv_indptr_name: str, device: Any, last_page_len: Any = None,
+                     seq_lens: Any = None, page_size: int = 0, num_indices: int = -1):
+    """int64 ``[4, batch]`` on the host, each request's q_begin, q_len, kv_offset and kv_len,
+    from the int32 indptrs (``kv_indptr`` in key rows where ``page_size`` is 0, else in pages with
+    ``last_page_len`` or ``seq_lens``), checked in compiled code (prefill_lengths in
+    csrc/prefill.cu: the errors name the first bad entry); and the indptrs' last entries."""
     import torch
 
-    check_int32(indptr, name)
-    if indptr.numel() < 1 or (batch is not None and indptr.numel() != batch + 1):
-        expected = "batch_size + 1" if batch is None else f"batch_size + 1 = {batch + 1}"
-        raise ValueError(f"Expected {name} to have {expected} elements, got {indptr.numel()}")
-    host = indptr.to("cpu", torch.int64)
-    if int(host[0]) != 0 or bool((host[1:] < host[:-1]).any()):
-        raise ValueError(f"Expected {name} to start at 0 and never decrease, got {host.tolist()}")
-    return host
+    check_int32(qo_indptr, "qo_indptr")
+    check_int32(kv_indptr, kv_indptr_name)
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
+        raise ValueError(f"Expected qo_indptr to have batch_size + 1 elements, got shape {list(qo_indptr.shape)}")
+    qo_host, kv_host = qo_indptr.to("cpu").contiguous(), kv_indptr.to("cpu").contiguous()
+    lengths = torch.empty(4, qo_host.numel() - 1, dtype=torch.int64)
+    no_table = _no_table()
+    has_seq_lens = seq_lens is not None
+    if has_seq_lens:
+        check_tensor(seq_lens, "seq_lens")
+        seq_lens = seq_lens.to("cpu", torch.int64).reshape(-1).contiguous()
+    elif last_page_len is not None:
+        last_page_len = last_page_len.to("cpu").contiguous()
+    host_binding("prefill", "prefill_lengths", device)(
+        lengths, qo_host, kv_host, no_table if last_page_len is None else last_page_len,
+        seq_lens if has_seq_lens else no_table, has_seq_lens, page_size, num_indices, kv_indptr_name,
+    )  # fmt: skip
+    return lengths, int(qo_host[-1]), int(kv_host[-1])
+
+
+_NO_TABLE: List[Any] = []
+
+
+def _no_table() -> "torch.Tensor":
+    """An int32 host tensor of no elements: a table left out (made once)."""
+    if not _NO_TABLE:
+        import torch
+
+        _NO_TABLE.append(torch.empty(0, dtype=torch.int32))
+    return _NO_TABLE[0]
 
 
 # ---- the work partition (host only) ------------------------------------------------------------
@@ -210,9 +237,9 @@ def keys_attended(t0: int, t1: int, kv_begin: int, kv_end: int, delta: int, caus
 class PrefillPartition:
     """The int32 tables a plan writes for the kernel (on the host), and what sized them."""
 
-    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "span_table", "halves", "merge_from")
+    __slots__ = ("work", "requests", "num_items", "num_slots", "chunk", "span_table", "halves", "merge_from", "work_offset")
 
-    def __init__(self, work, requests, num_items, num_slots, chunk, span_table, halves, merge_from):
+    def __init__(self, work, requests, num_items, num_slots, chunk, span_table, halves, merge_from, work_offset):
         self.work = work  # [1 + items, 8]: the count row (heads, grouped: set by plan), then (request, row_begin, kv_begin, kv_end, chunk, 0, 0, 0)
         self.span_table = span_table  # int64 [items, 3]: each item's (request, first key, end key) attended, in the work table's order
         self.halves = halves  # the last items: halves of a lone request's last tiles (tiles_to_halve)
@@ -221,6 +248,7 @@ class PrefillPartition:
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
         self.chunk = chunk  # KV tokens per chunk; 0: nothing split
+        self.work_offset = work_offset  # bytes from the requests' first row to the work table's (both in one buffer)
 
     @property
     def spans(self) -> List[Tuple[int, int, int]]:
@@ -247,6 +275,8 @@ def partition_prefill(
     rows_per_tile: Optional[int] = None,
     last_wave_slots: int = 0,
     planner: Any = None,
+    staging: Any = None,
+    spans: Any = None,
 ) -> PrefillPartition:
     """Cut each request's query rows into tiles and, where the tiles leave the GPU idle, its keys
     into chunks (see the module doc). The chunk size: ``disable_split_kv``: none;
@@ -258,46 +288,60 @@ def partition_prefill(
     within ``last_wave_slots`` partial slots (0: never). Items are ordered by their cost (rows x
     keys attended under ``causal`` and ``window_left``), most costly first: the tail of a ragged
     batch starts early. ``q_begin``, ``q_len``, ``kv_offset``, ``kv_len``: lists or int64 tensors;
-    ``planner``: the device's plan_prefill (_attention.host_binding)."""
+    ``planner``: the device's plan_prefill (_attention.host_binding). ``staging``: uint8 host bytes
+    to write the request rows and the work table into (at 0 and ``work_offset``); ``spans``: an
+    int64 buffer of at least [items, 3] for the span table; both made here when None."""
     import torch
 
+    i64 = torch.int64
+    q_begin, q_len, kv_offset, kv_len = (torch.as_tensor(c, dtype=i64) for c in (q_begin, q_len, kv_offset, kv_len))
+    q_len_list, kv_len_list = q_len.tolist(), kv_len.tolist()
     rows_per_tile = rows_per_tile or tile_rows(head_dim)
-    tiles = [-(-q * group // rows_per_tile) for q in q_len]
+    tiles = [-(-q * group // rows_per_tile) for q in q_len_list]
     fill = max(1, -(-ctas_per_sm * num_sms // max(num_kv_heads, 1)))
     if disable_split_kv or (fixed_split_size is None and sum(tiles) >= fill):
         chunk = 0
     elif fixed_split_size is not None:
         chunk = fixed_split_size * page_size
     else:
-        longest = max(kv_len) if kv_len else 0
+        longest = max(kv_len_list) if kv_len_list else 0
 
         def count(c):
-            return sum(t * num_chunks(0, k, c) for t, k in zip(tiles, kv_len))
+            return sum(t * num_chunks(0, k, c) for t, k in zip(tiles, kv_len_list))
 
         chunk = smallest_chunk(longest, longest, fill, page_size, count)
-    split_from = [0] * len(q_len)  # a request's first token whose keys are split (those before are whole)
-    if chunk == 0 and len(q_len) == 1 and not disable_split_kv and fixed_split_size is None:
-        split_from[0], chunk = halving(q_len[0], kv_len[0], group, rows_per_tile, num_kv_heads, ctas_per_sm * num_sms,
+    split_from = [0] * len(q_len_list)  # a request's first token whose keys are split (those before are whole)
+    if chunk == 0 and len(q_len_list) == 1 and not disable_split_kv and fixed_split_size is None:
+        split_from[0], chunk = halving(q_len_list[0], kv_len_list[0], group, rows_per_tile, num_kv_heads, ctas_per_sm * num_sms,
                                        causal, window_left, page_size, last_wave_slots)
 
     # The request rows and the items (tiles x chunks, thousands for a large prefill) in compiled
     # host code (plan_prefill in csrc/prefill.cu, include/aotinfer/prefill_plan.h): plan's host
     # cost, docs/design/prefill.md#plan-host-cost. Room for the items there are without a
     # split_from (those with one have fewer).
-    rows = sum(t * (num_chunks(0, k, chunk) if chunk else 1) for t, k in zip(tiles, kv_len))
-    i64 = torch.int64
-    work = torch.empty(1 + rows, _WORK_WIDTH, dtype=torch.int32)
-    requests = torch.empty(len(q_len), _WORK_WIDTH, dtype=torch.int32)
-    span_table = torch.empty(rows, 3, dtype=i64)
+    rows = sum(t * (num_chunks(0, k, chunk) if chunk else 1) for t, k in zip(tiles, kv_len_list))
+    batch = len(q_len_list)
+    work_offset = _aligned(4 * _WORK_WIDTH * batch)
+    need = work_offset + 4 * _WORK_WIDTH * (1 + rows)
+    if staging is None:
+        staging = torch.empty(need, dtype=torch.uint8)
+    elif need > staging.numel():
+        raise ValueError(
+            f"The int workspace holds {staging.numel()} bytes of work tables, this plan needs {need}: give "
+            "reset_workspace_buffer a larger int_workspace_buffer"
+        )
+    requests = staging[: work_offset].view(torch.int32)[: batch * _WORK_WIDTH].view(batch, _WORK_WIDTH)
+    work = staging[work_offset:need].view(torch.int32).view(1 + rows, _WORK_WIDTH)
+    if spans is None or spans.shape[0] < rows:
+        spans = torch.empty(rows, 3, dtype=i64)
     facts = torch.empty(4, dtype=i64)
     (planner or host_binding("prefill", "plan_prefill", torch.device("cpu")))(
-        work, requests, span_table, facts, torch.as_tensor(q_begin, dtype=i64), torch.as_tensor(q_len, dtype=i64),
-        torch.as_tensor(kv_offset, dtype=i64), torch.as_tensor(kv_len, dtype=i64), split_from[0] if split_from else 0,
+        work, requests, spans, facts, q_begin, q_len, kv_offset, kv_len, split_from[0] if split_from else 0,
         group, rows_per_tile, chunk, causal, window_left,
     )  # fmt: skip
     num_items, num_slots, merge_from, halves = facts.tolist()
-    return PrefillPartition(work[: 1 + num_items], requests, num_items, num_slots, chunk, span_table[:num_items], halves,
-                            merge_from)  # fmt: skip
+    return PrefillPartition(work[: 1 + num_items], requests, num_items, num_slots, chunk, spans[:num_items], halves,
+                            merge_from, work_offset)  # fmt: skip
 
 
 def halving(q_len: int, kv_len: int, group: int, rows: int, heads: int, slots: int, causal: bool, window_left: int,
@@ -463,20 +507,21 @@ class _BatchPrefillWrapper(AttentionWrapper):
 
     def _init_common(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf):
         self._init_wrapper(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
+        self._spans: Optional[torch.Tensor] = None  # the span tables of plans, kept from plan to plan
         _refuse_masks(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
 
     def _plan_common(
-        self, qo_host, kv_offset, kv_len, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
+        self, lengths, total_q, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
         window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
         disable_split_kv, non_blocking, indices, total_kv,
     ) -> None:  # fmt: skip
+        """``lengths``, ``total_q``: _request_lengths'."""
         import torch
 
         fixed_split_size = fixed_split(fixed_split_size)  # None where <= 0, as FlashInfer reads it
 
-        batch = qo_host.numel() - 1
-        q_len = (qo_host[1:] - qo_host[:-1]).tolist()
-        kv_len_list = kv_len.tolist()
+        batch = lengths.shape[1]
+        q_begin, q_len, kv_offset, kv_len = lengths
         if self._use_cuda_graph and batch != self._fixed_batch_size:
             raise ValueError(
                 f"The batch size is fixed under use_cuda_graph: got {batch}, the buffers given to the wrapper hold "
@@ -484,8 +529,12 @@ class _BatchPrefillWrapper(AttentionWrapper):
             )
         sm90 = use_sm90(self._backend, self.device, head_dim, q_dtype, kv_dtype)
         ctas_per_sm = _SM90_CTAS_PER_SM if sm90 else _CTAS_PER_SM
+        staging = self._staging()
+        most_items = self._table_bytes() // (4 * _WORK_WIDTH)  # what the staging half holds
+        if self._spans is None or self._spans.shape[0] < most_items:
+            self._spans = torch.empty(most_items, 3, dtype=torch.int64)
         partition = partition_prefill(
-            qo_host[:-1].tolist(), q_len, kv_offset.tolist(), kv_len_list,
+            q_begin, q_len, kv_offset, kv_len,
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
             num_sms=num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
@@ -493,12 +542,11 @@ class _BatchPrefillWrapper(AttentionWrapper):
             # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
             # over the items, no last wave.
             last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
-            planner=host_binding("prefill", "plan_prefill", self.device),
+            planner=host_binding("prefill", "plan_prefill", self.device), staging=staging, spans=self._spans,
         )  # fmt: skip
-        partition.work[0, 1:3] = torch.tensor(
-            _head_schedule(sm90, num_kv_heads, sum(kv_len_list), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
-                           partition.halves)
-        )
+        partition.work[0, 1], partition.work[0, 2] = _head_schedule(
+            sm90, num_kv_heads, int(kv_len.sum()), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
+            partition.halves)  # fmt: skip
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
         # plan that raises leaves the wrapper as it was). Under CUDA graphs every view keeps its
@@ -523,7 +571,9 @@ class _BatchPrefillWrapper(AttentionWrapper):
             capacity, slots = partition.num_items, partition.num_slots
             plan.ctas = partition.num_items
         plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
-        requests, work = self._write_tables([partition.requests, partition.work], non_blocking)
+        requests, work = self._upload(
+            staging, partition.work_offset + partition.work.numel() * 4,
+            [(0, tuple(partition.requests.shape)), (partition.work_offset, tuple(partition.work.shape))], non_blocking)
         if self._use_cuda_graph:
             begin = work.data_ptr() - self._int_bytes.data_ptr()
             work = self._int_bytes[begin : begin + (capacity + 1) * 4 * _WORK_WIDTH].view(torch.int32).view(-1, _WORK_WIDTH)
@@ -535,7 +585,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
         plan.merge_from = 0 if self._use_cuda_graph else partition.merge_from
         plan.empty = self._empty_tensor()
         plan.partition = partition
-        plan.batch_size, plan.total_q, plan.total_kv = batch, int(qo_host[-1]), total_kv
+        plan.batch_size, plan.total_q, plan.total_kv = batch, total_q, total_kv
         plan.num_qo_heads, plan.num_kv_heads, plan.head_dim = num_qo_heads, num_kv_heads, head_dim
         plan.page_size, plan.q_dtype, plan.kv_dtype = page_size, q_dtype, kv_dtype
 
@@ -746,13 +796,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         # count row (10^7 requests are refused at once).
         check_int32(qo_indptr, "qo_indptr")
         self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
-        qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
-        kv_host = _indptr_on_host(kv_indptr, "kv_indptr", qo_host.numel() - 1)
-        kv_len = kv_host[1:] - kv_host[:-1]
+        lengths, total_q, total_kv = _request_lengths(qo_indptr, kv_indptr, "kv_indptr", self.device)
         self._plan_common(
-            qo_host, kv_host[:-1], kv_len, num_qo_heads, num_kv_heads, head_dim_qk, 1, causal, pos_encoding_mode,
+            lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, 1, causal, pos_encoding_mode,
             window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
-            disable_split_kv, non_blocking, _empty_indices(self.device), int(kv_host[-1]),
+            disable_split_kv, non_blocking, _empty_indices(self.device), total_kv,
         )  # fmt: skip
         if self._use_cuda_graph:
             self._qo_indptr_buf.copy_(qo_indptr, non_blocking=non_blocking)
@@ -992,8 +1040,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         seq_lens : Optional[torch.Tensor]
             KV lengths ``[batch_size]`` to use instead of those of ``paged_kv_last_page_len``.
         """
-        import torch
-
         self._check_not_captured()
         _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                             use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
@@ -1004,29 +1050,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         # count row (10^7 requests are refused at once).
         check_int32(qo_indptr, "qo_indptr")
         self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
-        qo_host = _indptr_on_host(qo_indptr, "qo_indptr")
-        batch = qo_host.numel() - 1
-        indptr_host = _indptr_on_host(paged_kv_indptr, "paged_kv_indptr", batch)
         check_int32(paged_kv_indices, "paged_kv_indices")
         check_int32(paged_kv_last_page_len, "paged_kv_last_page_len")
-        if paged_kv_last_page_len.numel() != batch:
-            raise ValueError(f"Expected paged_kv_last_page_len to have batch_size = {batch} elements, got {paged_kv_last_page_len.numel()}")
-        if int(indptr_host[-1]) > paged_kv_indices.numel():
-            raise ValueError(f"Expected paged_kv_indptr[-1] ({int(indptr_host[-1])}) to be at most len(paged_kv_indices) = {paged_kv_indices.numel()}")
-        pages = indptr_host[1:] - indptr_host[:-1]
-        if seq_lens is None:
-            last_host = paged_kv_last_page_len.to("cpu", torch.int64)
-            if bool(((last_host < 0) | (last_host > page_size) | ((pages == 0) & (last_host != 0))).any()):
-                raise ValueError(
-                    f"Expected paged_kv_last_page_len in 0..page_size ({page_size}), and 0 for requests without pages, got "
-                    f"{last_host.tolist()}"
-                )
-            kv_len = (pages - 1).clamp(min=0) * page_size + last_host
-        else:
-            check_tensor(seq_lens, "seq_lens")
-            kv_len = seq_lens.to("cpu", torch.int64).reshape(-1)
-            if kv_len.numel() != batch or bool(((kv_len < 0) | (kv_len > pages * page_size)).any()):
-                raise ValueError(f"Expected seq_lens to hold {batch} lengths, each at most its pages times page_size, got {kv_len.tolist()}")
+        lengths, total_q, _ = _request_lengths(qo_indptr, paged_kv_indptr, "paged_kv_indptr", self.device,
+                                               paged_kv_last_page_len, seq_lens, page_size, paged_kv_indices.numel())  # fmt: skip
         if self._use_cuda_graph and paged_kv_indices.numel() > self._paged_kv_indices_buf.numel():
             raise ValueError(
                 f"Expected at most {self._paged_kv_indices_buf.numel()} page ids (paged_kv_indices_buf's size), got "
@@ -1034,7 +1061,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             )
         indices = self._paged_kv_indices_buf if self._use_cuda_graph else paged_kv_indices.to(self.device, non_blocking=non_blocking)
         self._plan_common(
-            qo_host, indptr_host[:-1], kv_len, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
+            lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype,
             fixed_split_size, disable_split_kv, non_blocking, indices, 0,
         )  # fmt: skip
