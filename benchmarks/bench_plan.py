@@ -43,6 +43,7 @@ import torch
 import aotinfer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flashinfer_jit import serve_prebuilt  # noqa: E402
 
 QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 CASES = [(1, 2048), (64, 2048), (256, 2048), (64, 16384)]
@@ -95,20 +96,10 @@ def flashinfer_plan(module, batch, tables):
     return plan
 
 
-def _patch_flashinfer_jit(directory):
-    import tvm_ffi
-    from flashinfer.jit.core import JitSpec
-
-    if not getattr(JitSpec, "_bench_plan_patched", False):  # its JIT loads the modules built elsewhere
-        JitSpec.build_and_load = lambda spec: tvm_ffi.load_module(
-            os.path.join(directory, "prefill_fa2_d128.so" if "prefill" in spec.name else "decode_d128.so"))
-        JitSpec._bench_plan_patched = True
-
-
 def flashinfer_wrapper_plan(directory, batch, tables):
     import flashinfer
 
-    _patch_flashinfer_jit(directory)
+    serve_prebuilt(directory)
     indptr, indices, last = tables
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", **graph_buffers(batch, indices.numel()))
@@ -133,7 +124,7 @@ def prefill_plan(package, tables, backend, flashinfer_dir=None):
     """The paged prefill wrapper's plan, causal (aotinfer's, or FlashInfer's own with its JIT
     handed the module in flashinfer_dir)."""
     if flashinfer_dir is not None:
-        _patch_flashinfer_jit(flashinfer_dir)
+        serve_prebuilt(flashinfer_dir)
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = package.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
     return lambda: wrapper.plan(*tables, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, causal=True, q_data_type=torch.bfloat16,

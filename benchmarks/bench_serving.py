@@ -2,7 +2,8 @@
 the host and replayed as one CUDA graph (every layer + per-row top-k/top-p sampling).
 
     python benchmarks/bench_serving.py [--batch 64] [--context 2048] [--layers 4] [--steps 64]
-        [--rounds 3] [--use-tensor-cores] [--libraries aotinfer,torch] [--flashinfer DIR] [--out PREFIX]
+        [--rounds 3] [--use-tensor-cores] [--libraries aotinfer,torch] [--flashinfer DIR] [--greedy-tokens 1024]
+        [--out PREFIX]
 
 Model: a Llama-3-8B-shaped decoder with random bf16 weights (hidden 4096, 32 query / 8 KV heads,
 head_dim 128, MLP 14336, vocab 128256), page_size 16, no position encoding (the same for every
@@ -12,9 +13,10 @@ at random in the pool. Libraries:
 * aotinfer: its paged prefill and decode wrappers (decode with ``use_cuda_graph=True`` and host
   int32 tables, as a server plans), rmsnorm / fused_add_rmsnorm / silu_and_mul, append_paged_kv_cache
   and top_k_top_p_sampling_from_probs with per-row top_k/top_p and tensor seed/offset.
-* flashinfer (``--flashinfer DIR``, modules built by benchmarks/flashinfer_jit.py): FlashInfer's
-  decode plan and kernel in place of aotinfer's (the other ops stay aotinfer's: only its decode
-  module is built); its prefill is not built, so its prefill column is empty.
+* flashinfer (``--flashinfer DIR``, modules built by benchmarks/flashinfer_jit.py, and FlashInfer's
+  Python package importable): FlashInfer's own paged prefill (``fa2``) and decode wrappers in place
+  of aotinfer's, planned and run the same way; the other ops stay aotinfer's (only its attention
+  modules are built), so the difference is the attention and its plans.
 * torch: the same loop in torch ops (scaled_dot_product_attention over pages gathered by an index
   made at plan time, torch sampling); the reference of the greedy check.
 
@@ -40,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 HIDDEN, QO_HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, PAGE = 4096, 32, 8, 128, 14336, 128256, 16
 EPS = 1e-5
+MLP_TOKENS = 1 << 16
 
 
 # ---- the shared state: weights, prompts, page tables ------------------------------------------
@@ -76,19 +79,20 @@ class Batch:
         self.prompt = torch.randint(max(context // 4, 1), context + 1, (batch,), generator=g)
         self.max_pages = -(-(self.prompt + steps + 1) // PAGE)
         total = int(self.max_pages.sum())
-        self.pool_pages = 2 * total
+        self.pool_pages = total + total // 4  # room to scatter the pages; the caches are most of the memory
         pool = torch.randperm(self.pool_pages, generator=g)[:total].to(torch.int32)
         self.page_begin = torch.cat([torch.zeros(1, dtype=torch.long), self.max_pages.cumsum(0)[:-1]])
         self.all_pages = pool  # request b owns all_pages[page_begin[b] : page_begin[b] + max_pages[b]]
         self.tokens = torch.randint(0, VOCAB, (int(self.prompt.sum()),), generator=g).to(device)
         self.device = device
 
-    def tables(self, kv_len):
-        """Pinned int32 host tables (indptr, indices, last_page_len) for these lengths."""
+    def tables(self, kv_len, first=0):
+        """Pinned int32 host tables (indptr, indices, last_page_len) of requests first.. with these lengths."""
         pages = -(-kv_len // PAGE)
-        indptr = torch.zeros(self.batch + 1, dtype=torch.int32)
+        indptr = torch.zeros(len(kv_len) + 1, dtype=torch.int32)
         indptr[1:] = pages.cumsum(0)
-        take = torch.cat([self.all_pages[b : b + p] for b, p in zip(self.page_begin.tolist(), pages.tolist())])
+        begins = self.page_begin[first : first + len(kv_len)].tolist()
+        take = torch.cat([self.all_pages[begin : begin + p] for begin, p in zip(begins, pages.tolist())])
         last = (kv_len - (pages - 1) * PAGE).to(torch.int32)
         return indptr.pin_memory(), take.pin_memory(), last.pin_memory()
 
@@ -150,7 +154,10 @@ class Library:
             self.append(i, k, v, step)
             o = attention(i, q.contiguous()).reshape(-1, QO_HEADS * HEAD_DIM) @ layer["o"]
             h = self.add_rmsnorm(o, residual, layer["ln2"])
-            d = self.silu_mul(h @ layer["gate_up"]) @ layer["down"]
+            # A long prefill's MLP a slice of tokens at a time (its activations would not fit):
+            # the same for every library.
+            parts = [self.silu_mul(part @ layer["gate_up"]) @ layer["down"] for part in h.split(MLP_TOKENS)]
+            d = parts[0] if len(parts) == 1 else torch.cat(parts)
             nxt = self.model.layers[i + 1]["ln1"] if i + 1 < len(self.model.layers) else self.model.final_ln
             h = self.add_rmsnorm(d, residual, nxt)
         return h
@@ -198,41 +205,44 @@ class AotinferLibrary(Library):
 
 
 class FlashInferLibrary(AotinferLibrary):
-    """FlashInfer's decode plan and kernel (its built module), everything else aotinfer's."""
+    """FlashInfer's own paged prefill (``fa2``) and decode wrappers, planned and run as for
+    aotinfer, its JIT handed the modules built into ``--flashinfer DIR``; the other ops aotinfer's
+    (only FlashInfer's attention modules are built)."""
 
     name = "flashinfer"
 
     def __init__(self, model, batch, use_tensor_cores, directory):
-        super().__init__(model, batch, use_tensor_cores)
-        from flashinfer_jit import _load
+        try:
+            import flashinfer
+        except ImportError as error:
+            raise SystemExit(f"--flashinfer needs FlashInfer's Python package importable ({error})")
+        from flashinfer_jit import serve_prebuilt
 
         if use_tensor_cores:
-            raise SystemExit("--flashinfer with --use-tensor-cores: only FlashInfer's CUDA-core decode module is driven here")
-        self.module = _load(directory, "decode_d128")
-        if self.module is None:
-            raise SystemExit(f"no FlashInfer decode module in {directory} (benchmarks/flashinfer_jit.py build DIR)")
-        self.float_ws = torch.empty(128 << 20, dtype=torch.uint8, device=self.device)
-        self.int_ws = torch.empty(8 << 20, dtype=torch.uint8, device=self.device)
-        self.pinned_ws = torch.empty(8 << 20, dtype=torch.uint8, pin_memory=True)
-        self.empty = torch.empty(0, dtype=torch.bfloat16)
+            raise SystemExit("--flashinfer with --use-tensor-cores: only FlashInfer's CUDA-core decode module is built")
+        for name in ("decode_d128", "prefill_fa2_d128"):
+            if not os.path.exists(os.path.join(directory, name + ".so")):
+                raise SystemExit(f"no FlashInfer module {name} in {directory} (benchmarks/flashinfer_jit.py build DIR)")
+        serve_prebuilt(directory)
+        Library.__init__(self, model, batch, use_tensor_cores)
+        b, pages = batch.batch, int(batch.max_pages.sum())
+        self.buffers = dict(
+            paged_kv_indptr_buffer=torch.zeros(b + 1, dtype=torch.int32, device=self.device),
+            paged_kv_indices_buffer=torch.zeros(pages, dtype=torch.int32, device=self.device),
+            paged_kv_last_page_len_buffer=torch.zeros(b, dtype=torch.int32, device=self.device),
+        )
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(256 << 20, dtype=torch.uint8, device=self.device), "NHD", use_cuda_graph=True, **self.buffers)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(256 << 20, dtype=torch.uint8, device=self.device), "NHD", backend="fa2")
+
+    def plan_prefill(self, qo_indptr, indptr, indices, last):
+        self.prefill.plan(qo_indptr, indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, causal=True,
+                          q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
 
     def plan_decode(self, indptr, indices, last):
-        # FlashInfer's wrapper under use_cuda_graph: copy the page table into its fixed buffers,
-        # then its plan (host indptr; enable_cuda_graph=True).
-        indptr_buf, indices_buf, last_buf = self.device_tables()
-        indptr_buf.copy_(indptr, non_blocking=True)
-        indices_buf[: indices.numel()].copy_(indices, non_blocking=True)
-        last_buf.copy_(last, non_blocking=True)
-        self.plan_info = self.module.plan(self.float_ws, self.int_ws, self.pinned_ws, indptr, self.b.batch, QO_HEADS,
-                                          KV_HEADS, PAGE, True, -1, 0.0, HEAD_DIM, HEAD_DIM, self.empty, self.empty)  # fmt: skip
-
-    def decode_attention(self, layer, q):
-        indptr, indices, last = self.device_tables()
-        out = torch.empty_like(q)
-        k, v = self.caches[layer]
-        self.module.run(self.float_ws, self.int_ws, self.plan_info, q, k, v, indptr, indices, last, out, None, 0, -1,
-                        False, None, 0.0, HEAD_DIM**-0.5, 1.0, 1e-4)  # fmt: skip
-        return out
+        self.decode.plan(indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, q_data_type=torch.bfloat16,
+                         kv_data_type=torch.bfloat16)  # fmt: skip
 
 
 class TorchLibrary(Library):
@@ -274,7 +284,7 @@ class TorchLibrary(Library):
         pos = torch.arange(longest)
         page = pos // PAGE
         rows = []
-        for b in range(self.b.batch):
+        for b in range(len(kv_len)):
             own = indices[int(indptr[b]) : int(indptr[b + 1])].long()
             row = torch.zeros(longest, dtype=torch.long)
             n = int(kv_len[b])
@@ -291,12 +301,14 @@ class TorchLibrary(Library):
     def prefill_attention(self, layer, q):
         kc, vc = self.caches[layer]
         out = torch.empty_like(q)
-        for b in range(self.b.batch):
+        for b in range(len(self.prefill_spans) - 1):
             s, e = self.prefill_spans[b], self.prefill_spans[b + 1]
             idx = self.prefill_index[b, : e - s]
-            k = kc.view(-1, KV_HEADS, HEAD_DIM)[idx].transpose(0, 1)
-            v = vc.view(-1, KV_HEADS, HEAD_DIM)[idx].transpose(0, 1)
-            o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k, v, is_causal=True, enable_gqa=True)
+            # KV heads repeated for the query heads: SDPA's flash kernel then serves a long prompt
+            # (its GQA form falls back to materializing the scores).
+            k = kc.view(-1, KV_HEADS, HEAD_DIM)[idx].transpose(0, 1).repeat_interleave(QO_HEADS // KV_HEADS, 0)
+            v = vc.view(-1, KV_HEADS, HEAD_DIM)[idx].transpose(0, 1).repeat_interleave(QO_HEADS // KV_HEADS, 0)
+            o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k, v, is_causal=True)
             out[s:e] = o.transpose(0, 1)
         return out
 
@@ -334,35 +346,60 @@ def slots_of(batch, indptr, indices, kv_len):
     return page * PAGE + pos % PAGE
 
 
+def request_groups(prompt, most_tokens):
+    """Consecutive requests (first, end) whose prompts together hold at most ``most_tokens`` (a
+    longer prompt alone)."""
+    groups, first, tokens = [], 0, 0
+    for i, n in enumerate(prompt.tolist()):
+        if i > first and tokens + n > most_tokens:
+            groups.append((first, i))
+            first, tokens = i, 0
+        tokens += n
+    return groups + [(first, len(prompt))]
+
+
+def prefill_group(batch, first, end, device):
+    """The prefill inputs of requests first..end-1: their tables, tokens and cache slots."""
+    prompt = batch.prompt[first:end]
+    indptr, indices, last = batch.tables(prompt, first)
+    qo_indptr = torch.zeros(end - first + 1, dtype=torch.int32)
+    qo_indptr[1:] = prompt.cumsum(0)
+    token_batch = torch.repeat_interleave(torch.arange(end - first, dtype=torch.int32), prompt)
+    token_pos = torch.arange(int(prompt.sum())) - torch.repeat_interleave(qo_indptr[:-1].long(), prompt)
+    slots = indices[indptr[:-1].long()[token_batch.long()] + token_pos // PAGE].long() * PAGE + token_pos % PAGE
+    step = dict(batch_indices=token_batch.to(device), positions=token_pos.to(torch.int32).to(device),
+                indices=indices.to(device), indptr=indptr.to(device), last=last.to(device), slots=slots.to(device))  # fmt: skip
+    q0 = int(batch.prompt[:first].sum())
+    return dict(tables=(qo_indptr, indptr, indices, last), step=step, tokens=batch.tokens[q0 : q0 + int(prompt.sum())],
+                last_rows=qo_indptr[1:].long().to(device) - 1)  # fmt: skip
+
+
 def run_library(lib, model, batch, args, greedy_tokens=None):
     """Prefill, then ``args.steps`` decode steps; returns the measurements (and the tokens)."""
     device = lib.device
     b = batch.batch
     result = {}
 
-    # ---- prefill: every prompt token through the layers, keys and values into the cache
+    # ---- prefill: every prompt token through the layers, keys and values into the cache, a group
+    # of requests at a time (a server's chunked prefill; one group unless --prefill-tokens is exceeded)
     kv_len = batch.prompt.clone()
-    indptr, indices, last = batch.tables(kv_len)
-    qo_indptr = torch.zeros(b + 1, dtype=torch.int32)
-    qo_indptr[1:] = batch.prompt.cumsum(0)
-    d_indptr, d_indices, d_last = (t.to(device) for t in (indptr, indices, last))
-    token_batch = torch.repeat_interleave(torch.arange(b, dtype=torch.int32), batch.prompt)
-    token_pos = torch.arange(int(batch.prompt.sum())) - torch.repeat_interleave(qo_indptr[:-1].long(), batch.prompt)
-    pre_step = dict(batch_indices=token_batch.to(device), positions=token_pos.to(torch.int32).to(device),
-                    indices=d_indices, indptr=d_indptr, last=d_last,
-                    slots=(indices[indptr[:-1].long()[token_batch.long()] + token_pos // PAGE].long() * PAGE
-                           + token_pos % PAGE).to(device))  # fmt: skip
+    groups = [prefill_group(batch, first, end, device) for first, end in request_groups(batch.prompt, args.prefill_tokens)]
     times = []
     for _ in range(2):  # the second is timed (the first loads and plans kernels)
         torch.cuda.synchronize()
         begin = time.perf_counter()
-        lib.plan_prefill(qo_indptr, indptr, indices, last)
-        h = lib.forward(model.embed[batch.tokens], pre_step, lib.prefill_attention)
-        last_rows = h[qo_indptr[1:].long().to(device) - 1]
+        rows = []
+        for group in groups:
+            lib.plan_prefill(*group["tables"])
+            h = lib.forward(model.embed[group["tokens"]], group["step"], lib.prefill_attention)
+            rows.append(h[group["last_rows"]])
+            # FlashInfer's prefill plan rewrites its one pinned table buffer while the copy of the
+            # group before may still wait in the stream: its tables would be the next group's.
+            torch.cuda.synchronize()
+        last_rows = torch.cat(rows)
         torch.cuda.synchronize()
         times.append((time.perf_counter() - begin) * 1e3)
-    # FlashInfer's prefill module is not built (its decode alone replaces aotinfer's): no column.
-    result["prefill ms"] = float("nan") if lib.name == "flashinfer" else times[-1]
+    result["prefill ms"] = times[-1]
 
     # ---- decode: the step as one function of fixed buffers
     greedy = greedy_tokens is not None
@@ -489,6 +526,24 @@ def spread(values):
     return f"{fmt(med)} ({fmt(min(values))}..{fmt(max(values))})" if len(values) > 1 else fmt(med)
 
 
+def greedy_agreement(libraries, model, batch, args):
+    """Each library's greedy tokens (top_k=1, float32 LM head, fed torch's tokens) against torch's."""
+    model.lm_head_f32 = model.lm_head.float()
+    steps_backup = args.steps
+    args.steps = args.greedy_steps
+    feed = torch.randint(0, VOCAB, (args.greedy_steps + 1, args.batch), device=model.embed.device, dtype=torch.int32)
+    torch_library = libraries.get("torch") or TorchLibrary(model, batch, False)  # its caches: one set is enough
+    reference = run_library(torch_library, model, batch, args, greedy_tokens=feed)["tokens"]
+    agreement = {}
+    for name, library in libraries.items():
+        if name != "torch":
+            got = run_library(library, model, batch, args, greedy_tokens=feed)["tokens"]
+            agreement[name] = float((got == reference).float().mean())
+    args.steps = steps_backup
+    model.lm_head_f32 = None
+    return agreement
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -499,7 +554,8 @@ def main():
     parser.add_argument("--use-tensor-cores", action="store_true")
     parser.add_argument("--libraries", default="aotinfer,torch")
     parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build): adds 'flashinfer'")
-    parser.add_argument("--greedy-steps", type=int, default=16)
+    parser.add_argument("--prefill-tokens", type=int, default=1 << 17, help="the most prompt tokens prefilled at once")
+    parser.add_argument("--greedy-tokens", type=int, default=1024, help="tokens compared (steps x batch); 0: no check")
     parser.add_argument("--out", default="bench_serving", help="PREFIX.md and PREFIX.png")
     args = parser.parse_args()
 
@@ -508,6 +564,7 @@ def main():
     if args.flashinfer and "flashinfer" not in names:
         names.insert(1, "flashinfer")
     model = Model(args.layers, device)
+    args.greedy_steps = -(-args.greedy_tokens // args.batch)
     batch = Batch(args.batch, args.context, max(args.steps, args.greedy_steps) + 2, device)
 
     def make(name):
@@ -528,20 +585,10 @@ def main():
             results[name].append(res)
             print(f"round {r} {name}: " + ", ".join(f"{c} {res[c]:.1f}" for c in COLUMNS), flush=True)
 
-    # greedy check: top_k=1, float32 LM head, every library fed torch's tokens
-    model.lm_head_f32 = model.lm_head.float()
-    steps_backup = args.steps
-    args.steps = args.greedy_steps
-    feed = torch.randint(0, VOCAB, (args.greedy_steps + 1, args.batch), device=device, dtype=torch.int32)
-    reference = run_library(TorchLibrary(model, batch, False), model, batch, args, greedy_tokens=feed)["tokens"]
+    # greedy check: top_k=1, float32 LM head, every library fed torch's tokens (--greedy-tokens 0: none)
     agreement = {}
-    for name in names:
-        if name == "torch":
-            continue
-        got = run_library(libraries[name], model, batch, args, greedy_tokens=feed)["tokens"]
-        agreement[name] = float((got == reference).float().mean())
-    args.steps = steps_backup
-    model.lm_head_f32 = None
+    if args.greedy_steps > 0:
+        agreement = greedy_agreement(libraries, model, batch, args)
 
     title = (f"Serving loop: batch {args.batch}, prompts {args.context // 4}..{args.context} tokens "
              f"({int(batch.prompt.sum()):,} in the prefill), {args.layers} layers, {args.steps} decode steps, "
@@ -550,7 +597,7 @@ def main():
              "| library | " + " | ".join(COLUMNS) + " | greedy agreement |", "|---" * (len(COLUMNS) + 2) + "|"]  # fmt: skip
     for name in names:
         cells = [spread([res[c] for res in results[name]]) for c in COLUMNS]
-        cells.append(f"{agreement[name]:.1%}" if name in agreement else "(reference)")
+        cells.append(f"{agreement[name]:.1%}" if name in agreement else "(reference)" if agreement and name == "torch" else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     families = sorted({f for name in names for res in results[name] for f in res["split"]})
     lines += ["", "GPU us per eager step by family (median over rounds):", "",

@@ -35,6 +35,20 @@ def _load(directory, name):
     return tvm_ffi.load_module(path) if directory and os.path.exists(path) else None
 
 
+def serve_prebuilt(directory):
+    """Hand FlashInfer's own wrappers (``import flashinfer``: its Python package on the timing
+    machine) the modules built into DIR: its JIT loads them instead of compiling (the batch
+    prefill module for every prefill spec, the decode module for the rest, so the wrappers must ask
+    for this build's variant: bf16, head_dim 128, no window, no soft cap)."""
+    import tvm_ffi
+    from flashinfer.jit.core import JitSpec
+
+    if not getattr(JitSpec, "_prebuilt_directory", None):
+        JitSpec.build_and_load = lambda spec: tvm_ffi.load_module(
+            _path(directory, "prefill_fa2_d128" if "prefill" in spec.name else "decode_d128"))
+        JitSpec._prebuilt_directory = directory
+
+
 def build(directory):
     import torch
 
