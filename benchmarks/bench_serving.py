@@ -20,13 +20,16 @@ at random in the pool. Libraries:
 * torch: the same loop in torch ops (scaled_dot_product_attention over pages gathered by an index
   made at plan time, torch sampling); the reference of the greedy check.
 
-The tables of a step are prepared on the host in pinned memory and handed to plan without a
+A prompt batch of more than ``--prefill-tokens`` is prefilled a group of requests at a time (a
+synchronize between groups; docs/design/serving.md says why). The tables of a step are prepared on
+the host in pinned memory and handed to plan without a
 blocking copy, as a server with async scheduling does. Each round runs every library once, the
 order alternating between rounds; the table gives the median and the spread (min..max) over
 rounds of: prefill ms, graph replay us (GPU, CUDA events), wall us per step (plan + replay, the
 host not waiting between steps), tokens/s, eager step us (op by op, no graph), plan us (host), and
 the GPU split of an eager step by family (profiler). The greedy check: top_k=1 with a float32 LM
-head, each library fed torch's tokens, its tokens against torch's (agreement >= 95%).
+head, each library fed torch's tokens, its tokens against torch's (agreement >= 95%). Figures:
+docs/design/serving.md.
 """
 
 import argparse
