@@ -82,7 +82,8 @@ const int32_t* CheckIndptr(const TensorView& indptr, const char* name, int64_t b
 // and, prefixed to "last_page_len", last_page_len in the errors.
 void prefill_lengths(TensorView lengths, TensorView qo_indptr, TensorView kv_indptr, TensorView last_page_len,
                      TensorView seq_lens, bool has_seq_lens, int64_t page_size, int64_t num_indices,
-                     std::string kv_indptr_name) {
+                     tvm::ffi::String kv_indptr_name_arg) {
+  const std::string kv_indptr_name(kv_indptr_name_arg);
   aotinfer::CheckHostTable(lengths, "lengths", kDLInt, 64, 2);
   const int64_t batch = lengths.size(1);
   if (lengths.size(0) != 4) AOTINFER_THROW(ValueError) << "Expected lengths [4, batch], got " << lengths.size(0) << " rows";
