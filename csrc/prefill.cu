@@ -20,15 +20,18 @@ cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp
 
 }  // namespace
 
-// Prefill attention over the planned work items (the tensors: CheckPrefill).
+// Prefill attention over the planned work items (the tensors: CheckPrefill; the mask, packed bits
+// or none: SetCustomMask).
 void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                    TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
-                   TensorView sinks, int64_t captured, int64_t kv_layout, double sm_scale, double logits_soft_cap, int64_t window_left,
-                   double v_scale, bool causal, int64_t ctas, int64_t merge_from, int64_t enable_pdl) {
+                   TensorView sinks, TensorView custom_mask, int64_t captured, int64_t kv_layout, double sm_scale,
+                   double logits_soft_cap, int64_t window_left, double v_scale, bool causal, int64_t ctas,
+                   int64_t merge_from, int64_t enable_pdl) {
   // 1. Validate; 2. guard the device; 3. get the stream (and record a capture); 4. dispatch and launch.
-  const aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
+  aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
       out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
       logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl);
+  aotinfer::SetCustomMask(checked.params, custom_mask, q);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);

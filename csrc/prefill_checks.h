@@ -2,8 +2,8 @@
 // their common signature and the launch parameters built from it. The plan (python/aotinfer/
 // prefill.py) has written the work partition: `work` (row 0: the number of items, the heads taken
 // together and the items so taken; then a row (request, row_begin, kv_begin, kv_end, chunk, -, -,
-// -) an item) and `requests` rows (q_begin,
-// q_len, kv_offset, kv_len, first_partial, num_partials, split_from, -).
+// -) an item) and `requests` rows (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials,
+// split_from, mask_begin).
 #pragma once
 
 #include "aotinfer/prefill.cuh"
@@ -98,6 +98,21 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   p.bf16_io = q.dtype().code == kDLBfloat;
   p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
   return {p, head_dim, total_q, int(merge_from), paged, fp8, batch == 0 || ctas == 0 || total_q == 0};
+}
+
+// A custom mask for the launch (python/aotinfer/prefill.py packs it, segments at the requests'
+// mask_begin): uint8 bytes, 1-D, contiguous, on q's GPU; none where it has no elements. It
+// replaces causal.
+inline void SetCustomMask(PrefillParams& p, TensorView custom_mask, TensorView q) {
+  if (custom_mask.numel() == 0) return;
+  CheckDim(1, custom_mask, "custom_mask");
+  CheckContiguous(custom_mask, "custom_mask");
+  if (custom_mask.dtype().code != kDLUInt || custom_mask.dtype().bits != 8 || custom_mask.dtype().lanes != 1) {
+    AOTINFER_THROW(TypeError) << "Expected custom_mask to have dtype uint8 (packed bits), got " << custom_mask.dtype();
+  }
+  CheckSameDevice(custom_mask, q, "custom_mask", "q");
+  p.custom_mask = data_ptr<uint8_t>(custom_mask);
+  p.causal = false;
 }
 
 }  // namespace aotinfer

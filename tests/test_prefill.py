@@ -43,8 +43,10 @@ PAIRS = [(300, 300), (17, 530), (0, 0), (1, 1), (129, 200), (64, 64), (0, 40), (
 # ---- reference ---------------------------------------------------------------------------------
 
 
-def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, window_left=-1, sinks=None, v_scale=1.0):
-    """float32 prefill attention: (out [tokens, heads, dim], lse [tokens, heads] base 2)."""
+def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, window_left=-1, sinks=None, v_scale=1.0,
+              masks=None):  # fmt: skip
+    """float32 prefill attention: (out [tokens, heads, dim], lse [tokens, heads] base 2); ``masks``:
+    each request's bool [q_len, kv_len] (True: seen), replacing causal."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     out = torch.zeros(q.shape[0], num_heads, head_dim, device=q.device)
     lse = torch.full((q.shape[0], num_heads), float("-inf"), device=q.device)
@@ -66,6 +68,8 @@ def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, 
             seen &= j <= diagonal
         if window_left >= 0:
             seen &= j >= diagonal - window_left
+        if masks is not None:
+            seen &= masks[b].to(q.device)
         logits = logits.masked_fill(~seen, float("-inf"))
         terms = logits if sinks is None else torch.cat([logits, sinks.float()[:, None, None].expand(-1, q_len, 1)], -1)
         total = torch.logsumexp(terms, -1)  # [heads, q_len]; -inf where nothing is seen
@@ -400,6 +404,216 @@ def test_plan_after_a_captured_run_is_refused(kind, backend):
     check(out, want, torch.float16)
     with pytest.raises(RuntimeError, match="captured into a CUDA graph.*use_cuda_graph=True"):
         case.plan(wrapper, causal=True)
+
+
+# ---- custom masks --------------------------------------------------------------------------------
+
+
+def random_masks(pairs, density=0.5, seed=0):
+    """Each request's bool [q_len, kv_len] mask, fresh at random; a request's first query (where
+    it has queries and keys) sees nothing (FlashInfer's output for such a row: zeros, LSE -inf)."""
+    generator = torch.Generator().manual_seed(seed)
+    masks = [torch.rand(q, kv, generator=generator) < density for q, kv in pairs]
+    for mask in masks:
+        if mask.numel():
+            mask[0] = False
+    return masks
+
+
+def tree_masks(pairs, seed=0):
+    """EAGLE tree verification: each request's last q_len keys are draft tokens whose parents are
+    random earlier drafts (the first's: the prefix); a draft sees the whole prefix, its
+    ancestors and itself."""
+    generator = torch.Generator().manual_seed(seed)
+    masks = []
+    for q_len, kv_len in pairs:
+        prefix = kv_len - q_len
+        mask = torch.zeros(q_len, kv_len, dtype=torch.bool)
+        mask[:, :prefix] = True
+        for i in range(q_len):
+            parent = int(torch.randint(0, i, (1,), generator=generator)) if i else -1
+            if parent >= 0:
+                mask[i, prefix : prefix + i] = mask[parent, prefix : prefix + i]
+            mask[i, prefix + i] = True
+        masks.append(mask)
+    return masks
+
+
+def causal_masks(pairs):
+    return [torch.ones(q, kv, dtype=torch.bool).tril(kv - q) for q, kv in pairs]
+
+
+def mask_forms(masks, form, device="cuda"):
+    """plan's keyword for the masks: the bool values flattened, or packed a request at a time."""
+    flat = torch.cat([m.reshape(-1) for m in masks]).to(device)
+    if form == "bool":
+        return dict(custom_mask=flat)
+    bits = torch.tensor([0] + [m.numel() for m in masks]).cumsum(0).to(device)
+    return dict(packed_custom_mask=aotinfer.segment_packbits(flat, bits, bitorder="little")[0])
+
+
+MASK_PAIRS = [(300, 300), (17, 530), (0, 0), (1, 1), (129, 200), (0, 40), (200, 1100), (33, 33)]
+
+
+@gpu
+@pytest.mark.parametrize("form", ["bool", "packed"])
+@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+@pytest.mark.parametrize("backend", ["fa2", "auto"])
+def test_custom_mask(backend, kind, heads, form):
+    case = Case(MASK_PAIRS, heads, torch.bfloat16, kind)
+    masks = random_masks(MASK_PAIRS, seed=heads[2])
+    wrapper = case.wrapper(backend=backend)
+    case.plan(wrapper, causal=True, **mask_forms(masks, form))  # the mask replaces causal
+    assert wrapper._plan.binding is prefill._batch_prefill
+    want, want_lse = case.reference(masks=masks)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True)
+    check(out, want, torch.bfloat16, lse, want_lse)
+    first = int(case.qo_indptr[0])
+    assert torch.equal(out[first], torch.zeros_like(out[first])) and bool((lse[first] == float("-inf")).all())
+
+
+@gpu
+@pytest.mark.parametrize("options", [{}, dict(window_left=50), dict(logits_soft_cap=3.0)], ids=str)
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_custom_mask_with_options_and_split_keys(kind, options):
+    # One short request over many keys: its keys are split into chunks, each reading its own bits.
+    pairs = [(40, 6000), (3, 3000)]
+    case = Case(pairs, (32, 8, 128), torch.float16, kind, page_size=16)
+    masks = random_masks(pairs, density=0.3, seed=5)
+    wrapper = case.wrapper(backend="fa2")
+    case.plan(wrapper, **mask_forms(masks, "bool"), **options)
+    assert wrapper._plan.partition.num_slots > 0, "the case should split its keys"
+    reference_options = dict(window_left=options.get("window_left", -1), soft_cap=options.get("logits_soft_cap", 0.0))
+    want, want_lse = case.reference(masks=masks, **reference_options)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16), return_lse=True)
+    check(out, want, torch.float16, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_causal_equivalent_mask_is_causal_bit_for_bit(kind, heads):
+    case = Case(PAIRS, heads, torch.bfloat16, kind)
+    wrapper = case.wrapper(backend="fa2")
+    case.plan(wrapper, causal=True)
+    causal, causal_lse = case.run(wrapper, return_lse=True)
+    case.plan(wrapper, **mask_forms(causal_masks(PAIRS), "packed"))
+    masked, masked_lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True)
+    assert torch.equal(masked, causal) and torch.equal(masked_lse, causal_lse)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_eagle_tree_verification(page_size):
+    pairs = [(16, 16 + prefix) for prefix in (100, 1000, 37, 4000, 0, 513)]
+    case = Case(pairs, (32, 8, 128), torch.bfloat16, "paged", page_size=page_size)
+    masks = tree_masks(pairs, seed=page_size)
+    wrapper = case.wrapper()
+    case.plan(wrapper, **mask_forms(masks, "packed"))
+    want, want_lse = case.reference(masks=masks)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
+def test_cuda_graph_replays_with_a_new_mask():
+    # Captured under one plan and mask; plans with other lengths and masks, then replays, give
+    # the new batches' attention: the mask is read from custom_mask_buf.
+    batch, heads, rows = 3, (16, 4, 128), 700
+    buffers = dict(
+        qo_indptr_buf=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_indptr_buf=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+        paged_kv_last_page_len_buf=torch.empty(batch, dtype=torch.int32, device="cuda"),
+        paged_kv_indices_buf=torch.empty(4000, dtype=torch.int32, device="cuda"),
+        custom_mask_buf=torch.empty(1 << 20, dtype=torch.uint8, device="cuda"),
+        mask_indptr_buf=torch.empty(batch + 1, dtype=torch.int32, device="cuda"),
+    )  # fmt: skip
+    kv = tuple(torch.zeros(400, 16, 4, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    q = torch.zeros(rows, 16, 128, dtype=torch.bfloat16, device="cuda")
+    out, lse = torch.zeros_like(q), torch.zeros(rows, 16, device="cuda")
+    wrapper = graph = None
+    for seed, pairs in enumerate(([(300, 300), (17, 530), (200, 1100)], [(10, 3000), (0, 0), (650, 700)],
+                                  [(16, 116), (16, 1016), (16, 16)])):  # fmt: skip
+        case = Case(pairs, heads, torch.bfloat16, "paged")
+        masks = tree_masks(pairs, seed) if seed == 2 else random_masks(pairs, seed=seed)
+        if wrapper is None:
+            wrapper = case.wrapper(use_cuda_graph=True, **buffers)
+        case.plan(wrapper, **mask_forms(masks, "bool"))
+        q[: case.q.shape[0]].copy_(case.q)
+        for dst, src in zip(kv, case.cache):
+            dst[: src.shape[0]].copy_(src)
+        if graph is None:
+            wrapper.run(q, kv, out=out, lse=lse)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                wrapper.run(q, kv, out=out, lse=lse)
+        out.fill_(float("nan"))
+        graph.replay()
+        want, want_lse = case.reference(masks=masks)
+        n = case.q.shape[0]
+        check(out[:n], want, torch.bfloat16, lse[:n], want_lse)
+        segments = torch.tensor([0] + [(m.numel() + 7) // 8 for m in masks]).cumsum(0)
+        assert torch.equal(buffers["mask_indptr_buf"].cpu(), segments.to(torch.int32))
+
+
+@gpu
+@pytest.mark.parametrize("form", ["bool", "packed"])
+@pytest.mark.parametrize("heads", [(8, 8, 64), (32, 8, 128), (12, 2, 256)], ids=["g1d64", "g4d128", "g6d256"])
+@pytest.mark.parametrize("lengths", [(300, 300), (37, 900), (1, 1)], ids=str)
+def test_single_prefill_custom_mask(lengths, heads, form):
+    qo_len, kv_len = lengths
+    num_qo_heads, num_kv_heads, head_dim = heads
+    q = torch.randn(qo_len, num_qo_heads, head_dim, device="cuda").half()
+    k = torch.randn(kv_len, num_kv_heads, head_dim, device="cuda").half()
+    v = torch.randn(kv_len, num_kv_heads, head_dim, device="cuda").half()
+    mask = random_masks([lengths], seed=qo_len)[0]
+    given = dict(custom_mask=mask.cuda()) if form == "bool" else dict(packed_custom_mask=aotinfer.packbits(mask.reshape(-1).cuda(), "little"))
+    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=True, return_lse=True, **given)
+    want, want_lse = reference(q, indptr_of([qo_len]), [k], [v], 1 / math.sqrt(head_dim), masks=[mask])
+    check(out, want, torch.float16, lse, want_lse)
+    causal = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2")
+    assert torch.equal(aotinfer.single_prefill_with_kv_cache(q, k, v, custom_mask=causal_masks([lengths])[0].cuda()), causal)
+
+
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_custom_mask_drives_the_kernel_contract(kernel_model, kind):
+    torch.manual_seed(0)
+    case = Case(CPU_PAIRS, (12, 2, 64), torch.float16, kind, page_size=8, device="cpu")
+    masks = random_masks(CPU_PAIRS, seed=1)
+    wrapper = case.wrapper("cpu", 16 << 20)
+    for form in ("bool", "packed"):
+        case.plan(wrapper, causal=True, **mask_forms(masks, form, "cpu"))
+        assert wrapper._plan.partition.num_slots > 0, "the case should split some request"
+        segments = torch.tensor([0] + [(m.numel() + 7) // 8 for m in masks]).cumsum(0)
+        assert torch.equal(wrapper._plan.requests[:, 7].cpu(), segments[:-1].to(torch.int32))
+        want, want_lse = case.reference(masks=masks)
+        out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16, "cpu"), return_lse=True)
+        check(out, want, torch.float16, lse, want_lse)
+
+
+def test_custom_mask_arguments_are_checked():
+    args = paged_plan_args()  # one request of 5 queries over 5 keys
+    mask = torch.ones(25, dtype=torch.bool)
+    with pytest.raises(ValueError, match="custom_mask or packed_custom_mask, got both"):
+        cpu_wrapper().plan(*args, custom_mask=mask, packed_custom_mask=torch.ones(4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"custom_mask to hold sum\(qo_len \* kv_len\) = 25 values"):
+        cpu_wrapper().plan(*args, custom_mask=mask[:24])
+    with pytest.raises(TypeError, match="custom_mask to have dtype torch.bool"):
+        cpu_wrapper().plan(*args, custom_mask=mask.to(torch.uint8))
+    with pytest.raises(ValueError, match="packed_custom_mask to hold the requests' packed masks, 4 bytes"):
+        cpu_wrapper().plan(*args, packed_custom_mask=torch.ones(3, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="packed_custom_mask to have dtype torch.uint8"):
+        cpu_wrapper().plan(*args, packed_custom_mask=torch.ones(4, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="fa3"):
+        cpu_wrapper(backend="fa3").plan(*args, custom_mask=mask)
+    with pytest.raises(ValueError, match="custom_mask_buf"):
+        cpu_wrapper(custom_mask_buf=torch.empty(16, dtype=torch.int32))
+    with pytest.raises(ValueError, match="custom_mask or packed_custom_mask, got both"):
+        aotinfer.single_prefill_with_kv_cache(torch.zeros(5, 8, 64).half(), torch.zeros(5, 8, 64).half(),
+                                              torch.zeros(5, 8, 64).half(), custom_mask=mask.view(5, 5),
+                                              packed_custom_mask=torch.ones(4, dtype=torch.uint8))  # fmt: skip
 
 
 @gpu
@@ -893,8 +1107,8 @@ def test_partition_orders_causal_tiles_by_their_keys():
     assert row_begins == sorted(row_begins, reverse=True)
 
 
-def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, captured, kv_layout,
-                        sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl):  # fmt: skip
+def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, custom_mask, captured,
+                        kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl):  # fmt: skip
     """The batch_prefill binding's contract (modules.toml; the table formats in aotinfer/prefill.py)
     as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
     paged = k.dim() == 4
@@ -906,6 +1120,11 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
     assert work.shape[1] == requests.shape[1] == 8 and work.dtype == requests.dtype == torch.int32
     assert ctas >= 1 or int(work[0, 0]) == 0
     sink = sinks.float() / LN2 if sinks.numel() else None
+    mask_bits = None
+    if custom_mask.numel():  # packed little-endian; it replaces causal
+        assert custom_mask.dtype == torch.uint8
+        mask_bits = ((custom_mask.long()[:, None] >> torch.arange(8)) & 1).reshape(-1).bool()
+        causal = False
 
     def rows_of(cache, request_row, positions):  # [positions, kv_heads, dim]
         kv_offset = request_row[2]
@@ -945,6 +1164,8 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
                     seen &= positions <= diagonal
                 if window_left >= 0:
                     seen &= positions >= diagonal - window_left
+                if mask_bits is not None:
+                    seen &= mask_bits[info[7] * 8 + token * kv_len + positions]
                 logits = logits.masked_fill(~seen, float("-inf"))
                 total = torch.logsumexp(logits, 0) if positions.numel() else torch.tensor(float("-inf"))
                 o = (torch.exp(logits - total).nan_to_num(0.0) @ values[:, kv_head]) if positions.numel() else torch.zeros(head_dim)
@@ -1100,23 +1321,6 @@ def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan():
         wrapper.plan(indptr_of([3000, 7]), indptr_of([9000, 20]), 8, 8, 64, causal=True, fixed_split_size=fixed)
         tables.append((wrapper._plan.work.tolist(), wrapper._plan.requests.tolist()))
     assert tables[0] == tables[1] == tables[2]
-
-
-@pytest.mark.parametrize("name", ["custom_mask", "packed_custom_mask"])
-def test_custom_masks_are_not_implemented(name):
-    mask = torch.ones(25, dtype=torch.bool)
-    with pytest.raises(NotImplementedError, match=name):
-        cpu_wrapper().plan(*paged_plan_args(), **{name: mask})
-    with pytest.raises(NotImplementedError, match=name):
-        cpu_wrapper("ragged").plan(indptr_of([5]), indptr_of([5]), 8, 8, 64, **{name: mask})
-    with pytest.raises(NotImplementedError, match=name):
-        aotinfer.single_prefill_with_kv_cache(torch.zeros(5, 8, 64).half(), torch.zeros(5, 8, 64).half(), torch.zeros(5, 8, 64).half(), **{name: mask})
-
-
-@pytest.mark.parametrize("name", ["custom_mask_buf", "mask_indptr_buf"])
-def test_mask_buffers_are_not_implemented(name):
-    with pytest.raises(NotImplementedError, match=name):
-        cpu_wrapper(**{name: torch.zeros(4, dtype=torch.int32)})
 
 
 @pytest.mark.parametrize(

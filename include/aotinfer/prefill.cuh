@@ -13,7 +13,8 @@
 //
 // Masks (causal aligned to the end: query i of q_len sees key j <= i + kv_len - q_len; window_left;
 // the end of the keys) are applied only on tiles that a mask cuts; tiles that every row masks are
-// never visited. A request whose keys were split over several items (the caller's plan decides)
+// never visited. A custom mask (bits, one a query and key) cuts every tile: each row reads its
+// tile's bits once, a few bytes, and a row that sees no key gets a zero output and an LSE of -inf. A request whose keys were split over several items (the caller's plan decides)
 // writes float32 partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
 // v_scale multiplies the output (final or partial) where it is finished, never the LSE.
 //
@@ -50,7 +51,11 @@ struct PrefillParams : AttentionParams {
   // pos / page_size], slot pos % page_size; ragged (indices null): at token kv_offset + pos, so
   // stride_page is the token stride and stride_slot is unused.
   const int4* work;              // [1 + items][2]: row 0 (items, heads, grouped, -) (BlockHeadAndItem); then (request, row_begin, kv_begin, kv_end), (chunk, -)
-  const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, split_from, -)
+  const int4* requests;          // [batch][2]: (q_begin, q_len, kv_offset, kv_len), (first_partial, num_partials, split_from, mask_begin)
+  // A custom mask (null: none; it replaces causal, a window still applies): request b's query i
+  // sees key j where bit i * kv_len + j of its segment is set, the segment starting at byte
+  // mask_begin, bits little-endian within a byte (FlashInfer's packed_custom_mask).
+  const uint8_t* custom_mask;
   PageDivisor group_divisor;
   float v_scale;                 // multiplies the output
   bool causal;
@@ -120,6 +125,23 @@ __device__ __forceinline__ void MaskScores(const PrefillParams& p, At at, const 
   }
 }
 
+// Bits [bit, bit + kBits) of a packed mask, little-endian within a byte, the first in bit 0; the
+// bytes past bit `last` (inclusive) are not read and count as 0.
+template <int kBits>
+__device__ __forceinline__ uint64_t MaskBits(const uint8_t* mask, int64_t bit, int64_t last) {
+  static_assert(kBits == 32 || kBits == 64, "a tile's keys");
+  const uint8_t* bytes = mask + (bit >> 3);
+  const int shift = int(bit & 7), bytes_needed = int((last >> 3) - (bit >> 3)) + 1;
+  uint64_t lo = 0, hi = 0;
+#pragma unroll
+  for (int i = 0; i < kBits / 8 + 1; ++i) {
+    const uint64_t byte = i < bytes_needed ? __ldg(bytes + i) : 0;
+    if (i < 8) lo |= byte << (8 * i);
+    else hi = byte;
+  }
+  return shift ? (lo >> shift) | (hi << (64 - shift)) : lo;
+}
+
 // Where a split request's partials are: query token t (of the request) has partials first_partial
 // + t * num_partials + chunk, from its token split_from on (its tokens before it are whole: their
 // items write the output). Row n of the merge is a query token of the batch, found among the
@@ -178,6 +200,8 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
   // Below these bounds no row of the block is masked (but for the keys' end).
   const int all_see_up_to = p.causal ? first_token + delta : INT_MAX;
   const int all_see_from = p.window_left >= 0 ? last_token + delta - p.window_left : INT_MIN;
+  const bool custom = p.custom_mask != nullptr;
+  const int64_t mask_bit0 = int64_t(split.w) * 8;  // the request's segment, in bits
 
   // This thread's rows: g and g + 8 of each of its warp's tiles; a row's query token and the
   // key on its diagonal.
@@ -399,7 +423,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
       // and the mask are separate warp-uniform branches: folded into one loop, the compiler
       // predicates both on every tile, ~400 issue slots a tile that most tiles never need.
       const int tile_pos = begin + tile * kTileKV;
-      const bool masked = tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
+      const bool masked = custom || tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
       if (capped) {
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
@@ -416,6 +440,20 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const int token[2] = {token_of(mq, 0), token_of(mq, 1)};
           MaskScores<kNT>(p, [&](int nt, int e) -> float& { return s[mq][nt][e]; }, token, delta, end, col0);
+          if (custom) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              // The row's bits of this tile (none past its keys' end, none for a padding row).
+              const int64_t first = mask_bit0 + int64_t(token[r]) * kv_len + tile_pos;
+              const uint64_t bits = token[r] < q_len ? MaskBits<kTileKV>(p.custom_mask, first, first + (end - 1 - tile_pos)) : 0;
+              const uint64_t mine = bits >> ((lane % 4) * 2);
+#pragma unroll
+              for (int nt = 0; nt < kNT; ++nt) {
+                if (!((mine >> (nt * 8)) & 1)) s[mq][nt][2 * r] = -INFINITY;
+                if (!((mine >> (nt * 8 + 1)) & 1)) s[mq][nt][2 * r + 1] = -INFINITY;
+              }
+            }
+          }
         }
       }
 #pragma unroll

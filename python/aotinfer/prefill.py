@@ -20,8 +20,10 @@ is token ``r // group`` of head ``r % group``), splits the keys of long requests
 the tiles alone would leave the GPU idle, and writes two int32 tables into the workspace:
 
     requests  [batch, 8]      (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials,
-                              split_from, 0)
+                              split_from, mask_begin)
                               kv_offset: the first KV row (ragged) or page-table entry (paged);
+                              mask_begin: the byte of the packed custom mask where the request's
+                              bits start (0 without a mask);
                               num_partials > 1: split, query token t >= split_from has its
                               partial i at slot first_partial + t * num_partials + i (the tokens
                               before split_from are whole: a lone request's last tiles alone are
@@ -53,11 +55,18 @@ FlashInfer behaviours followed, and the decisions they settle:
 - ``forward`` (deprecated) takes ``causal``, ``window_left``, ``logits_soft_cap`` and ``sm_scale``
   and keeps them for later calls, as FlashInfer's does (SGLang passes them there); the plan does
   not depend on them.
-- ``custom_mask`` / ``packed_custom_mask`` (and the wrappers' mask buffers), position encodings
-  other than ``"NONE"``, ``head_dim_vo != head_dim_qk``, ``use_fp16_qk_reduction=True`` and fp8
-  K and V outside a paged cache (the ragged wrapper's ``kv_data_type``, an fp8 ``k`` given to
-  ``single_prefill_with_kv_cache``) raise NotImplementedError naming the argument; they are never
-  ignored.
+- ``custom_mask`` (bool, each request's ``[qo_len, kv_len]`` flattened, one after another) or
+  ``packed_custom_mask`` (those bits packed little-endian a request at a time, each request's
+  segment starting at a byte: what ``segment_packbits(..., bitorder="little")`` makes) replace
+  ``causal``; a window still applies. A query that sees no key gets a zero output and an LSE of
+  -inf, as FlashInfer's kernels give. Under ``use_cuda_graph`` the wrapper's ``custom_mask_buf``
+  holds the packed mask (and ``mask_indptr_buf`` the segments' byte offsets), filled by ``plan``.
+  The sm80-class kernel applies masks; ``backend="fa3"`` with a mask raises NotImplementedError
+  and ``"auto"`` takes the sm80-class kernel for it.
+- Position encodings other than ``"NONE"``, ``head_dim_vo != head_dim_qk``,
+  ``use_fp16_qk_reduction=True`` and fp8 K and V outside a paged cache (the ragged wrapper's
+  ``kv_data_type``, an fp8 ``k`` given to ``single_prefill_with_kv_cache``) raise
+  NotImplementedError naming the argument; they are never ignored.
 - The paged wrapper takes fp8 caches (``kv_data_type`` float8_e4m3fn or float8_e5m2; q float16
   or bfloat16, the output q's dtype): the kernel widens them to float16, which holds every fp8
   value exactly, and runs the tensor cores in float16; a bfloat16 q is converted to float16 once,
@@ -134,13 +143,16 @@ def tile_rows(head_dim: int, sm90: bool = False) -> int:
     return 128 if head_dim <= 128 else 64
 
 
-def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any) -> bool:
+def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any, masked: bool = False) -> bool:
     """Whether the Hopper kernel runs: ``backend="fa3"`` (FlashInfer's name for its Hopper
     backend), or ``"auto"`` on a GPU of compute capability 9.0 where the kernel takes the shapes
-    (head_dim 64, 128 or 256, K and V of q's dtype); every other case runs the kernel of every arch."""
+    (head_dim 64, 128 or 256, K and V of q's dtype, no custom mask: ``masked``); every other case
+    runs the kernel of every arch."""
     import torch
 
-    if backend not in ("auto", "fa3"):
+    if backend == "fa3" and masked:
+        raise NotImplementedError("custom masks on backend='fa3' are not implemented yet: use backend='auto' or 'fa2'")
+    if backend not in ("auto", "fa3") or masked:
         return False
     # None off a GPU, and for fake CUDA tensors where torch has no CUDA (a tracer's, which records
     # the choice of "auto" made here); the loader's capability, asked once a device.
@@ -163,10 +175,55 @@ def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: A
 # ---- argument checks (what the binding cannot name) --------------------------------------------
 
 
-def _refuse_masks(**masks: Any) -> None:
-    for name, value in masks.items():
-        if value is not None:
-            raise NotImplementedError(f"{name} is not implemented: custom masks come in a later release; pass {name}=None")
+def _check_mask_forms(custom_mask: Any, packed_custom_mask: Any) -> None:
+    import torch
+
+    if custom_mask is not None and packed_custom_mask is not None:
+        raise ValueError("Expected custom_mask or packed_custom_mask, got both: pass one")
+    if custom_mask is not None:
+        check_tensor(custom_mask, "custom_mask")
+        if custom_mask.dtype != torch.bool:
+            raise TypeError(f"Expected custom_mask to have dtype torch.bool, got {custom_mask.dtype}")
+    if packed_custom_mask is not None:
+        check_tensor(packed_custom_mask, "packed_custom_mask")
+        if packed_custom_mask.dtype != torch.uint8:
+            raise TypeError(f"Expected packed_custom_mask to have dtype torch.uint8, got {packed_custom_mask.dtype}")
+
+
+def _packed_mask(custom_mask: Any, packed_custom_mask: Any, q_len: Any, kv_len: Any):
+    """The requests' masks as the kernel reads them: uint8 bits, little-endian within a byte, a
+    segment a request (request i's query t sees key j where bit t * kv_len + j of its segment is
+    set), each starting at a byte; and the segments' byte offsets, int64 ``[batch + 1]`` on the
+    host. ``custom_mask``: bool, request i's ``q_len[i] * kv_len[i]`` values one after another
+    (FlashInfer's flattened form); ``packed_custom_mask``: those segments packed already, as
+    ``segment_packbits(custom_mask, ..., bitorder="little")`` makes them."""
+    import torch
+
+    from .quantization import segment_packbits
+
+    bits = q_len * kv_len
+    begin = torch.zeros(bits.numel() + 1, dtype=torch.int64)
+    torch.cumsum((bits + 7) // 8, 0, out=begin[1:])
+    total_bytes = int(begin[-1])
+    if total_bytes >= 1 << 31:
+        raise ValueError(f"Expected custom masks of less than 2^31 bytes packed, these take {total_bytes}")
+    if custom_mask is not None:
+        total_bits = int(bits.sum())
+        if custom_mask.numel() != total_bits:
+            raise ValueError(
+                f"Expected custom_mask to hold sum(qo_len * kv_len) = {total_bits} values (each request's "
+                f"[qo_len, kv_len] mask, flattened, one after another), got {custom_mask.numel()}"
+            )
+        bit_begin = torch.zeros_like(begin)
+        torch.cumsum(bits, 0, out=bit_begin[1:])
+        packed, _ = segment_packbits(custom_mask.reshape(-1), bit_begin.to(custom_mask.device), bitorder="little")
+        return packed, begin
+    if packed_custom_mask.numel() < total_bytes:
+        raise ValueError(
+            f"Expected packed_custom_mask to hold the requests' packed masks, {total_bytes} bytes (each request's "
+            f"qo_len * kv_len bits rounded up to whole bytes), got {packed_custom_mask.numel()}"
+        )
+    return packed_custom_mask.reshape(-1), begin
 
 
 def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size) -> None:
@@ -244,7 +301,7 @@ class PrefillPartition:
         self.span_table = span_table  # int64 [items, 3]: each item's (request, first key, end key) attended, in the work table's order
         self.halves = halves  # the last items: halves of a lone request's last tiles (tiles_to_halve)
         self.merge_from = merge_from  # the first query token (of the batch) with partials to merge; -1: none
-        self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, split_from, 0)
+        self.requests = requests  # [batch, 8]: (q_begin, q_len, kv_offset, kv_len, first_partial, num_partials, split_from, mask_begin)
         self.num_items = num_items
         self.num_slots = num_slots  # partial results written (query tokens x chunks of split requests)
         self.chunk = chunk  # KV tokens per chunk; 0: nothing split
@@ -449,6 +506,7 @@ class _Plan:
     __slots__ = (
         "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
         "work", "requests", "indices", "partial_out", "partial_lse", "merge_from", "ctas", "empty", "partition", "binding",
+        "mask",
     )  # fmt: skip
 
 
@@ -472,6 +530,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         plan.work,
         plan.requests,
         plan.empty if sinks is None else sinks,
+        *(() if plan.binding is _batch_prefill_sm90 else (plan.empty if plan.mask is None else plan.mask,)),
         wrapper._captured_address,
         kv_layout_code,
         sm_scale,
@@ -502,18 +561,32 @@ def _check_run_common(wrapper, q, enable_pdl) -> None:
 
 
 class _BatchPrefillWrapper(AttentionWrapper):
-    """What the ragged and paged wrappers share beyond AttentionWrapper: masks refused, causal
+    """What the ragged and paged wrappers share beyond AttentionWrapper: custom masks, causal
     among the options, the partition and the tables."""
 
     def _init_common(self, float_workspace_buffer, kv_layout, use_cuda_graph, backend, custom_mask_buf, mask_indptr_buf):
+        import torch
+
         self._init_wrapper(float_workspace_buffer, kv_layout, use_cuda_graph, backend)
         self._spans: Optional[torch.Tensor] = None  # the span tables of plans, kept from plan to plan
-        _refuse_masks(custom_mask_buf=custom_mask_buf, mask_indptr_buf=mask_indptr_buf)
+        # Under use_cuda_graph, where plan puts the packed mask and its segments' byte offsets
+        # (a captured run reads the mask there); else what the last plan used, as FlashInfer's.
+        if custom_mask_buf is not None:
+            check_tensor(custom_mask_buf, "custom_mask_buf")
+            if custom_mask_buf.dtype != torch.uint8 or custom_mask_buf.dim() != 1 or custom_mask_buf.device != self.device:
+                raise ValueError(
+                    f"Expected custom_mask_buf to be a 1-D uint8 tensor on {self.device}, got {custom_mask_buf.dtype} "
+                    f"{list(custom_mask_buf.shape)} on {custom_mask_buf.device}"
+                )
+        if mask_indptr_buf is not None:
+            check_int32(mask_indptr_buf, "mask_indptr_buf")
+        self._custom_mask_buf = custom_mask_buf
+        self._mask_indptr_buf = mask_indptr_buf
 
     def _plan_common(
         self, lengths, total_q, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
         window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
-        disable_split_kv, non_blocking, indices, total_kv,
+        disable_split_kv, non_blocking, indices, total_kv, custom_mask=None, packed_custom_mask=None,
     ) -> None:  # fmt: skip
         """``lengths``, ``total_q``: _request_lengths'."""
         import torch
@@ -527,7 +600,21 @@ class _BatchPrefillWrapper(AttentionWrapper):
                 f"The batch size is fixed under use_cuda_graph: got {batch}, the buffers given to the wrapper hold "
                 f"{self._fixed_batch_size}"
             )
-        sm90 = use_sm90(self._backend, self.device, head_dim, q_dtype, kv_dtype)
+        masked = custom_mask is not None or packed_custom_mask is not None
+        if masked:
+            mask, mask_begin = _packed_mask(custom_mask, packed_custom_mask, q_len, kv_len)
+            if self._use_cuda_graph and (self._custom_mask_buf is None or self._custom_mask_buf.numel() < int(mask_begin[-1])):
+                raise ValueError(
+                    f"Expected custom_mask_buf of at least {int(mask_begin[-1])} bytes (the packed masks) under "
+                    f"use_cuda_graph, got {None if self._custom_mask_buf is None else self._custom_mask_buf.numel()}"
+                )
+        elif self._use_cuda_graph and self._custom_mask_buf is not None:
+            raise ValueError(
+                "This wrapper was made with custom_mask_buf under use_cuda_graph: a captured run reads a mask, so "
+                "every plan takes custom_mask or packed_custom_mask"
+            )
+        causal = causal and not masked  # a custom mask replaces causal (FlashInfer's mask modes)
+        sm90 = use_sm90(self._backend, self.device, head_dim, q_dtype, kv_dtype, masked)
         ctas_per_sm = _SM90_CTAS_PER_SM if sm90 else _CTAS_PER_SM
         staging = self._staging()
         most_items = self._table_bytes() // (4 * _WORK_WIDTH)  # what the staging half holds
@@ -544,6 +631,8 @@ class _BatchPrefillWrapper(AttentionWrapper):
             last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
             planner=host_binding("prefill", "plan_prefill", self.device), staging=staging, spans=self._spans,
         )  # fmt: skip
+        if masked:
+            partition.requests[:, 7] = mask_begin[:-1]  # each request's mask_begin (prefill.cuh)
         partition.work[0, 1], partition.work[0, 2] = _head_schedule(
             sm90, num_kv_heads, int(kv_len.sum()), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
             partition.halves)  # fmt: skip
@@ -580,6 +669,16 @@ class _BatchPrefillWrapper(AttentionWrapper):
         plan.requests, plan.work = requests, work
         plan.indices = indices
         plan.binding = _batch_prefill_sm90 if sm90 else _batch_prefill
+        plan.mask = None
+        if self._use_cuda_graph and masked:
+            plan.mask = self._custom_mask_buf
+            plan.mask[: mask.numel()].copy_(mask, non_blocking=non_blocking)
+            if self._mask_indptr_buf is not None:
+                self._mask_indptr_buf.copy_(mask_begin.to(torch.int32), non_blocking=non_blocking)
+        elif not self._use_cuda_graph:
+            plan.mask = mask.to(self.device, non_blocking=non_blocking) if masked else None
+            self._custom_mask_buf = plan.mask
+            self._mask_indptr_buf = mask_begin.to(self.device, torch.int32) if masked else None
         # The merge reads the query tokens from the first split one on (all under a CUDA graph, whose
         # replays may follow other plans); -1: none.
         plan.merge_from = 0 if self._use_cuda_graph else partition.merge_from
@@ -606,7 +705,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
 def _check_plan_scalars(num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
                         use_fp16_qk_reduction, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta,
                         fixed_split_size, custom_mask, packed_custom_mask) -> None:  # fmt: skip
-    _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    _check_mask_forms(custom_mask, packed_custom_mask)
     check_options(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta)
     check_heads(num_qo_heads, num_kv_heads)
     _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size)
@@ -705,7 +804,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             With ``use_cuda_graph``: int32 GPU buffers of ``batch_size + 1`` elements, which
             ``plan`` fills. The batch size is fixed by them.
         custom_mask_buf, mask_indptr_buf : torch.Tensor
-            Custom masks are not implemented: None (else NotImplementedError).
+            With ``use_cuda_graph`` and custom masks: a uint8 GPU buffer large enough for the packed
+            masks of every plan (``plan`` copies them there; a captured ``run`` reads them there), and
+            optionally an int32 ``[batch_size + 1]`` one that ``plan`` fills with their byte offsets.
+            Given ``custom_mask_buf``, every plan takes a mask.
         backend : str
             FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
             head_dim 64, 128 or 256, K and V of q's dtype: else ValueError / NotImplementedError at
@@ -759,8 +861,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             64, 128 or 256.
         head_dim_vo : Optional[int]
             None or ``head_dim_qk``.
-        custom_mask, packed_custom_mask : Optional[torch.Tensor]
-            Not implemented: None (else NotImplementedError).
+        custom_mask : Optional[torch.Tensor]
+            bool, each request's ``[qo_len, kv_len]`` mask (True: the query sees the key) flattened,
+            one after another: ``sum(qo_len * kv_len)`` values. It replaces ``causal``; a window
+            still applies.
+        packed_custom_mask : Optional[torch.Tensor]
+            uint8, the same masks packed: ``segment_packbits(custom_mask, ..., bitorder="little")``,
+            each request's bits from a byte of its own. One of the two forms, or neither.
         causal : bool
             Causal mask aligned to the end (see the module doc).
         pos_encoding_mode : str
@@ -800,7 +907,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         self._plan_common(
             lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, 1, causal, pos_encoding_mode,
             window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
-            disable_split_kv, non_blocking, _empty_indices(self.device), total_kv,
+            disable_split_kv, non_blocking, _empty_indices(self.device), total_kv, custom_mask, packed_custom_mask,
         )  # fmt: skip
         if self._use_cuda_graph:
             self._qo_indptr_buf.copy_(qo_indptr, non_blocking=non_blocking)
@@ -957,7 +1064,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         paged_kv_indices_buf : torch.Tensor
             With ``use_cuda_graph``: int32 GPU buffer for the most page ids any plan uses.
         custom_mask_buf, mask_indptr_buf : torch.Tensor
-            Custom masks are not implemented: None (else NotImplementedError).
+            With ``use_cuda_graph`` and custom masks: a uint8 GPU buffer large enough for the packed
+            masks of every plan (``plan`` copies them there; a captured ``run`` reads them there), and
+            optionally an int32 ``[batch_size + 1]`` one that ``plan`` fills with their byte offsets.
+            Given ``custom_mask_buf``, every plan takes a mask.
         backend : str
             FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
             head_dim 64, 128 or 256, K and V of q's dtype: else ValueError / NotImplementedError at
@@ -1063,7 +1173,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         self._plan_common(
             lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype,
-            fixed_split_size, disable_split_kv, non_blocking, indices, 0,
+            fixed_split_size, disable_split_kv, non_blocking, indices, 0, custom_mask, packed_custom_mask,
         )  # fmt: skip
         if self._use_cuda_graph:
             self._qo_indptr_buf.copy_(qo_indptr, non_blocking=non_blocking)
@@ -1257,7 +1367,7 @@ def _check_single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_l
                           use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale, rope_theta,
                           backend) -> None:  # fmt: skip
     """What single_prefill_with_kv_cache's binding cannot name: the options and scalars."""
-    _refuse_masks(custom_mask=custom_mask, packed_custom_mask=packed_custom_mask)
+    _check_mask_forms(custom_mask, packed_custom_mask)
     check_backend(backend)
     check_kv_layout(kv_layout)
     check_pos_encoding_mode(pos_encoding_mode)
@@ -1306,8 +1416,12 @@ def single_prefill_with_kv_cache(
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND),
         q's dtype. Strided views are fine (last dimension contiguous).
-    custom_mask, packed_custom_mask : Optional[torch.Tensor]
-        Not implemented: None (else NotImplementedError).
+    custom_mask : Optional[torch.Tensor]
+        bool ``[qo_len, kv_len]`` (or those values flattened): True where the query sees the key.
+        It replaces ``causal``; a window still applies.
+    packed_custom_mask : Optional[torch.Tensor]
+        uint8, the same bits packed: ``packbits(custom_mask.flatten(), bitorder="little")``. One of
+        the two forms, or neither.
     causal : bool
         Causal mask aligned to the end; needs ``qo_len <= kv_len`` (ValueError otherwise).
     kv_layout : str
@@ -1353,11 +1467,17 @@ def single_prefill_with_kv_cache(
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     qo_len, num_qo_heads, head_dim = q.shape
     kv_len, num_kv_heads = k.shape[0], k.shape[1]
+    masked = custom_mask is not None or packed_custom_mask is not None
+    causal = causal and not masked  # a custom mask replaces causal
     if causal and qo_len > kv_len:
         raise ValueError(f"Expected qo_len ({qo_len}) <= kv_len ({kv_len}) with causal=True")
     device = k.device  # everything the op makes goes beside K and V: a q elsewhere is what the binding names
+    mask = torch.empty(0, dtype=torch.uint8, device=device)
+    if masked:  # one request: its segment at byte 0
+        lengths = torch.tensor([qo_len]), torch.tensor([kv_len])
+        mask = _packed_mask(custom_mask, packed_custom_mask, *lengths)[0].to(device)
     group = max(num_qo_heads // max(num_kv_heads, 1), 1)
-    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype)
+    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype, masked)
     rows = tile_rows(head_dim, sm90)
     tiles = (qo_len * group + rows - 1) // rows
     # Under full attention the last tiles' keys may be halved, as the wrappers' plan does
@@ -1416,6 +1536,7 @@ def single_prefill_with_kv_cache(
         work,
         requests,
         empty,  # no sinks
+        *(() if sm90 else (mask,)),
         0,  # captured: each call has tables of its own
         0,
         1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
