@@ -31,7 +31,7 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
       out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
       logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl);
-  aotinfer::SetCustomMask(checked.params, custom_mask, q);
+  aotinfer::SetCustomMask(checked, custom_mask, q);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);

@@ -102,9 +102,11 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
 
 // A custom mask for the launch (python/aotinfer/prefill.py packs it, segments at the requests'
 // mask_begin): uint8 bytes, 1-D, contiguous, on q's GPU; none where it has no elements. It
-// replaces causal.
-inline void SetCustomMask(PrefillParams& p, TensorView custom_mask, TensorView q) {
+// replaces causal. With 16-bit caches only.
+inline void SetCustomMask(CheckedPrefill& checked, TensorView custom_mask, TensorView q) {
   if (custom_mask.numel() == 0) return;
+  if (checked.fp8) AOTINFER_THROW(NotImplementedError) << "custom_mask with an fp8 KV cache is not implemented";
+  PrefillParams& p = checked.params;
   CheckDim(1, custom_mask, "custom_mask");
   CheckContiguous(custom_mask, "custom_mask");
   if (custom_mask.dtype().code != kDLUInt || custom_mask.dtype().bits != 8 || custom_mask.dtype().lanes != 1) {

@@ -608,6 +608,8 @@ def test_custom_mask_arguments_are_checked():
         cpu_wrapper().plan(*args, packed_custom_mask=torch.ones(4, dtype=torch.int32))
     with pytest.raises(NotImplementedError, match="fa3"):
         cpu_wrapper(backend="fa3").plan(*args, custom_mask=mask)
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn KV cache"):
+        cpu_wrapper().plan(*args, custom_mask=mask, kv_data_type=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="custom_mask_buf"):
         cpu_wrapper(custom_mask_buf=torch.empty(16, dtype=torch.int32))
     with pytest.raises(ValueError, match="custom_mask or packed_custom_mask, got both"):

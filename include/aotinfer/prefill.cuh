@@ -165,7 +165,7 @@ struct PrefillPartials {
   }
 };
 
-template <typename T, typename KV, int D, bool kPaged>
+template <typename T, typename KV, int D, bool kPaged, bool kMasked>
 __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head, int4 item, int chunk, uint8_t* shared) {
   using S = PrefillShape<T, KV, D>;
   static_assert(!S::kWiden || kPaged, "fp8 caches are paged");
@@ -200,8 +200,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
   // Below these bounds no row of the block is masked (but for the keys' end).
   const int all_see_up_to = p.causal ? first_token + delta : INT_MAX;
   const int all_see_from = p.window_left >= 0 ? last_token + delta - p.window_left : INT_MIN;
-  const bool custom = p.custom_mask != nullptr;
-  const int64_t mask_bit0 = int64_t(split.w) * 8;  // the request's segment, in bits
+  static_assert(!kMasked || !S::kWiden, "custom masks with 16-bit caches");
 
   // This thread's rows: g and g + 8 of each of its warp's tiles; a row's query token and the
   // key on its diagonal.
@@ -423,7 +422,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
       // and the mask are separate warp-uniform branches: folded into one loop, the compiler
       // predicates both on every tile, ~400 issue slots a tile that most tiles never need.
       const int tile_pos = begin + tile * kTileKV;
-      const bool masked = custom || tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
+      const bool masked = kMasked || tile_pos + kTileKV > end || tile_pos + kTileKV - 1 > all_see_up_to || tile_pos < all_see_from;
       if (capped) {
 #pragma unroll
         for (int mq = 0; mq < kMmaQ; ++mq) {
@@ -440,11 +439,12 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
         for (int mq = 0; mq < kMmaQ; ++mq) {
           const int token[2] = {token_of(mq, 0), token_of(mq, 1)};
           MaskScores<kNT>(p, [&](int nt, int e) -> float& { return s[mq][nt][e]; }, token, delta, end, col0);
-          if (custom) {
+          if constexpr (kMasked) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-              // The row's bits of this tile (none past its keys' end, none for a padding row).
-              const int64_t first = mask_bit0 + int64_t(token[r]) * kv_len + tile_pos;
+              // The row's bits of this tile (none past its keys' end, none for a padding row),
+              // from the request's segment (its first byte: mask_begin).
+              const int64_t first = int64_t(p.requests[2 * request + 1].w) * 8 + int64_t(token[r]) * kv_len + tile_pos;
               const uint64_t bits = token[r] < q_len ? MaskBits<kTileKV>(p.custom_mask, first, first + (end - 1 - tile_pos)) : 0;
               const uint64_t mine = bits >> ((lane % 4) * 2);
 #pragma unroll
@@ -649,7 +649,7 @@ __device__ __forceinline__ int2 BlockHeadAndItem(const PrefillParams& p) {
   return make_int2(first_head + rank % heads_here, rank / heads_here);
 }
 
-template <typename T, typename KV, int D, bool kPaged>
+template <typename T, typename KV, int D, bool kPaged, bool kMasked>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
@@ -658,20 +658,34 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   for (int i = start.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
-    PrefillItem<T, KV, D, kPaged>(p, start.x, item, p.work[3 + 2 * i].x, shared);
+    PrefillItem<T, KV, D, kPaged, kMasked>(p, start.x, item, p.work[3 + 2 * i].x, shared);
   }
   AllowDependentGrids();
 }
 
-template <typename T, typename KV, int D, bool kPaged>
+template <typename T, typename KV, int D, bool kPaged, bool kMasked = false>
 cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
   constexpr size_t kSharedBytes = PrefillShape<T, KV, D>::kSharedBytes;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
-  if (BlocksPerSm<PrefillKernel<T, KV, D, kPaged>>(kPrefillThreads, kSharedBytes, device) == 0) {
+  if (BlocksPerSm<PrefillKernel<T, KV, D, kPaged, kMasked>>(kPrefillThreads, kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
-  return LaunchWithSharedMemory(PrefillKernel<T, KV, D, kPaged>, grid, dim3(kPrefillThreads), kSharedBytes, stream, pdl, p);
+  return LaunchWithSharedMemory(PrefillKernel<T, KV, D, kPaged, kMasked>, grid, dim3(kPrefillThreads), kSharedBytes, stream,
+                                pdl, p);
+}
+
+// A 16-bit cache, ragged or paged, masked or not: a masked kernel of its own, so that the mask's
+// registers never weigh on the kernels without one.
+template <typename T, int D>
+cudaError_t LaunchPrefill16(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
+  const bool paged = p.indices != nullptr;
+  if (p.custom_mask != nullptr) {
+    return paged ? LaunchPrefill<T, T, D, true, true>(p, ctas, stream, pdl, device)
+                 : LaunchPrefill<T, T, D, false, true>(p, ctas, stream, pdl, device);
+  }
+  return paged ? LaunchPrefill<T, T, D, true>(p, ctas, stream, pdl, device)
+               : LaunchPrefill<T, T, D, false>(p, ctas, stream, pdl, device);
 }
 
 // The prefill kernel (paged where p.indices is set, else ragged; one fp8 kernel for both q types
@@ -682,10 +696,9 @@ template <typename T, int D>
 cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, int ctas, int merge_from, int q_tokens,
                          cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  const cudaError_t status = !fp8_cache            ? p.indices != nullptr ? LaunchPrefill<T, T, D, true>(p, ctas, stream, pdl, device)
-                                                                          : LaunchPrefill<T, T, D, false>(p, ctas, stream, pdl, device)
-                             : p.e5m2 ? LaunchPrefill<half, __nv_fp8_e5m2, D, true>(p, ctas, stream, pdl, device)
-                                      : LaunchPrefill<half, __nv_fp8_e4m3, D, true>(p, ctas, stream, pdl, device);
+  const cudaError_t status = !fp8_cache ? LaunchPrefill16<T, D>(p, ctas, stream, pdl, device)
+                             : p.e5m2   ? LaunchPrefill<half, __nv_fp8_e5m2, D, true>(p, ctas, stream, pdl, device)
+                                        : LaunchPrefill<half, __nv_fp8_e4m3, D, true>(p, ctas, stream, pdl, device);
   if (status != cudaSuccess || merge_from < 0) return status;
   return MergePartials<T, D>(p, q_tokens - merge_from, PrefillPartials{p.requests, p.batch}, stream, pdl, merge_from);
 }

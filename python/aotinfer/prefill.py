@@ -61,8 +61,9 @@ FlashInfer behaviours followed, and the decisions they settle:
   ``causal``; a window still applies. A query that sees no key gets a zero output and an LSE of
   -inf, as FlashInfer's kernels give. Under ``use_cuda_graph`` the wrapper's ``custom_mask_buf``
   holds the packed mask (and ``mask_indptr_buf`` the segments' byte offsets), filled by ``plan``.
-  The sm80-class kernel applies masks; ``backend="fa3"`` with a mask raises NotImplementedError
-  and ``"auto"`` takes the sm80-class kernel for it.
+  The sm80-class kernel applies masks, in a kernel of its own (the unmasked kernels keep their
+  registers); ``backend="fa3"`` with a mask raises NotImplementedError and ``"auto"`` takes the
+  sm80-class kernel for it. Masks with fp8 KV caches raise NotImplementedError.
 - Position encodings other than ``"NONE"``, ``head_dim_vo != head_dim_qk``,
   ``use_fp16_qk_reduction=True`` and fp8 K and V outside a paged cache (the ragged wrapper's
   ``kv_data_type``, an fp8 ``k`` given to ``single_prefill_with_kv_cache``) raise
@@ -601,6 +602,10 @@ class _BatchPrefillWrapper(AttentionWrapper):
                 f"{self._fixed_batch_size}"
             )
         masked = custom_mask is not None or packed_custom_mask is not None
+        if masked and kv_dtype != q_dtype:
+            raise NotImplementedError(
+                f"custom masks with a {dtype_name(kv_dtype)} KV cache are not implemented: K and V of q's dtype take them"
+            )
         if masked:
             mask, mask_begin = _packed_mask(custom_mask, packed_custom_mask, q_len, kv_len)
             if self._use_cuda_graph and (self._custom_mask_buf is None or self._custom_mask_buf.numel() < int(mask_begin[-1])):
