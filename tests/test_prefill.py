@@ -1302,6 +1302,47 @@ def test_sglang_fast_prefill_plan_sequence(kernel_model):
         check(out, want, torch.float16, lse, want_lse)
 
 
+def test_sglang_fast_prefill_plan_with_a_tree_mask(kernel_model):
+    """SGLang's EAGLE verification under CUDA graphs (fast_prefill_plan with custom_mask): the
+    wrapper was made with custom_mask_buf and mask_indptr_buf; each replay SGLang packs the tree
+    masks into them itself (pack_verify_mask_into: FlashInfer's layout, a request's segment from a
+    byte of its own), then calls _cached_module.plan (page_size 1, causal False)."""
+    batch, heads, width = 3, (12, 2, 64), 4
+    buffers = dict(
+        qo_indptr_buf=torch.empty(batch + 1, dtype=torch.int32), paged_kv_indptr_buf=torch.empty(batch + 1, dtype=torch.int32),
+        paged_kv_indices_buf=torch.empty(4096, dtype=torch.int32), paged_kv_last_page_len_buf=torch.empty(batch, dtype=torch.int32),
+        custom_mask_buf=torch.empty(8192, dtype=torch.uint8), mask_indptr_buf=torch.empty(batch + 1, dtype=torch.int32),
+    )  # fmt: skip
+    wrapper = aotinfer.BatchPrefillWithPagedKVCacheWrapper(workspace("cpu", 16 << 20), "NHD", use_cuda_graph=True,
+                                                           backend="fa2", **buffers)  # fmt: skip
+    capture = [(width, 30), (width, 9), (width, 4)]
+    Case(capture, heads, torch.float16, "paged", page_size=1, device="cpu").plan(
+        wrapper, **mask_forms(tree_masks(capture), "bool", "cpu"))
+    for seed, pairs in enumerate(([(width, 100), (width, 4), (width, 57)], [(width, 12), (width, 300), (width, 9)])):
+        case = Case(pairs, heads, torch.float16, "paged", page_size=1, device="cpu")
+        masks = tree_masks(pairs, seed)
+        kv_lens_host = torch.tensor([kv for _, kv in pairs], dtype=torch.int32)
+        wrapper._qo_indptr_buf.copy_(case.qo_indptr)
+        wrapper._paged_kv_indptr_buf.copy_(case.indptr)
+        wrapper._paged_kv_last_page_len_buf.copy_(case.last_page_len)
+        wrapper._paged_kv_indices_buf[: len(case.indices)].copy_(case.indices)
+        packed_indptr = torch.zeros(batch + 1, dtype=torch.int32)
+        packed_indptr[1:] = torch.cumsum((kv_lens_host * width + 7) // 8, 0)
+        wrapper._mask_indptr_buf.copy_(packed_indptr)
+        packed = mask_forms(masks, "packed", "cpu")["packed_custom_mask"]
+        wrapper._custom_mask_buf[: packed.numel()].copy_(packed)
+        wrapper._custom_mask_buf[packed.numel() :].fill_(0xFF)  # bits past the masks are never read
+        wrapper._plan_info = wrapper._cached_module.plan(
+            wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, wrapper._pin_memory_int_workspace_buffer,
+            case.qo_indptr, case.indptr, kv_lens_host, int(case.qo_indptr[-1]), batch, heads[0], heads[1], 1,
+            wrapper.is_cuda_graph_enabled, heads[2], heads[2], False, -1, -1, False, 0, 0,
+        )  # fmt: skip
+        assert torch.equal(wrapper._mask_indptr_buf, packed_indptr)
+        want, want_lse = case.reference(masks=masks)
+        out, lse = wrapper.run(case.q, case.cache, return_lse=True)
+        check(out, want, torch.float16, lse, want_lse)
+
+
 # ---- argument errors on the CPU ----------------------------------------------------------------
 
 

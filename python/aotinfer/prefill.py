@@ -677,7 +677,8 @@ class _BatchPrefillWrapper(AttentionWrapper):
         plan.mask = None
         if self._use_cuda_graph and masked:
             plan.mask = self._custom_mask_buf
-            plan.mask[: mask.numel()].copy_(mask, non_blocking=non_blocking)
+            if mask.data_ptr() != plan.mask.data_ptr():  # else packed there already (SGLang's fast plan)
+                plan.mask[: mask.numel()].copy_(mask, non_blocking=non_blocking)
             if self._mask_indptr_buf is not None:
                 self._mask_indptr_buf.copy_(mask_begin.to(torch.int32), non_blocking=non_blocking)
         elif not self._use_cuda_graph:
@@ -739,7 +740,8 @@ class _PagedPlanModule:
     CUDA-graph buffers, calls ``_cached_module.plan`` with the host tables and the arguments of
     FlashInfer's fa2 (20) or fa3 (16) prefill planner, and sets the options on the wrapper. This
     plans the wrapper again: the page ids from ``_paged_kv_indices_buf``, the lengths from the
-    host ``kv_len``, the dtypes, soft cap and scale of the last ``plan``
+    host ``kv_len``, the dtypes, soft cap and scale of the last ``plan``, and, for a wrapper made
+    with ``custom_mask_buf``, the masks SGLang packed there (tree verification)
     (docs/design/overlay.md#sglangs-flashinfer-backend)."""
 
     def __init__(self, wrapper: "BatchPrefillWithPagedKVCacheWrapper") -> None:
@@ -759,11 +761,14 @@ class _PagedPlanModule:
         kv_indptr = kv_indptr.to("cpu")
         kv_len = kv_len.to("cpu", torch.int64).reshape(-1)
         last_page_len = last_page_len_of(kv_len, page_size)
+        # A wrapper made with custom_mask_buf (EAGLE tree verification): SGLang has packed this
+        # step's masks there, a request's segment from a byte of its own, as plan would.
+        mask = wrapper._custom_mask_buf if wrapper._use_cuda_graph else None
         wrapper.plan(
             qo_indptr, kv_indptr, wrapper._paged_kv_indices_buf[: int(kv_indptr[-1])], last_page_len, num_qo_heads,
-            num_kv_heads, head_dim_qk, page_size, head_dim_vo=head_dim_vo, causal=causal, window_left=window_left,
-            logits_soft_cap=wrapper._logits_soft_cap, q_data_type=last.q_dtype, kv_data_type=last.kv_dtype,
-            sm_scale=wrapper._sm_scale, seq_lens=kv_len, fixed_split_size=fixed_split_size,
+            num_kv_heads, head_dim_qk, page_size, head_dim_vo=head_dim_vo, packed_custom_mask=mask, causal=causal,
+            window_left=window_left, logits_soft_cap=wrapper._logits_soft_cap, q_data_type=last.q_dtype,
+            kv_data_type=last.kv_dtype, sm_scale=wrapper._sm_scale, seq_lens=kv_len, fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv,
         )  # fmt: skip
         return []  # FlashInfer's plan info: SGLang keeps it as _plan_info, and nothing here reads it
