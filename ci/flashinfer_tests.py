@@ -1,7 +1,7 @@
 """FlashInfer's own tests, run against aotinfer: the check that a server switches by changing an import.
 
-    python ci/flashinfer_tests.py CHECKOUT [--shard I/N] [--deadline SECONDS] [--report FILE.json]
-                                  [TEST_PATH ...] [-- PYTEST_ARGS]
+    python ci/flashinfer_tests.py CHECKOUT [--overlay] [--shard I/N] [--deadline SECONDS]
+                                  [--report FILE.json] [TEST_PATH ...] [-- PYTEST_ARGS]
     python ci/flashinfer_tests.py --merge FILE.json ...
 
 TEST_PATHs are relative to the checkout (default: the tests of the ops aotinfer ships). --shard runs
@@ -28,6 +28,14 @@ Every test ends in one of these bins, counted per test function in the report:
 - differs: a test of a limit of FlashInfer's kernels that aotinfer's lack (_DIFFERS names each);
 - failed: anything else, a wrong result or an error FlashInfer's op would not raise.
 Exit status 0 only where nothing failed.
+
+--overlay runs them as a server would run on aotinfer: beside a real FlashInfer (importable here),
+with aotinfer's overlay installed (`aotinfer.overlay.install()`, and AOTINFER_FLASHINFER=1 for the
+processes the tests start, which take it through the .pth hook of aotinfer's wheel). Then a passed
+test is binned by who served it: "passed on aotinfer", or "passed on FlashInfer" where code of the
+real FlashInfer's ran during its setup or call (beside its helpers, which the tests call to decide
+what to run: _REAL_HELPERS), the files named in the report. The other bins are as above but "not
+shipped", which cannot happen there (every other name is FlashInfer's).
 """
 
 from __future__ import annotations
@@ -254,18 +262,74 @@ def _declined(excinfo) -> bool:
     return excinfo.errisinstance((ValueError, TypeError)) and "supported" in message
 
 
+# The real FlashInfer's files that a test may run without being served by it: the helpers its
+# tests call to decide what to run (capabilities, versions, JIT environment, test utilities).
+_REAL_HELPERS = ("__init__.py", "version.py", "_build_meta.py", "utils.py", "api_logging.py", "compilation_context.py",
+                 "jit/", "testing/")  # fmt: skip
+
+
+class _RealCodeTracker:
+    """Which files of the real FlashInfer (under ``real_dir``) ran between start() and stop(),
+    helpers aside: sys.monitoring's PY_START, each code object reported once a test (then disabled
+    until the next start), where Python has it (3.12); else a profile function."""
+
+    def __init__(self, real_dir: str) -> None:
+        self.real_dir = os.path.join(os.path.abspath(real_dir), "")
+        self.ran: set = set()
+        self.tool = None
+
+    def _note(self, filename: str) -> None:
+        if filename.startswith(self.real_dir):
+            relative = filename[len(self.real_dir) :].replace(os.sep, "/")
+            if not relative.startswith(_REAL_HELPERS):
+                self.ran.add("flashinfer/" + relative)
+
+    def _on_start(self, code, offset):
+        self._note(code.co_filename)
+        return sys.monitoring.DISABLE
+
+    def _on_profile(self, frame, event, arg):
+        if event == "call":
+            self._note(frame.f_code.co_filename)
+
+    def start(self) -> None:
+        self.ran = set()
+        monitoring = getattr(sys, "monitoring", None)
+        if monitoring is None:
+            sys.setprofile(self._on_profile)
+            return
+        if self.tool is None:
+            self.tool = next(i for i in range(6) if monitoring.get_tool(i) is None)
+            monitoring.use_tool_id(self.tool, "flashinfer_tests")
+            monitoring.register_callback(self.tool, monitoring.events.PY_START, self._on_start)
+        monitoring.set_events(self.tool, monitoring.events.PY_START)
+        monitoring.restart_events()
+
+    def stop(self) -> set:
+        monitoring = getattr(sys, "monitoring", None)
+        if monitoring is None:
+            sys.setprofile(None)
+        elif self.tool is not None:
+            monitoring.set_events(self.tool, 0)
+        return self.ran
+
+
 class _Bins:
-    def __init__(self, shard=(0, 1), deadline=None):
+    def __init__(self, shard=(0, 1), deadline=None, tracker=None):
         self.shard = shard
         self.deadline = deadline
+        self.tracker = tracker  # --overlay: a _RealCodeTracker
         self.counts = collections.defaultdict(collections.Counter)  # test function -> bin -> count
         self.messages = collections.defaultdict(collections.Counter)  # "function|bin" -> message -> count
         self.examples = {}  # "function|message" -> a test id
         self.failed_ids = []  # every failed test, to run again by id
 
+    @pytest.hookimpl(tryfirst=True)  # before the fixtures' setup: they count as the test's
     def pytest_runtest_setup(self, item):
         if self.deadline is not None and time.monotonic() > self.deadline:
             pytest.skip("past the run's deadline")
+        if self.tracker is not None:
+            self.tracker.start()
 
     def pytest_collection_modifyitems(self, config, items):
         index, count = self.shard
@@ -276,8 +340,17 @@ class _Bins:
         if report.when != "call" and not (report.when == "setup" and not report.passed):
             return
         function = report.nodeid.split("[")[0]
-        if report.passed:
+        ran = self.tracker.stop() if self.tracker is not None else set()
+        if report.passed and self.tracker is None:
             self.counts[function]["passed"] += 1
+            return
+        if report.passed:
+            bin_ = "passed on FlashInfer" if ran else "passed on aotinfer"
+            self.counts[function][bin_] += 1
+            if ran:
+                message = "ran " + ", ".join(sorted(ran)[:3]) + (f" and {len(ran) - 3} more" if len(ran) > 3 else "")
+                self.messages[f"{function}|{bin_}"][message] += 1
+                self.examples.setdefault(f"{function}|{message}", report.nodeid)
             return
         if report.skipped:
             bin_ = "skipped"
@@ -332,7 +405,7 @@ class _Bins:
             counts = self.counts[function]
             totals.update(counts)
             print(f"{function}: " + ", ".join(f"{n} {b}" for b, n in sorted(counts.items())), file=out)
-            for bin_ in ("failed", "differs", "declined", "not shipped", "skipped"):
+            for bin_ in ("failed", "differs", "declined", "not shipped", "passed on FlashInfer", "skipped"):
                 for message, n in self.messages.get(f"{function}|{bin_}", collections.Counter()).most_common(8):
                     print(f"    {bin_} x{n}: {message}", file=out)
                     print(f"        e.g. {self.examples[f'{function}|{message}']}", file=out)
@@ -357,7 +430,11 @@ def main(argv: list[str]) -> int:
     checkout, argv = os.path.abspath(argv[0]), argv[1:]
     shard, report_path = (0, 1), None
     deadline = None
-    while argv and argv[0] in ("--shard", "--report", "--deadline"):
+    overlay = False
+    while argv and argv[0] in ("--shard", "--report", "--deadline", "--overlay"):
+        if argv[0] == "--overlay":
+            overlay, argv = True, argv[1:]
+            continue
         if argv[0] == "--deadline":
             deadline = time.monotonic() + float(argv[1])
         elif argv[0] == "--shard":
@@ -368,14 +445,26 @@ def main(argv: list[str]) -> int:
         argv = argv[2:]
     tests = argv or _DEFAULT_TESTS
 
-    if importlib.util.find_spec("flashinfer") is not None:
-        print("a real flashinfer is importable here: run this where only aotinfer is", file=sys.stderr)
+    tracker = None
+    if overlay:
+        from aotinfer import overlay as aotinfer_overlay
+
+        real = aotinfer_overlay._find_real()
+        if real is None:
+            print("--overlay runs the tests beside a real FlashInfer, and none is importable here", file=sys.stderr)
+            return 2
+        os.environ[aotinfer_overlay.ENV] = "1"  # the processes the tests start: the wheel's .pth hook
+        aotinfer_overlay.install()
+        tracker = _RealCodeTracker(real.submodule_search_locations[0])
+    elif importlib.util.find_spec("flashinfer") is not None:
+        print("a real flashinfer is importable here: run this where only aotinfer is, or pass --overlay", file=sys.stderr)
         return 2
-    sys.meta_path.insert(0, _Finder())
-    _resolve_in_children(tempfile.mkdtemp(prefix="flashinfer_tests_"))
+    else:
+        sys.meta_path.insert(0, _Finder())
+        _resolve_in_children(tempfile.mkdtemp(prefix="flashinfer_tests_"))
     sys.path.insert(0, checkout)  # the tests import tests.test_helpers
     os.chdir(checkout)
-    bins = _Bins(shard, deadline)
+    bins = _Bins(shard, deadline, tracker)
     args = ["--noconftest", "-p", "no:cacheprovider", "-q", "--tb=no", "-rN", *tests, *pytest_args]
     pytest_status = pytest.main(args, plugins=[bins])
     if report_path:
