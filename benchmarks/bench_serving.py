@@ -16,7 +16,10 @@ at random in the pool. Libraries:
 * flashinfer (``--flashinfer DIR``, modules built by benchmarks/flashinfer_jit.py, and FlashInfer's
   Python package importable): FlashInfer's own paged prefill (``fa2``) and decode wrappers in place
   of aotinfer's, planned and run the same way; the other ops stay aotinfer's (only its attention
-  modules are built), so the difference is the attention and its plans.
+  modules are built), so the difference is the attention and its plans. With ``--overlay FAMILIES``
+  every one of its calls goes through ``import flashinfer`` with aotinfer's overlay installed for
+  those families (``all``: the column is aotinfer through the overlay; ``sampling,norm,activation,
+  page``: FlashInfer's attention with aotinfer's other ops, as a server gets with that setting).
 * torch: the same loop in torch ops (scaled_dot_product_attention over pages gathered by an index
   made at plan time, torch sampling); the reference of the greedy check.
 
@@ -117,32 +120,29 @@ class Library:
         self.use_tensor_cores = use_tensor_cores
         self.device = device
 
-    # the small ops: aotinfer's unless a library says otherwise
-    def rmsnorm(self, x, w):
+    # the small ops: aotinfer's unless a library says otherwise (``ops``: the module that has them
+    # under FlashInfer's names)
+    @property
+    def ops(self):
         import aotinfer
 
-        return aotinfer.rmsnorm(x, w, EPS)
+        return aotinfer
+
+    def rmsnorm(self, x, w):
+        return self.ops.rmsnorm(x, w, EPS)
 
     def add_rmsnorm(self, x, residual, w):
-        import aotinfer
-
-        aotinfer.fused_add_rmsnorm(x, residual, w, EPS)
+        self.ops.fused_add_rmsnorm(x, residual, w, EPS)
         return x
 
     def silu_mul(self, x):
-        import aotinfer
-
-        return aotinfer.silu_and_mul(x)
+        return self.ops.silu_and_mul(x)
 
     def sample(self, probs, top_k, top_p, seed, offset):
-        import aotinfer
-
-        return aotinfer.top_k_top_p_sampling_from_probs(probs, top_k, top_p, seed=seed, offset=offset)
+        return self.ops.top_k_top_p_sampling_from_probs(probs, top_k, top_p, seed=seed, offset=offset)
 
     def append(self, layer, k, v, step):
-        import aotinfer
-
-        aotinfer.append_paged_kv_cache(k, v, step["batch_indices"], step["positions"], self.caches[layer],
+        self.ops.append_paged_kv_cache(k, v, step["batch_indices"], step["positions"], self.caches[layer],
                                        step["indices"], step["indptr"], step["last"], "NHD")  # fmt: skip
 
     def forward(self, x, step, attention):
@@ -214,12 +214,18 @@ class FlashInferLibrary(AotinferLibrary):
 
     name = "flashinfer"
 
-    def __init__(self, model, batch, use_tensor_cores, directory):
+    def __init__(self, model, batch, use_tensor_cores, directory, overlay=None):
+        if overlay is not None:  # every op through ``import flashinfer``: these families aotinfer's
+            from aotinfer import overlay as aotinfer_overlay
+
+            aotinfer_overlay.install(aotinfer_overlay.parse_families(overlay))  # "all", or family names
         try:
             import flashinfer
         except ImportError as error:
             raise SystemExit(f"--flashinfer needs FlashInfer's Python package importable ({error})")
         from flashinfer_jit import serve_prebuilt
+
+        self.flashinfer = flashinfer if overlay is not None else None
 
         if use_tensor_cores:
             raise SystemExit("--flashinfer with --use-tensor-cores: only FlashInfer's CUDA-core decode module is built")
@@ -238,6 +244,10 @@ class FlashInferLibrary(AotinferLibrary):
             torch.empty(256 << 20, dtype=torch.uint8, device=self.device), "NHD", use_cuda_graph=True, **self.buffers)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
             torch.empty(256 << 20, dtype=torch.uint8, device=self.device), "NHD", backend="fa2")
+
+    @property
+    def ops(self):
+        return self.flashinfer or super().ops
 
     def plan_prefill(self, qo_indptr, indptr, indices, last):
         self.prefill.plan(qo_indptr, indptr, indices, last, QO_HEADS, KV_HEADS, HEAD_DIM, PAGE, causal=True,
@@ -557,6 +567,10 @@ def main():
     parser.add_argument("--use-tensor-cores", action="store_true")
     parser.add_argument("--libraries", default="aotinfer,torch")
     parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build): adds 'flashinfer'")
+    parser.add_argument("--overlay", metavar="FAMILIES",
+                        help="with --flashinfer: its column makes every call through `import flashinfer` with aotinfer's "
+                             "overlay serving these families (all: every one; e.g. sampling,norm,activation,page: "
+                             "FlashInfer's attention with aotinfer's other ops)")  # fmt: skip
     parser.add_argument("--prefill-tokens", type=int, default=1 << 17, help="the most prompt tokens prefilled at once")
     parser.add_argument("--greedy-tokens", type=int, default=1024, help="tokens compared (steps x batch); 0: no check")
     parser.add_argument("--out", default="bench_serving", help="PREFIX.md and PREFIX.png")
@@ -574,7 +588,7 @@ def main():
         if name == "aotinfer":
             return AotinferLibrary(model, batch, args.use_tensor_cores)
         if name == "flashinfer":
-            return FlashInferLibrary(model, batch, args.use_tensor_cores, args.flashinfer)
+            return FlashInferLibrary(model, batch, args.use_tensor_cores, args.flashinfer, args.overlay)
         if name == "torch":
             return TorchLibrary(model, batch, args.use_tensor_cores)
         raise SystemExit(f"unknown library {name!r}")
@@ -595,7 +609,9 @@ def main():
 
     title = (f"Serving loop: batch {args.batch}, prompts {args.context // 4}..{args.context} tokens "
              f"({int(batch.prompt.sum()):,} in the prefill), {args.layers} layers, {args.steps} decode steps, "
-             f"{args.rounds} rounds, use_tensor_cores={args.use_tensor_cores}, {torch.cuda.get_device_name()}")  # fmt: skip
+             f"{args.rounds} rounds, use_tensor_cores={args.use_tensor_cores}, {torch.cuda.get_device_name()}"
+             + (f"; the flashinfer column through `import flashinfer`, aotinfer's overlay serving {args.overlay}"
+                if args.overlay else ""))  # fmt: skip
     lines = [f"# {title}", "", "Median (min..max) over rounds.", "",
              "| library | " + " | ".join(COLUMNS) + " | greedy agreement |", "|---" * (len(COLUMNS) + 2) + "|"]  # fmt: skip
     for name in names:
