@@ -101,15 +101,7 @@ void plan_decode(TensorView tables, TensorView facts, TensorView indptr, TensorV
                               << num_indices << ", got indptr[0] = " << pages_at[0] << " and indptr[" << batch
                               << "] = " << pages_at[batch];
   }
-  const int64_t* lengths = nullptr;
-  if (has_seq_lens) {
-    aotinfer::CheckHostTable(seq_lens, "seq_lens", kDLInt, 64, 1);
-    if (seq_lens.size(0) != batch) {
-      AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
-                                << " lengths, each at most its pages times page_size, got " << seq_lens.size(0);
-    }
-    lengths = aotinfer::data_ptr<const int64_t>(seq_lens);
-  }
+  const int64_t* lengths = has_seq_lens ? aotinfer::CheckSeqLens(seq_lens, batch) : nullptr;
 
   // The positions each request attends, its pages checked.
   std::vector<aotinfer::Attended> attended(batch);
@@ -121,22 +113,7 @@ void plan_decode(TensorView tables, TensorView facts, TensorView indptr, TensorV
                                 << num_indices << ", got indptr[" << b + 1 << "] = " << pages_at[b + 1]
                                 << " after indptr[" << b << "] = " << pages_at[b];
     }
-    int64_t kv_len;
-    if (lengths != nullptr) {
-      kv_len = lengths[b];
-      if (kv_len < 0 || kv_len > pages * page_size) {
-        AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
-                                  << " lengths, each at most its pages times page_size, got seq_lens[" << b
-                                  << "] = " << kv_len << " for " << pages << " pages of " << page_size;
-      }
-    } else {
-      if (last[b] < 0 || last[b] > page_size || (pages == 0 && last[b] != 0)) {
-        AOTINFER_THROW(ValueError) << "Expected last_page_len in 0..page_size (" << page_size
-                                  << "), and 0 for requests without pages, got last_page_len[" << b
-                                  << "] = " << last[b] << " for " << pages << " pages";
-      }
-      kv_len = std::max<int64_t>(pages - 1, 0) * page_size + last[b];
-    }
+    const int64_t kv_len = aotinfer::PagedKvLen(b, pages, page_size, last, lengths, batch, "last_page_len");
     const int64_t lo = window_left >= 0 ? std::max<int64_t>(kv_len - 1 - window_left, 0) : 0;
     attended[b] = {lo, kv_len};
     attended_in_all += kv_len - lo;

@@ -82,55 +82,33 @@ const int32_t* CheckIndptr(const TensorView& indptr, const char* name, int64_t b
 // cache where page_size is 0; else page-table entries, with int32 `last_page_len` [batch] or int64
 // `seq_lens` [batch] where has_seq_lens), writes int64 `lengths` [4, batch]: q_begin, q_len,
 // kv_offset (the first key row or page-table entry), kv_len. `kv_indptr_name` names kv_indptr
-// and, prefixed to "last_page_len", last_page_len in the errors.
+// in the errors.
 void prefill_lengths(TensorView lengths, TensorView qo_indptr, TensorView kv_indptr, TensorView last_page_len,
                      TensorView seq_lens, bool has_seq_lens, int64_t page_size, int64_t num_indices,
-                     tvm::ffi::String kv_indptr_name_arg) {
-  const std::string kv_indptr_name(kv_indptr_name_arg);
+                     tvm::ffi::String kv_indptr_name) {
   aotinfer::CheckHostTable(lengths, "lengths", kDLInt, 64, 2);
   const int64_t batch = lengths.size(1);
   if (lengths.size(0) != 4) AOTINFER_THROW(ValueError) << "Expected lengths [4, batch], got " << lengths.size(0) << " rows";
   const int32_t* qo = CheckIndptr(qo_indptr, "qo_indptr", batch, -1, "");
-  const char* kv_name = kv_indptr_name.c_str();
   const bool paged = page_size > 0;
-  const int32_t* kv = CheckIndptr(kv_indptr, kv_name, batch, paged ? num_indices : -1, "len(paged_kv_indices)");
-  const std::string last_name = kv_indptr_name.substr(0, kv_indptr_name.size() - 6) + "last_page_len";  // "..._indptr"
+  const int32_t* kv = CheckIndptr(kv_indptr, kv_indptr_name.c_str(), batch, paged ? num_indices : -1, "len(paged_kv_indices)");
+  constexpr const char* kLastName = "paged_kv_last_page_len";  // only the paged wrapper's plan has it
   const int32_t* last = nullptr;
   const int64_t* given = nullptr;
   if (paged && has_seq_lens) {
-    aotinfer::CheckHostTable(seq_lens, "seq_lens", kDLInt, 64, 1);
-    if (seq_lens.size(0) != batch) {
-      AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
-                                << " lengths, each at most its pages times page_size, got " << seq_lens.size(0);
-    }
-    given = aotinfer::data_ptr<const int64_t>(seq_lens);
+    given = aotinfer::CheckSeqLens(seq_lens, batch);
   } else if (paged) {
-    aotinfer::CheckHostTable(last_page_len, last_name.c_str(), kDLInt, 32, 1);
+    aotinfer::CheckHostTable(last_page_len, kLastName, kDLInt, 32, 1);
     if (last_page_len.size(0) != batch) {
-      AOTINFER_THROW(ValueError) << "Expected " << last_name << " to have batch_size = " << batch << " elements, got "
+      AOTINFER_THROW(ValueError) << "Expected " << kLastName << " to have batch_size = " << batch << " elements, got "
                                 << last_page_len.size(0);
     }
     last = aotinfer::data_ptr<const int32_t>(last_page_len);
   }
   int64_t* out = aotinfer::data_ptr<int64_t>(lengths);
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t span = int64_t(kv[b + 1]) - kv[b];
-    int64_t kv_len = span;
-    if (given != nullptr) {
-      kv_len = given[b];
-      if (kv_len < 0 || kv_len > span * page_size) {
-        AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
-                                  << " lengths, each at most its pages times page_size, got seq_lens[" << b
-                                  << "] = " << kv_len << " for " << span << " pages of " << page_size;
-      }
-    } else if (last != nullptr) {
-      if (last[b] < 0 || last[b] > page_size || (span == 0 && last[b] != 0)) {
-        AOTINFER_THROW(ValueError) << "Expected " << last_name << " in 0..page_size (" << page_size
-                                  << "), and 0 for requests without pages, got " << last_name << "[" << b
-                                  << "] = " << last[b] << " for " << span << " pages";
-      }
-      kv_len = std::max<int64_t>(span - 1, 0) * page_size + last[b];
-    }
+    const int64_t span = int64_t(kv[b + 1]) - kv[b];  // keys (ragged) or pages
+    const int64_t kv_len = paged ? aotinfer::PagedKvLen(b, span, page_size, last, given, batch, kLastName) : span;
     out[b] = qo[b];
     out[batch + b] = int64_t(qo[b + 1]) - qo[b];
     out[2 * batch + b] = kv[b];

@@ -109,9 +109,7 @@ inline void SetCustomMask(CheckedPrefill& checked, TensorView custom_mask, Tenso
   PrefillParams& p = checked.params;
   CheckDim(1, custom_mask, "custom_mask");
   CheckContiguous(custom_mask, "custom_mask");
-  if (custom_mask.dtype().code != kDLUInt || custom_mask.dtype().bits != 8 || custom_mask.dtype().lanes != 1) {
-    AOTINFER_THROW(TypeError) << "Expected custom_mask to have dtype uint8 (packed bits), got " << custom_mask.dtype();
-  }
+  CheckDtype(custom_mask, DLDataType{kDLUInt, 8, 1}, "custom_mask", "uint8 (packed bits)");
   CheckSameDevice(custom_mask, q, "custom_mask", "q");
   p.custom_mask = data_ptr<uint8_t>(custom_mask);
   p.causal = false;

@@ -247,6 +247,38 @@ inline void CheckHostTable(const TensorView& x, const char* name, DLDataTypeCode
   }
 }
 
+// A paged plan's `seq_lens` (int64 [batch] on the host) where given, replacing the lengths of
+// last_page_len (decode.cu's and prefill.cu's plans).
+inline const int64_t* CheckSeqLens(const TensorView& seq_lens, int64_t batch) {
+  CheckHostTable(seq_lens, "seq_lens", kDLInt, 64, 1);
+  if (seq_lens.size(0) != batch) {
+    AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
+                              << " lengths, each at most its pages times page_size, got " << seq_lens.size(0);
+  }
+  return data_ptr<const int64_t>(seq_lens);
+}
+
+// The keys of a paged plan's request b of `pages` pages: seq_lens[b] where seq_lens is given (at
+// most its pages times page_size), else from last_page_len[b] (in 0..page_size, 0 without pages).
+// The errors name the entry; `last_name`, last_page_len.
+inline int64_t PagedKvLen(int64_t b, int64_t pages, int64_t page_size, const int32_t* last, const int64_t* seq_lens,
+                          int64_t batch, const char* last_name) {
+  if (seq_lens != nullptr) {
+    if (seq_lens[b] < 0 || seq_lens[b] > pages * page_size) {
+      AOTINFER_THROW(ValueError) << "Expected seq_lens to hold " << batch
+                                << " lengths, each at most its pages times page_size, got seq_lens[" << b
+                                << "] = " << seq_lens[b] << " for " << pages << " pages of " << page_size;
+    }
+    return seq_lens[b];
+  }
+  if (last[b] < 0 || last[b] > page_size || (pages == 0 && last[b] != 0)) {
+    AOTINFER_THROW(ValueError) << "Expected " << last_name << " in 0..page_size (" << page_size
+                              << "), and 0 for requests without pages, got " << last_name << "[" << b << "] = "
+                              << last[b] << " for " << pages << " pages";
+  }
+  return (pages > 0 ? pages - 1 : 0) * page_size + last[b];
+}
+
 // An index tensor (positions, indptr, page indices): int32 or int64, one lane.
 inline bool IsIndex(const TensorView& x) {
   const DLDataType dtype = x.dtype();

@@ -14,8 +14,9 @@
 // Masks (causal aligned to the end: query i of q_len sees key j <= i + kv_len - q_len; window_left;
 // the end of the keys) are applied only on tiles that a mask cuts; tiles that every row masks are
 // never visited. A custom mask (bits, one a query and key) cuts every tile: each row reads its
-// tile's bits once, a few bytes, and a row that sees no key gets a zero output and an LSE of -inf. A request whose keys were split over several items (the caller's plan decides)
-// writes float32 partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
+// tile's bits once, a few bytes, and a row that sees no key gets a zero output and an LSE of -inf.
+// A request whose keys were split over several items (the caller's plan decides) writes float32
+// partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
 // v_scale multiplies the output (final or partial) where it is finished, never the LSE.
 //
 // An fp8 cache (paged only) lands in the stages as stored, half the bytes, and is widened to half

@@ -64,15 +64,6 @@ inline int64_t ChunksOfTile(const PrefillRequest& r, int64_t r0, const PrefillIt
   return r0 >= r.split_from * policy.group ? ChunksOf(r, policy) : 1;
 }
 
-inline int64_t CountPrefillItems(const std::vector<PrefillRequest>& requests, const PrefillItemsPolicy& policy) {
-  int64_t n = 0;
-  for (const PrefillRequest& r : requests) {
-    const int64_t tiles = TilesOf(r, policy);
-    for (int64_t t = 0; t < tiles; ++t) n += ChunksOfTile(r, t * policy.rows_per_tile, policy);
-  }
-  return n;
-}
-
 // Orders `p.by_cost`: a stable radix sort of the items by descending cost, a byte of the cost a
 // pass. A comparison sort of thousands of items cost a plan more than everything else it does.
 inline void SortByCost(PrefillItems& p) {

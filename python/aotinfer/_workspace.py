@@ -136,25 +136,6 @@ class AttentionWorkspace:
             ]
         return views
 
-    def _write_tables(self, tables: Sequence[torch.Tensor], non_blocking: bool) -> List[torch.Tensor]:
-        """Copy int32 CPU tables ``[rows, width]`` into the int workspace, each at a 16-byte
-        boundary, in one copy from the pinned staging half not in flight; returns their views there."""
-        import torch
-
-        layout, need = [], 0
-        for table in tables:
-            layout.append((need, tuple(table.shape)))
-            need += _aligned(table.numel() * 4)
-        if need > self._table_bytes():
-            raise ValueError(
-                f"The int workspace holds {self._table_bytes()} bytes of work tables, this plan needs {need}: give "
-                "reset_workspace_buffer a larger int_workspace_buffer"
-            )
-        staging = self._staging()
-        for table, (offset, shape) in zip(tables, layout):
-            staging[offset : offset + table.numel() * 4].view(torch.int32).view(shape).copy_(table)
-        return self._upload(staging, need, layout, non_blocking)
-
     def _empty_tensor(self) -> torch.Tensor:
         """A float32 tensor of no elements on the workspace's device: what a binding gets for an
         output or input left out (made once a workspace)."""
