@@ -2,12 +2,13 @@
 (flash and cuDNN backends), and paged beside ragged KV.
 
     python benchmarks/bench_prefill.py [--quick] [--backends fa2,fa3] [--seqs 8192,16384]
-                                       [--flashinfer DIR]
+                                       [--flashinfer DIR] [--deepseek]
 
 Backends: "fa2", the kernel of every arch (mma.sync), and "fa3", Hopper's (wgmma; compute
 capability 9.0), each where it runs.
 
-FLOPs = 4 x query heads x head_dim x (query, key) pairs attended, causal pairs counted exactly.
+FLOPs = 2 x query heads x (head_dim of q and k + head_dim of v) x (query, key) pairs attended,
+causal pairs counted exactly.
 Each case is checked against torch SDPA (float32 math on the same inputs, for a few heads)
 before it is timed; times are medians of CUDA-event timings after warm-up (aotinfer.testing).
 Single sequences run through the ragged wrapper (planned once); SDPA gets K and V with every
@@ -19,6 +20,8 @@ values dequantized).
 
 With --flashinfer, FlashInfer's Hopper kernel joins the single sequences as a column ("FI fa3"),
 from modules built beforehand (benchmarks/flashinfer_jit.py), checked and timed as ours are.
+--deepseek: the single sequences at DeepSeek's head dims instead (128 heads, 192 for q and k, 128
+for v, causal), with FlashInfer's fa2 and fa3 kernels of those dims as columns.
 """
 
 import argparse
@@ -34,8 +37,8 @@ from flashinfer_jit import SinglePrefill
 WORKSPACE = 256 << 20
 
 
-def flops(heads, head_dim, pairs):
-    return 4 * heads * head_dim * pairs
+def flops(heads, head_dim, pairs, head_dim_vo=None):
+    return 2 * heads * (head_dim + (head_dim_vo or head_dim)) * pairs
 
 
 def pairs_of(q_len, kv_len, causal):
@@ -71,34 +74,37 @@ def sdpa_time(q, k, v, causal, backend):
         return float("nan")
 
 
-def single(seq, heads, kv_heads, head_dim, causal, backends, flashinfer_dir=None, dtype=torch.bfloat16):
+def single(seq, heads, kv_heads, head_dim, causal, backends, flashinfer_dir=None, dtype=torch.bfloat16, head_dim_vo=None):
+    head_dim_vo = head_dim_vo or head_dim
     q = torch.randn(seq, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
-    v = torch.randn(seq, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(seq, kv_heads, head_dim_vo, device="cuda", dtype=dtype)
     indptr = torch.tensor([0, seq], dtype=torch.int32, device="cuda")
-    n = flops(heads, head_dim, pairs_of(seq, seq, causal))
+    n = flops(heads, head_dim, pairs_of(seq, seq, causal), head_dim_vo)
     columns = []
     for backend in backends:
         if not runs(backend):
             continue
         wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(WORKSPACE, dtype=torch.uint8, device="cuda"), backend=backend)
-        wrapper.plan(indptr, indptr, heads, kv_heads, head_dim, causal=causal, q_data_type=dtype)
-        out = torch.empty_like(q)
+        wrapper.plan(indptr, indptr, heads, kv_heads, head_dim, causal=causal, q_data_type=dtype, head_dim_vo=head_dim_vo)
+        out = torch.empty(seq, heads, head_dim_vo, device="cuda", dtype=dtype)
         run = lambda: wrapper.run(q, k, v, out=out)  # noqa: E731
         out.fill_(float("nan"))
         run()
         check_against_sdpa(out, q, k, v, causal)
         columns.append(f"{backend} {n / bench_gpu_time(run, cold_l2_cache=False)[0] / 1e12:6.1f}")
-    baseline = SinglePrefill(flashinfer_dir, head_dim) if flashinfer_dir else None
-    if baseline is not None and baseline.available() and dtype == torch.bfloat16:
-        out = torch.full_like(q, float("nan"))
-        run = lambda: baseline(q, k, v, out, causal)  # noqa: E731
-        run()
-        check_against_sdpa(out, q, k, v, causal)
-        columns.append(f"FI fa3 {n / bench_gpu_time(run, cold_l2_cache=False)[0] / 1e12:6.1f}")
+    for fi_backend in ("fa2", "fa3") if head_dim != head_dim_vo else ("fa3",):
+        baseline = SinglePrefill(flashinfer_dir, head_dim, fi_backend) if flashinfer_dir else None
+        if baseline is not None and baseline.available() and dtype == torch.bfloat16:
+            out = torch.full((seq, heads, head_dim_vo), float("nan"), device="cuda", dtype=dtype)
+            run = lambda: baseline(q, k, v, out, causal)  # noqa: E731
+            run()
+            check_against_sdpa(out, q, k, v, causal)
+            columns.append(f"FI {fi_backend} {n / bench_gpu_time(run, cold_l2_cache=False)[0] / 1e12:6.1f}")
     for name, backend in (("SDPA flash", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
         columns.append(f"{name} {n / sdpa_time(q, k, v, causal, backend) / 1e12:6.1f}")
-    label = f"{seq}x{seq} {heads}/{kv_heads} heads d{head_dim} {'causal' if causal else 'full'}"
+    dims = f"d{head_dim}" if head_dim == head_dim_vo else f"d{head_dim}/{head_dim_vo}"
+    label = f"{seq}x{seq} {heads}/{kv_heads} heads {dims} {'causal' if causal else 'full'}"
     print(f"  {label:<40} TFLOP/s: {'   '.join(columns)}")
 
 
@@ -171,9 +177,15 @@ def main():
     parser.add_argument("--backends", default="fa2,fa3", help="comma-separated: fa2, fa3 (each where it runs)")
     parser.add_argument("--seqs", default="8192", help="comma-separated single-sequence lengths")
     parser.add_argument("--flashinfer", metavar="DIR", help="FlashInfer's modules (flashinfer_jit.py build)")
+    parser.add_argument("--deepseek", action="store_true", help="128 heads at head dims 192 (q, k) and 128 (v), causal")
     args = parser.parse_args()
     backends = args.backends.split(",")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, aotinfer {aotinfer.__version__}")
+    if args.deepseek:
+        for seq in (int(n) for n in args.seqs.split(",")):
+            single(seq, 128, 128, 192, True, backends, args.flashinfer, head_dim_vo=128)
+            single(seq, 128, 128, 128, True, backends, args.flashinfer)  # the d128 bar of the same heads
+        return
     cases = [(32, 32, 128), (32, 8, 128)] + ([] if args.quick else [(32, 32, 64), (16, 16, 256)])
     for seq in (int(n) for n in args.seqs.split(",")):
         for heads, kv_heads, head_dim in cases:

@@ -9,9 +9,10 @@ FlashInfer. So they are built here, on a machine without a GPU, and the built mo
     python benchmarks/bench_decode.py --flashinfer DIR
 
 `build` runs FlashInfer's own JIT build for sm_90a (bf16, no soft cap, no window) and copies each
-module into DIR: its Hopper single prefill ("fa3") at head_dim 64, 128 and 256, and at head_dim 128
+module into DIR: its Hopper single prefill ("fa3") at head_dim 64, 128 and 256, both its single
+prefills ("fa2", "fa3") at DeepSeek's head dims (192 for q and k, 128 for v), and at head_dim 128
 its batch decode (the CUDA-core kernel) and its batch prefill ("fa2", which its decode wrapper runs
-with use_tensor_cores=True). A module binds through tvm-ffi, so loading one needs neither FlashInfer
+with use_tensor_cores=True). `build DIR NAME ...` builds only the modules named. A module binds through tvm-ffi, so loading one needs neither FlashInfer
 nor a compiler; the calls below pass the arguments its Python wrappers pass. What the build needs
 beside nvcc: CUTLASS's utility headers include curand_kernel.h (`pip install nvidia-curand`, its
 include directory on CPATH), and the modules link libcuda, whose stub a toolkit without a driver
@@ -49,7 +50,7 @@ def serve_prebuilt(directory):
         JitSpec._prebuilt_directory = directory
 
 
-def build(directory):
+def build(directory, names=()):
     import torch
 
     os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
@@ -57,21 +58,28 @@ def build(directory):
 
     b = torch.bfloat16
     # (dtypes, head dims, pos_encoding_mode, sliding window, soft cap[, fp16 qk reduction])
-    specs = {f"fa3_d{d}": gen_single_prefill_module("fa3", b, b, b, d, d, 0, False, False, False) for d in (64, 128, 256)}
-    specs["decode_d128"] = gen_batch_decode_module(b, b, b, torch.int32, 128, 128, 0, False, False)
-    specs["prefill_fa2_d128"] = gen_batch_prefill_module("fa2", b, b, b, torch.int32, 128, 128, 0, False, False, False)
+    specs = {f"fa3_d{d}": lambda d=d: gen_single_prefill_module("fa3", b, b, b, d, d, 0, False, False, False) for d in (64, 128, 256)}
+    for backend in ("fa2", "fa3"):
+        specs[f"{backend}_d192"] = lambda backend=backend: gen_single_prefill_module(backend, b, b, b, 192, 128, 0, False, False, False)
+    specs["decode_d128"] = lambda: gen_batch_decode_module(b, b, b, torch.int32, 128, 128, 0, False, False)
+    specs["prefill_fa2_d128"] = lambda: gen_batch_prefill_module("fa2", b, b, b, torch.int32, 128, 128, 0, False, False, False)
     os.makedirs(directory, exist_ok=True)
-    for name, spec in specs.items():
+    for name, make in specs.items():
+        if names and name not in names:
+            continue
+        spec = make()
         spec.build(verbose=False)
         shutil.copy(spec.get_library_path(), _path(directory, name))
         print(_path(directory, name))
 
 
 class SinglePrefill:
-    """single_prefill_with_kv_cache on FlashInfer's Hopper kernel: NHD q, k, v."""
+    """single_prefill_with_kv_cache on FlashInfer's Hopper kernel ("fa3"), or at head_dim 192 (v's
+    128) either backend: NHD q, k, v."""
 
-    def __init__(self, directory, head_dim):
-        self.module = _load(directory, f"fa3_d{head_dim}")
+    def __init__(self, directory, head_dim, backend="fa3"):
+        self.module = _load(directory, f"{backend}_d{head_dim}")
+        self.backend = backend
         self.scratch = None
 
     def available(self):
@@ -83,8 +91,14 @@ class SinglePrefill:
         if self.scratch is None:
             self.scratch = torch.empty(32 << 20, dtype=torch.uint8, device=q.device)
         # (q, k, v, tmp, out, lse, mask mode: 1 causal, layout: 0 NHD, window_left, then the
-        # variant's scale_v tensor, logits_soft_cap, sm_scale, scale_v scalar)
-        self.module.run(q, k, v, self.scratch, out, None, int(causal), 0, -1, None, 0.0, q.shape[-1] ** -0.5, 1.0)
+        # variant's: fa3 scale_v tensor, logits_soft_cap, sm_scale, scale_v scalar; fa2 custom
+        # mask, ALiBi slopes, k and v scale factors, logits_soft_cap, sm_scale, 1 / rope_scale,
+        # 1 / rope_theta)
+        common = (q, k, v, self.scratch, out, None, int(causal), 0, -1)
+        if self.backend == "fa3":
+            self.module.run(*common, None, 0.0, q.shape[-1] ** -0.5, 1.0)
+        else:
+            self.module.run(*common, None, None, None, None, 0.0, q.shape[-1] ** -0.5, 1.0, 1e-4)
 
 
 class BatchDecode:
@@ -137,6 +151,6 @@ class BatchDecode:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "build":
+    if len(sys.argv) < 3 or sys.argv[1] != "build":
         sys.exit(__doc__)
-    build(sys.argv[2])
+    build(sys.argv[2], sys.argv[3:])

@@ -64,6 +64,7 @@ _DEFAULT_TESTS = [
     "tests/attention/test_batch_prefill_kernels.py",
     "tests/attention/test_single_prefill.py",
     "tests/attention/test_hopper.py",
+    "tests/attention/test_deepseek_mla.py",
     "tests/attention/test_decode_prefill_lse.py",
     "tests/attention/test_non_contiguous_decode.py",
     "tests/attention/test_non_contiguous_prefill.py",

@@ -32,6 +32,10 @@ inline void RecordCapture(int64_t captured, cudaStream_t stream) {
 // head_dim values with a kernel.
 inline bool SupportedHeadDim(int64_t d) { return d == 64 || d == 128 || d == 256; }
 
+// The prefill kernels' other pair of head dims: DeepSeek's (MLA's prefill, before absorption) 192
+// for q and k, 128 for v and the output.
+constexpr int64_t kDeepSeekHeadDimQk = 192, kDeepSeekHeadDimVo = 128;
+
 inline void CheckDtypeFp16(const TensorView& x, const char* name) {
   const uint32_t key = DtypeKey(x.dtype());
   if (key != DtypeKey(kDLFloat, 16) && key != DtypeKey(kDLBfloat, 16)) {
@@ -96,14 +100,15 @@ inline bool CheckOptionalFloat(const TensorView& x, std::initializer_list<int64_
   return true;
 }
 
-// q: [rows, num_qo_heads, head_dim], float16 or bfloat16, a head_dim with a kernel, 16-byte rows.
-inline void CheckQuery(const TensorView& q) {
+// q: [rows, num_qo_heads, head_dim], float16 or bfloat16, a head_dim with a kernel (or, where
+// `deepseek_dims`, 192), 16-byte rows.
+inline void CheckQuery(const TensorView& q, bool deepseek_dims = false) {
   CheckDim(3, q, "q");
   CheckDtypeFp16(q, "q");
   CheckLastDimContiguous(q, "q");
-  if (!SupportedHeadDim(q.size(2))) {
-    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256, got " << q.size(2) << " (q of shape "
-                              << ShapeString(q.shape()) << ")";
+  if (!SupportedHeadDim(q.size(2)) && !(deepseek_dims && q.size(2) == kDeepSeekHeadDimQk)) {
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128" << (deepseek_dims ? ", 256 or 192" : " or 256") << ", got "
+                              << q.size(2) << " (q of shape " << ShapeString(q.shape()) << ")";
   }
   CheckRows16(q, 8, "q", 2);
 }
@@ -137,13 +142,17 @@ struct AttentionOutputs {
   bool lse, partials;
 };
 
-// out like q; lse float32 [rows, num_qo_heads] or empty; partial_out [slots, num_qo_heads,
-// head_dim] and partial_lse [slots, num_qo_heads], float32, both given or both empty.
+// out like q but for its head_dim, head_dim_vo (v's); lse float32 [rows, num_qo_heads] or empty;
+// partial_out [slots, num_qo_heads, head_dim_vo] and partial_lse [slots, num_qo_heads], float32,
+// both given or both empty.
 inline AttentionOutputs CheckAttentionOutputs(const TensorView& out, const TensorView& lse,
                                               const TensorView& partial_out, const TensorView& partial_lse,
-                                              const TensorView& q) {
-  const int64_t rows = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
-  CheckSameShape(out, q, "out", "q");
+                                              const TensorView& q, int64_t head_dim_vo) {
+  const int64_t rows = q.size(0), num_qo_heads = q.size(1), head_dim = head_dim_vo;
+  if (out.ndim() != 3 || out.size(0) != rows || out.size(1) != num_qo_heads || out.size(2) != head_dim) {
+    AOTINFER_THROW(ValueError) << "Expected out to have shape [" << rows << ", " << num_qo_heads << ", " << head_dim
+                              << "] (q's rows and heads, v's head_dim), got " << ShapeString(out.shape());
+  }
   CheckSameDtype(out, q, "out", "q");
   CheckLastDimContiguous(out, "out");
   CheckRows16(out, 8, "out", 2);

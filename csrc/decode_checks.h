@@ -62,7 +62,7 @@ inline CheckedDecode CheckDecode(TensorView out, TensorView lse, TensorView part
   }
   const bool has_sinks = CheckAttentionOptions(sinks, num_qo_heads, sm_scale, logits_soft_cap, window_left);
   CheckEnablePdl(enable_pdl);
-  const AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
+  const AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q, q.size(2));
   CheckOnOneGpu({{q, "q"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}, {indices, "indices"}, {work, "work"},
                  {requests, "requests"}, {counters, "counters"}, {out, "out"}});
   CheckOptionalDevices(sinks, has_sinks, lse, partial_out, partial_lse, given, q);

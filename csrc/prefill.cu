@@ -14,6 +14,9 @@ cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp
   switch (head_dim) {
     case 64: return aotinfer::BatchPrefill<T, 64>(p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
     case 128: return aotinfer::BatchPrefill<T, 128>(p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
+    case aotinfer::kDeepSeekHeadDimQk:
+      return aotinfer::BatchPrefill<T, aotinfer::kDeepSeekHeadDimQk, aotinfer::kDeepSeekHeadDimVo>(
+          p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
     default: return aotinfer::BatchPrefill<T, 256>(p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
   }
 }

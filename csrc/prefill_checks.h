@@ -14,7 +14,7 @@ namespace aotinfer {
 
 struct CheckedPrefill {
   PrefillParams params;
-  int64_t head_dim, total_q;
+  int64_t head_dim, head_dim_vo, total_q;  // q's and k's head_dim, v's and out's
   int merge_from;  // the first query token the merge reads; -1: no merge
   bool paged;  // k and v are pages (4-D), else a ragged batch's rows (3-D)
   bool fp8;    // an fp8 (paged) cache
@@ -25,14 +25,15 @@ struct CheckedPrefill {
 // head_dim] (any strides of the first two dimensions) with `indices` empty; or paged, 4-D
 // (kv_layout 0: [pages, page_size, kv_heads, head_dim], 1: [pages, kv_heads, page_size,
 // head_dim]) with `indices` the page ids. K and V have q's dtype, or (paged) float8_e4m3fn or
-// float8_e5m2; v_scale multiplies the output.
+// float8_e5m2; v_scale multiplies the output. V's and out's head_dim is q's, or 128 where q's is
+// 192 (16-bit K and V).
 inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse,
                                    TensorView q, TensorView k, TensorView v, TensorView indices, TensorView work,
                                    TensorView requests, TensorView sinks, int64_t kv_layout, double sm_scale,
                                    double logits_soft_cap, int64_t window_left, double v_scale, bool causal, int64_t ctas,
                                    int64_t merge_from, int64_t enable_pdl) {
   // Inputs, scalars, then outputs; devices last.
-  CheckQuery(q);
+  CheckQuery(q, /*deepseek_dims=*/true);
   const int64_t total_q = q.size(0), num_qo_heads = q.size(1), head_dim = q.size(2);
   CheckKvLayout(kv_layout);
   const bool paged = k.ndim() == 4;
@@ -40,7 +41,17 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
     AOTINFER_THROW(ValueError) << "Expected k to have 3 dimensions (ragged) or 4 (paged), got " << k.ndim()
                               << " (shape " << ShapeString(k.shape()) << ")";
   }
-  CheckSameShape(v, k, "v", "k");
+  const int64_t head_dim_vo = v.size(-1);
+  const bool same_but_head_dim = v.ndim() == k.ndim() && [&] {
+    for (int i = 0; i + 1 < k.ndim(); ++i) {
+      if (v.size(i) != k.size(i)) return false;
+    }
+    return true;
+  }();
+  if (!same_but_head_dim) {
+    AOTINFER_THROW(ValueError) << "Expected v to have k's shape but for head_dim, got " << ShapeString(v.shape())
+                              << " and " << ShapeString(k.shape());
+  }
   CheckSameDtype(v, k, "v", "k");
   const uint32_t kv_key = DtypeKey(k.dtype());
   const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
@@ -57,6 +68,15 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   if (k.size(-1) != head_dim) {
     AOTINFER_THROW(ValueError) << "Expected the last dimension of k to be head_dim " << head_dim << ", got shape "
                               << ShapeString(k.shape());
+  }
+  const bool deepseek_dims = head_dim == kDeepSeekHeadDimQk;
+  if (head_dim_vo != (deepseek_dims ? kDeepSeekHeadDimVo : head_dim)) {
+    AOTINFER_THROW(ValueError) << "Expected the last dimension of v (head_dim_vo) to be " << (deepseek_dims ? kDeepSeekHeadDimVo : head_dim)
+                              << " with q's head_dim " << head_dim << ", got shape " << ShapeString(v.shape());
+  }
+  if (deepseek_dims && fp8) {
+    AOTINFER_THROW(TypeError) << "Expected k of q's dtype " << q.dtype() << " with head_dim 192, got " << k.dtype()
+                             << " (fp8 caches take one head_dim)";
   }
   CheckHeads(num_qo_heads, num_kv_heads);
   if (paged && page_size == 0) AOTINFER_THROW(ValueError) << "Expected a page_size of 1 or more, got k of shape " << ShapeString(k.shape());
@@ -79,7 +99,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
     AOTINFER_THROW(ValueError) << "Expected merge_from in [-1, " << total_q << "] (-1: no merge), got " << merge_from;
   }
   CheckEnablePdl(enable_pdl);
-  const AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q);
+  const AttentionOutputs given = CheckAttentionOutputs(out, lse, partial_out, partial_lse, q, head_dim_vo);
   CheckOnOneGpu({{q, "q"}, {k, "k"}, {v, "v"}, {work, "work"}, {requests, "requests"}, {out, "out"}});
   if (paged) CheckSameDevice(indices, q, "indices", "q");
   CheckOptionalDevices(sinks, has_sinks, lse, partial_out, partial_lse, given, q);
@@ -97,7 +117,7 @@ inline CheckedPrefill CheckPrefill(TensorView out, TensorView lse, TensorView pa
   p.causal = causal;
   p.bf16_io = q.dtype().code == kDLBfloat;
   p.e5m2 = kv_key == DtypeKey(kDLFloat8_e5m2, 8);
-  return {p, head_dim, total_q, int(merge_from), paged, fp8, batch == 0 || ctas == 0 || total_q == 0};
+  return {p, head_dim, head_dim_vo, total_q, int(merge_from), paged, fp8, batch == 0 || ctas == 0 || total_q == 0};
 }
 
 // A custom mask for the launch (python/aotinfer/prefill.py packs it, segments at the requests'

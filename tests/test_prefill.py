@@ -47,7 +47,7 @@ def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, 
               masks=None):  # fmt: skip
     """float32 prefill attention: (out [tokens, heads, dim], lse [tokens, heads] base 2); ``masks``:
     each request's bool [q_len, kv_len] (True: seen), replacing causal."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_heads, head_dim = q.shape[1], values[0].shape[-1] if len(values) else q.shape[2]
     out = torch.zeros(q.shape[0], num_heads, head_dim, device=q.device)
     lse = torch.full((q.shape[0], num_heads), float("-inf"), device=q.device)
     for b in range(len(keys)):
@@ -92,10 +92,12 @@ def indptr_of(lengths):
 
 
 class Case:
-    """One batch: queries, keys and values ragged or in pages, and the reference inputs."""
+    """One batch: queries, keys and values ragged or in pages, and the reference inputs. ``heads``:
+    (num_qo_heads, num_kv_heads, head_dim), or with v's head_dim fourth."""
 
     def __init__(self, pairs, heads, dtype, kind="paged", layout="NHD", page_size=16, form="tuple", device="cuda", kv_dtype=None):
-        self.num_qo_heads, self.num_kv_heads, self.head_dim = heads
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = heads[:3]
+        self.head_dim_vo = heads[3] if len(heads) > 3 else self.head_dim
         self.kind, self.layout, self.dtype, self.page_size = kind, layout, dtype, page_size
         q_lens, kv_lens = [p[0] for p in pairs], [p[1] for p in pairs]
         self.qo_indptr = indptr_of(q_lens)
@@ -103,9 +105,9 @@ class Case:
         if kind == "ragged":
             self.kv_indptr = indptr_of(kv_lens)
             total = int(self.kv_indptr[-1])
-            shape = (total, self.num_kv_heads, self.head_dim) if layout == "NHD" else (self.num_kv_heads, total, self.head_dim)
-            self.k = torch.randn(*shape, device=device).to(dtype)
-            self.v = torch.randn(*shape, device=device).to(dtype)
+            shape = (total, self.num_kv_heads) if layout == "NHD" else (self.num_kv_heads, total)
+            self.k = torch.randn(*shape, self.head_dim, device=device).to(dtype)
+            self.v = torch.randn(*shape, self.head_dim_vo, device=device).to(dtype)
             k_nhd = self.k if layout == "NHD" else self.k.transpose(0, 1)
             v_nhd = self.v if layout == "NHD" else self.v.transpose(0, 1)
             self.keys = [k_nhd[int(self.kv_indptr[b]) : int(self.kv_indptr[b + 1])] for b in range(len(pairs))]
@@ -113,6 +115,10 @@ class Case:
         else:
             self.indptr, self.indices, self.last_page_len, pool = page_table(kv_lens, page_size)
             self.cache, k, v = kv_pool(pool, page_size, self.num_kv_heads, self.head_dim, kv_dtype or dtype, layout, form, device)
+            if self.head_dim_vo != self.head_dim:  # V of its own width: a (k, v) pair of pools
+                _, _, v = kv_pool(pool, page_size, self.num_kv_heads, self.head_dim_vo, kv_dtype or dtype, layout, "tuple", device)
+                slot_axis = 1 if layout == "NHD" else 2
+                self.cache = (k, v) if page_size > 1 else (k.squeeze(slot_axis), v.squeeze(slot_axis))
             self.keys, self.values = gather(k, v, self.indptr, self.indices, self.last_page_len, layout)
 
     def wrapper(self, device="cuda", nbytes=128 << 20, **kwargs):
@@ -122,6 +128,8 @@ class Case:
     def plan(self, wrapper, **options):
         device = wrapper.device
         heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim)
+        if self.head_dim_vo != self.head_dim:
+            options = dict(options, head_dim_vo=self.head_dim_vo)
         if self.kind == "ragged":
             wrapper.plan(self.qo_indptr.to(device), self.kv_indptr.to(device), *heads, q_data_type=self.dtype, **options)
         else:
@@ -822,6 +830,114 @@ def test_single_prefill(backend, lengths, heads, layout, causal):
     check(out, want, torch.float16, lse, want_lse)
 
 
+# ---- DeepSeek's head dims: 192 for q and k, 128 for v and the output ----------------------------
+
+DEEPSEEK_HEADS = [(16, 16, 192, 128), (8, 2, 192, 128)]  # MHA as DeepSeek's prefill runs it, and a group of 4
+DEEPSEEK_IDS = ["h16kv16", "h8kv2"]
+
+
+@gpu
+@pytest.mark.parametrize("heads", DEEPSEEK_HEADS, ids=DEEPSEEK_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+@pytest.mark.parametrize("backend", ["fa2", "auto"])
+def test_deepseek_head_dims(backend, kind, causal, layout, dtype, heads):
+    case = Case(PAIRS, heads, dtype, kind, layout)
+    wrapper = case.wrapper(backend=backend)
+    case.plan(wrapper, causal=causal)
+    assert wrapper._plan.binding is prefill._batch_prefill  # the kernel of every arch, Hopper too
+    want, want_lse = case.reference(causal=causal)
+    assert want.shape[2] == 128
+    out, lse = poisoned((case.q.shape[0], heads[0], 128), dtype), poisoned(case.q.shape[:2], torch.float32)
+    case.run(wrapper, out=out, lse=lse, return_lse=True)
+    check(out, want, dtype, lse, want_lse)
+    check(case.run(wrapper), want, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 5, 64])
+@pytest.mark.parametrize("mode", ["auto", "fixed_split_size", "disable_split_kv"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_deepseek_head_dims_split_keys_and_page_sizes(kind, mode, page_size):
+    """Long keys split over items (their partials 128 wide, merged), page sizes off the copy runs
+    (5) and on them, with the options."""
+    if kind == "ragged" and page_size != 1:
+        pytest.skip("pages: the paged wrapper")
+    case = Case([(1, 5000), (33, 3000), (0, 7), (300, 300)], (16, 4, 192, 128), torch.bfloat16, kind, page_size=page_size)
+    options = dict(causal=True, logits_soft_cap=4.0, window_left=2000)
+    if mode == "fixed_split_size":
+        options["fixed_split_size"] = 512 if kind == "ragged" else -(-512 // page_size)
+    elif mode == "disable_split_kv":
+        options["disable_split_kv"] = True
+    wrapper = case.wrapper()
+    case.plan(wrapper, **options)
+    if mode != "disable_split_kv":
+        assert wrapper._plan.merge_from >= 0, "the keys were not split"
+    want, want_lse = case.reference(causal=True, soft_cap=4.0, window_left=2000)
+    out, lse = case.run(wrapper, out=poisoned((case.q.shape[0], 16, 128), torch.bfloat16), return_lse=True)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [(300, 300), (37, 900), (1, 1), (2000, 2000)], ids=str)
+def test_deepseek_single_prefill(lengths, causal):
+    (q_len, kv_len), (num_qo_heads, num_kv_heads) = lengths, (16, 16)
+    q = torch.randn(q_len, num_qo_heads, 192, device="cuda").bfloat16()
+    k = torch.randn(kv_len, num_kv_heads, 192, device="cuda").bfloat16()
+    v = torch.randn(kv_len, num_kv_heads, 128, device="cuda").bfloat16()
+    want, want_lse = reference(q, [0, q_len], [k], [v], 1 / math.sqrt(192), causal=causal)
+    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == (q_len, num_qo_heads, 128)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
+@gpu
+def test_deepseek_head_dims_refusals():
+    case = Case(PAIRS, (16, 16, 192, 128), torch.float16, "paged")
+    if torch.cuda.get_device_capability() == (9, 0):
+        with pytest.raises(NotImplementedError, match="backend='fa3' takes head_dim 64, 128 or 256"):
+            case.plan(case.wrapper(backend="fa3"))
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn KV cache with head_dim_qk 192"):
+        case.plan(case.wrapper(), kv_data_type=torch.float8_e4m3fn)
+    wrapper = case.wrapper()
+    case.plan(wrapper)
+    fp8 = tuple(c.to(torch.float8_e4m3fn) for c in case.cache)
+    with pytest.raises(TypeError, match="Expected k of q's dtype float16 with head_dim 192, got float8_e4m3fn"):
+        wrapper.run(case.q, fp8, skip_check=True)
+
+
+def test_deepseek_head_dims_checked():
+    """The plan takes 192 with 128 and no other pair; the binding (on a tracer's stand-ins) names
+    v's head_dim and the output's shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = list(paged_plan_args())
+    for qk, vo, match in ((192, None, "head_dim_vo 128 with head_dim_qk 192, got None"), (192, 192, "got 192"),
+                          (128, 192, "head_dim_vo equal to head_dim_qk 128"), (96, 96, "head_dim 96")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            cpu_wrapper().plan(*args[:6], qk, 16, head_dim_vo=vo)
+    wrapper = cpu_wrapper("ragged")
+    wrapper.plan(indptr_of([700, 5]), indptr_of([700, 900]), 16, 16, 192, head_dim_vo=128, causal=True, disable_split_kv=True)
+    assert (wrapper._plan.head_dim, wrapper._plan.head_dim_vo) == (192, 128)
+    work = wrapper._plan.work[1 : 1 + int(wrapper._plan.work[0, 0])]
+    first = work[work[:, 0] == 0]
+    assert sorted(first[:, 1].tolist()) == list(range(0, 700, 128))  # tiles of 128 rows (group 1), as d128's
+    with FakeTensorMode():
+        q, k = torch.empty(9, 16, 192, device="cuda").half(), torch.empty(30, 16, 192, device="cuda").half()
+        out = aotinfer.single_prefill_with_kv_cache(q, k, torch.empty(30, 16, 128, device="cuda").half(), causal=True)
+        assert out.shape == (9, 16, 128)
+        with pytest.raises(ValueError, match=r"Expected the last dimension of v \(head_dim_vo\) to be 128"):
+            aotinfer.single_prefill_with_kv_cache(q, k, torch.empty(30, 16, 64, device="cuda").half())
+        with pytest.raises(ValueError, match=r"Expected the last dimension of v \(head_dim_vo\) to be 64"):
+            q64, k64 = torch.empty(9, 16, 64, device="cuda").half(), torch.empty(30, 16, 64, device="cuda").half()
+            aotinfer.single_prefill_with_kv_cache(q64, k64, torch.empty(30, 16, 128, device="cuda").half())
+        with pytest.raises(ValueError, match="Expected k and v to have one shape but for head_dim"):
+            aotinfer.single_prefill_with_kv_cache(q, k, torch.empty(31, 16, 128, device="cuda").half())
+
+
 @gpu
 @pytest.mark.parametrize("options", [dict(causal=True), dict(logits_soft_cap=5.0, window_left=300), "split"], ids=str)
 @pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (12, 2, 256)], ids=["g4d128", "g1d64", "g6d256"])
@@ -1371,7 +1487,7 @@ def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan():
     [
         (dict(pos_encoding_mode="ROPE_LLAMA"), NotImplementedError, "pos_encoding_mode"),
         (dict(pos_encoding_mode="XYZ"), ValueError, "pos_encoding_mode"),
-        (dict(head_dim_vo=128), NotImplementedError, "head_dim_vo"),
+        (dict(head_dim_vo=128), ValueError, "head_dim_vo equal to head_dim_qk 64"),
         (dict(use_fp16_qk_reduction=True), NotImplementedError, "use_fp16_qk_reduction"),
         (dict(kv_data_type=torch.float32), ValueError, "kv_data_type"),
         (dict(q_data_type=torch.float32), ValueError, "q_data_type"),

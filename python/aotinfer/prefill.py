@@ -127,6 +127,7 @@ _batch_prefill_sm90 = kernel("prefill_sm90", "batch_prefill_sm90")
 _CTAS_PER_SM = 2  # 96 KB of shared memory a CTA: two fit an SM of sm80/sm90/sm100
 _SM90_CTAS_PER_SM = 1  # up to 225 KB and 384 threads
 _SM90_HEAD_DIMS = (64, 128, 256)
+DEEPSEEK_HEAD_DIMS = (192, 128)  # (q and k, v and out): the other pair the kernel of every arch takes
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
 # Keys below which a lone request's last tiles are never halved (tiles_to_halve): shorter items
@@ -135,10 +136,11 @@ _HALVED_KEYS = 4096
 _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 
 
-def tile_rows(head_dim: int, sm90: bool = False) -> int:
-    """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, or
-    prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups at head_dim 64
-    and 128, two at 256)."""
+def tile_rows(head_dim_vo: int, sm90: bool = False) -> int:
+    """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, set by
+    v's head_dim, or prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups
+    at head_dim 64 and 128, two at 256)."""
+    head_dim = head_dim_vo
     if sm90:
         return 128 if head_dim == 256 else 192
     return 128 if head_dim <= 128 else 64
@@ -227,13 +229,27 @@ def _packed_mask(custom_mask: Any, packed_custom_mask: Any, q_len: Any, kv_len: 
     return packed_custom_mask.reshape(-1), begin
 
 
-def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size) -> None:
+def head_dim_of_v(head_dim_qk: Any, head_dim_vo: Any) -> int:
+    """v's (and the output's) head_dim, checked: ``head_dim_qk`` (None: the same) of 64, 128 or
+    256, or DeepSeek's pair, 192 with 128."""
+    if head_dim_qk == DEEPSEEK_HEAD_DIMS[0]:
+        check_int(head_dim_qk, "head_dim_qk", 1)
+        if head_dim_vo != DEEPSEEK_HEAD_DIMS[1]:
+            raise ValueError(f"Expected head_dim_vo {DEEPSEEK_HEAD_DIMS[1]} with head_dim_qk {head_dim_qk}, got {head_dim_vo}")
+        return head_dim_vo
     check_head_dim(head_dim_qk)
-    fixed_split(fixed_split_size)
     if head_dim_vo is not None:
         check_int(head_dim_vo, "head_dim_vo", 1)
         if head_dim_vo != head_dim_qk:
-            raise NotImplementedError(f"head_dim_vo={head_dim_vo} different from head_dim_qk={head_dim_qk} is not implemented")
+            raise ValueError(
+                f"Expected head_dim_vo equal to head_dim_qk {head_dim_qk} (or 128 with head_dim_qk 192), got {head_dim_vo}"
+            )
+    return head_dim_qk
+
+
+def _check_plan_options(head_dim_qk, head_dim_vo, use_fp16_qk_reduction, fixed_split_size) -> None:
+    head_dim_of_v(head_dim_qk, head_dim_vo)
+    fixed_split(fixed_split_size)
     if use_fp16_qk_reduction:
         raise NotImplementedError("use_fp16_qk_reduction=True is not implemented: q.k is reduced in float32")
 
@@ -505,7 +521,8 @@ class _Plan:
     """What plan decided, for run: the tables on the device and the shapes they were made for."""
 
     __slots__ = (
-        "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "q_dtype", "kv_dtype",
+        "batch_size", "total_q", "total_kv", "num_qo_heads", "num_kv_heads", "head_dim", "head_dim_vo", "page_size", "q_dtype",
+        "kv_dtype",
         "work", "requests", "indices", "partial_out", "partial_lse", "merge_from", "ctas", "empty", "partition", "binding",
         "mask",
     )  # fmt: skip
@@ -516,7 +533,7 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
     import torch
 
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=wrapper.device)
+        out = torch.empty((*q.shape[:2], plan.head_dim_vo), dtype=q.dtype, device=wrapper.device)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=wrapper.device)
     plan.binding(
@@ -585,11 +602,12 @@ class _BatchPrefillWrapper(AttentionWrapper):
         self._mask_indptr_buf = mask_indptr_buf
 
     def _plan_common(
-        self, lengths, total_q, num_qo_heads, num_kv_heads, head_dim, page_size, causal, pos_encoding_mode,
+        self, lengths, total_q, num_qo_heads, num_kv_heads, head_dim, head_dim_vo, page_size, causal, pos_encoding_mode,
         window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
         disable_split_kv, non_blocking, indices, total_kv, custom_mask=None, packed_custom_mask=None,
     ) -> None:  # fmt: skip
-        """``lengths``, ``total_q``: _request_lengths'."""
+        """``lengths``, ``total_q``: _request_lengths'. ``head_dim``: q's and k's, ``head_dim_vo``:
+        v's and the output's."""
         import torch
 
         fixed_split_size = fixed_split(fixed_split_size)  # None where <= 0, as FlashInfer reads it
@@ -602,6 +620,11 @@ class _BatchPrefillWrapper(AttentionWrapper):
                 f"{self._fixed_batch_size}"
             )
         masked = custom_mask is not None or packed_custom_mask is not None
+        if head_dim_vo != head_dim and kv_dtype != q_dtype:
+            raise NotImplementedError(
+                f"a {dtype_name(kv_dtype)} KV cache with head_dim_qk {head_dim} and head_dim_vo {head_dim_vo} is not "
+                "implemented: K and V of q's dtype take them"
+            )
         if masked and kv_dtype != q_dtype:
             raise NotImplementedError(
                 f"custom masks with a {dtype_name(kv_dtype)} KV cache are not implemented: K and V of q's dtype take them"
@@ -630,10 +653,10 @@ class _BatchPrefillWrapper(AttentionWrapper):
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
             num_sms=num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
-            rows_per_tile=tile_rows(head_dim, sm90),
+            rows_per_tile=tile_rows(head_dim_vo, sm90),
             # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
             # over the items, no last wave.
-            last_wave_slots=self._partial_capacity(num_qo_heads, head_dim) if sm90 and not self._use_cuda_graph else 0,
+            last_wave_slots=self._partial_capacity(num_qo_heads, head_dim_vo) if sm90 and not self._use_cuda_graph else 0,
             planner=host_binding("prefill", "plan_prefill", self.device), staging=staging, spans=self._spans,
         )  # fmt: skip
         if masked:
@@ -654,7 +677,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
                     f"this plan needs {partition.num_items} work items, more than the {capacity} a CUDA graph's plan "
                     "holds: use fewer tokens, a larger fixed_split_size or disable_split_kv=True"
                 )
-            slots = self._partial_capacity(num_qo_heads, head_dim)
+            slots = self._partial_capacity(num_qo_heads, head_dim_vo)
             if partition.num_slots > slots:
                 raise ValueError(
                     f"float_workspace_buffer holds the partial results of {slots} (query token, chunk) pairs, this plan "
@@ -664,7 +687,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
         else:
             capacity, slots = partition.num_items, partition.num_slots
             plan.ctas = partition.num_items
-        plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim)
+        plan.partial_out, plan.partial_lse = self._partial_views(slots, num_qo_heads, head_dim_vo)
         requests, work = self._upload(
             staging, partition.work_offset + partition.work.numel() * 4,
             [(0, tuple(partition.requests.shape)), (partition.work_offset, tuple(partition.work.shape))], non_blocking)
@@ -692,6 +715,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
         plan.partition = partition
         plan.batch_size, plan.total_q, plan.total_kv = batch, total_q, total_kv
         plan.num_qo_heads, plan.num_kv_heads, plan.head_dim = num_qo_heads, num_kv_heads, head_dim
+        plan.head_dim_vo = head_dim_vo
         plan.page_size, plan.q_dtype, plan.kv_dtype = page_size, q_dtype, kv_dtype
 
         self._plan = plan
@@ -915,7 +939,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         self._check_table_bytes(4 * _WORK_WIDTH * qo_indptr.numel(), f"a plan of {qo_indptr.numel() - 1} requests")
         lengths, total_q, total_kv = _request_lengths(qo_indptr, kv_indptr, "kv_indptr", self.device)
         self._plan_common(
-            lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, 1, causal, pos_encoding_mode,
+            lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_of_v(head_dim_qk, head_dim_vo), 1, causal,
+            pos_encoding_mode,
             window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
             disable_split_kv, non_blocking, _empty_indices(self.device), total_kv, custom_mask, packed_custom_mask,
         )  # fmt: skip
@@ -1181,7 +1206,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             )
         indices = self._paged_kv_indices_buf if self._use_cuda_graph else paged_kv_indices.to(self.device, non_blocking=non_blocking)
         self._plan_common(
-            lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, page_size, causal,
+            lengths, total_q, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_of_v(head_dim_qk, head_dim_vo), page_size, causal,
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype,
             fixed_split_size, disable_split_kv, non_blocking, indices, 0, custom_mask, packed_custom_mask,
         )  # fmt: skip
@@ -1422,10 +1447,11 @@ def single_prefill_with_kv_cache(
     Parameters
     ----------
     q : torch.Tensor
-        ``[qo_len, num_qo_heads, head_dim]``, float16 or bfloat16; head_dim 64, 128 or 256.
+        ``[qo_len, num_qo_heads, head_dim]``, float16 or bfloat16; head_dim 64, 128, 256 or 192.
     k, v : torch.Tensor
         ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND),
-        q's dtype. Strided views are fine (last dimension contiguous).
+        q's dtype; v's head_dim q's, or 128 where q's is 192 (DeepSeek's prefill). Strided views
+        are fine (last dimension contiguous).
     custom_mask : Optional[torch.Tensor]
         bool ``[qo_len, kv_len]`` (or those values flattened): True where the query sees the key.
         It replaces ``causal``; a window still applies.
@@ -1456,7 +1482,7 @@ def single_prefill_with_kv_cache(
     Returns
     -------
     torch.Tensor or Tuple[torch.Tensor, torch.Tensor]
-        The output ``[qo_len, num_qo_heads, head_dim]`` (q's dtype), or ``(out, lse)``.
+        The output ``[qo_len, num_qo_heads, head_dim_vo]`` (q's dtype), or ``(out, lse)``.
     """
     if not skip_check:
         _check_single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_layout, pos_encoding_mode,
@@ -1468,15 +1494,15 @@ def single_prefill_with_kv_cache(
         check_tensor(value, name)
     if q.dim() != 3:
         raise ValueError(f"Expected q to have shape [qo_len, num_qo_heads, head_dim], got {list(q.shape)}")
-    if k.dim() != 3 or v.shape != k.shape:
+    if k.dim() != 3 or v.dim() != 3 or v.shape[:2] != k.shape[:2]:
         raise ValueError(
-            f"Expected k and v to have one shape, [kv_len, num_kv_heads, head_dim] (NHD) or [num_kv_heads, kv_len, head_dim] "
-            f"(HND), got {list(k.shape)} and {list(v.shape)}"
+            f"Expected k and v to have one shape but for head_dim, [kv_len, num_kv_heads, head_dim] (NHD) or "
+            f"[num_kv_heads, kv_len, head_dim] (HND), got {list(k.shape)} and {list(v.shape)}"
         )
     if kv_layout == "HND":
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     qo_len, num_qo_heads, head_dim = q.shape
-    kv_len, num_kv_heads = k.shape[0], k.shape[1]
+    kv_len, num_kv_heads, head_dim_vo = v.shape
     masked = custom_mask is not None or packed_custom_mask is not None
     causal = causal and not masked  # a custom mask replaces causal
     if causal and qo_len > kv_len:
@@ -1488,7 +1514,7 @@ def single_prefill_with_kv_cache(
         mask = _packed_mask(custom_mask, packed_custom_mask, *lengths)[0].to(device)
     group = max(num_qo_heads // max(num_kv_heads, 1), 1)
     sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype, masked)
-    rows = tile_rows(head_dim, sm90)
+    rows = tile_rows(head_dim_vo, sm90)
     tiles = (qo_len * group + rows - 1) // rows
     # Under full attention the last tiles' keys may be halved, as the wrappers' plan does
     # (``halving``): their items go last, and their partials to the merge.
@@ -1528,10 +1554,10 @@ def single_prefill_with_kv_cache(
         for column, value in ((4, -2 * split_from), (5, 2), (6, split_from)):
             requests.narrow(1, column, 1).fill_(value)
         slots = 2 * (qo_len - split_from)
-        partial_out = torch.empty((slots, num_qo_heads, head_dim), dtype=torch.float32, device=device)
+        partial_out = torch.empty((slots, num_qo_heads, head_dim_vo), dtype=torch.float32, device=device)
         partial_lse = torch.empty((slots, num_qo_heads), dtype=torch.float32, device=device)
 
-    out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=device)
+    out = torch.empty((qo_len, num_qo_heads, head_dim_vo), dtype=q.dtype, device=device)
     lse = torch.empty((qo_len, num_qo_heads) if return_lse else (0,), dtype=torch.float32, device=device)
     binding = _batch_prefill_sm90 if sm90 else _batch_prefill
     binding(
