@@ -1,6 +1,6 @@
 // Binding of the Hopper batch prefill (include/aotinfer/prefill_sm90.cuh, wgmma, sm90a only): the
 // signature and checks of batch_prefill (prefill_checks.h), for 16-bit K and V and head_dim 64,
-// 128 or 256; the launch on num_kv_heads x `ctas` blocks (one an SM) and, unless `merge_from` is
+// 128, 256 or 192 (v's 128); the launch on num_kv_heads x `ctas` blocks (one an SM) and, unless `merge_from` is
 // -1, the merge of split requests from that query token on.
 #include "aotinfer/prefill_sm90.cuh"
 #include "prefill_checks.h"
@@ -19,8 +19,9 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
     AOTINFER_THROW(TypeError) << "Expected k of q's dtype " << q.dtype() << " for this backend, got " << k.dtype()
                              << " (fp8 caches: the fa2 backend)";
   }
-  if (checked.head_dim != 64 && checked.head_dim != 128 && checked.head_dim != 256) {
-    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128 or 256 for this backend, got " << checked.head_dim;
+  if (checked.head_dim != 64 && checked.head_dim != 128 && checked.head_dim != 256 &&
+      checked.head_dim != aotinfer::kDeepSeekHeadDimQk) {
+    AOTINFER_THROW(ValueError) << "Expected head_dim 64, 128, 256 or 192 for this backend, got " << checked.head_dim;
   }
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
@@ -36,7 +37,8 @@ void batch_prefill_sm90(TensorView out, TensorView lse, TensorView partial_out, 
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     const auto launch = checked.head_dim == 64    ? aotinfer::BatchPrefillSm90<T, 64>
                         : checked.head_dim == 128 ? aotinfer::BatchPrefillSm90<T, 128>
-                                                  : aotinfer::BatchPrefillSm90<T, 256>;
+                        : checked.head_dim == 256 ? aotinfer::BatchPrefillSm90<T, 256>
+                                                  : aotinfer::BatchPrefillSm90<T, aotinfer::kDeepSeekHeadDimQk, aotinfer::kDeepSeekHeadDimVo>;
     CHECK_LAUNCH(launch(checked.params, checked.paged, int(checked.total_q), k.size(0), int(ctas), checked.merge_from,
                         stream, pdl, device),
                  "batch_prefill_sm90");

@@ -780,7 +780,7 @@ def test_bad_tensors_are_named():
 
 
 @gpu
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 256, 192])
 @pytest.mark.parametrize("group", [1, 2, 8, 16, 3], ids=lambda g: f"group{g}")
 def test_hopper_tma_copies_take_views_and_every_group(group, head_dim):
     # fa3's TMA copies (K and V tiles, each warpgroup's Q rows, the output's store) address tensors
@@ -788,21 +788,23 @@ def test_hopper_tma_copies_take_views_and_every_group(group, head_dim):
     # padded, the tokens offset), sequences end inside Q tiles (the output rows past them are the
     # threads' stores), and group 3 does not divide a warpgroup's 64 rows (Q copied by threads).
     backend_or_skip("fa3", head_dim)
+    head_dim_vo = 128 if head_dim == 192 else head_dim
     kv_heads, dtype = 2, torch.bfloat16
     heads = kv_heads * group
     q_lens, kv_lens = [300, 77, 1], [700, 77, 260]
     qo_indptr, kv_indptr = indptr_of(q_lens), indptr_of(kv_lens)
     total_q, total_kv = int(qo_indptr[-1]), int(kv_indptr[-1])
     q = torch.randn(total_q + 5, heads + 1, head_dim, device="cuda").to(dtype)[5:, 1:]
-    k = torch.randn(total_kv + 3, kv_heads, 2 * head_dim, device="cuda").to(dtype)[3:, :, :head_dim]
-    v = torch.randn(total_kv + 3, kv_heads, 2 * head_dim, device="cuda").to(dtype)[3:, :, head_dim:]
-    out_buffer = poisoned((total_q, heads + 2, head_dim), dtype)
+    k = torch.randn(total_kv + 3, kv_heads, head_dim + head_dim_vo, device="cuda").to(dtype)[3:, :, :head_dim]
+    v = torch.randn(total_kv + 3, kv_heads, head_dim + head_dim_vo, device="cuda").to(dtype)[3:, :, head_dim:]
+    out_buffer = poisoned((total_q, heads + 2, head_dim_vo), dtype)
     out = out_buffer[:, 2:]
     keys = [k[int(kv_indptr[b]) : int(kv_indptr[b + 1])] for b in range(3)]
     values = [v[int(kv_indptr[b]) : int(kv_indptr[b + 1])] for b in range(3)]
     want, want_lse = reference(q, qo_indptr, keys, values, 1 / math.sqrt(head_dim), causal=True)
     wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace("cuda", 128 << 20), backend="fa3")
-    wrapper.plan(qo_indptr.cuda(), kv_indptr.cuda(), heads, kv_heads, head_dim, causal=True, q_data_type=dtype)
+    wrapper.plan(qo_indptr.cuda(), kv_indptr.cuda(), heads, kv_heads, head_dim, causal=True, q_data_type=dtype,
+                 head_dim_vo=head_dim_vo)  # fmt: skip
     lse = poisoned((total_q, heads), torch.float32)
     wrapper.run(q, k, v, out=out, lse=lse, return_lse=True)
     check(out, want, dtype, lse, want_lse)
@@ -842,12 +844,12 @@ DEEPSEEK_IDS = ["h16kv16", "h8kv2"]
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
-@pytest.mark.parametrize("backend", ["fa2", "auto"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_deepseek_head_dims(backend, kind, causal, layout, dtype, heads):
     case = Case(PAIRS, heads, dtype, kind, layout)
-    wrapper = case.wrapper(backend=backend)
+    wrapper = case.wrapper(backend=backend_or_skip(backend, 192))
     case.plan(wrapper, causal=causal)
-    assert wrapper._plan.binding is prefill._batch_prefill  # the kernel of every arch, Hopper too
+    assert wrapper._plan.binding is (prefill._batch_prefill_sm90 if backend == "fa3" else prefill._batch_prefill)
     want, want_lse = case.reference(causal=causal)
     assert want.shape[2] == 128
     out, lse = poisoned((case.q.shape[0], heads[0], 128), dtype), poisoned(case.q.shape[:2], torch.float32)
@@ -860,18 +862,20 @@ def test_deepseek_head_dims(backend, kind, causal, layout, dtype, heads):
 @pytest.mark.parametrize("page_size", [1, 5, 64])
 @pytest.mark.parametrize("mode", ["auto", "fixed_split_size", "disable_split_kv"])
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
-def test_deepseek_head_dims_split_keys_and_page_sizes(kind, mode, page_size):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deepseek_head_dims_split_keys_and_page_sizes(backend, kind, mode, page_size):
     """Long keys split over items (their partials 128 wide, merged), page sizes off the copy runs
     (5) and on them, with the options."""
     if kind == "ragged" and page_size != 1:
         pytest.skip("pages: the paged wrapper")
+    backend_or_skip(backend, 192)
     case = Case([(1, 5000), (33, 3000), (0, 7), (300, 300)], (16, 4, 192, 128), torch.bfloat16, kind, page_size=page_size)
     options = dict(causal=True, logits_soft_cap=4.0, window_left=2000)
     if mode == "fixed_split_size":
         options["fixed_split_size"] = 512 if kind == "ragged" else -(-512 // page_size)
     elif mode == "disable_split_kv":
         options["disable_split_kv"] = True
-    wrapper = case.wrapper()
+    wrapper = case.wrapper(backend=backend)
     case.plan(wrapper, **options)
     if mode != "disable_split_kv":
         assert wrapper._plan.merge_from >= 0, "the keys were not split"
@@ -883,13 +887,15 @@ def test_deepseek_head_dims_split_keys_and_page_sizes(kind, mode, page_size):
 @gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lengths", [(300, 300), (37, 900), (1, 1), (2000, 2000)], ids=str)
-def test_deepseek_single_prefill(lengths, causal):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deepseek_single_prefill(backend, lengths, causal):
+    backend_or_skip(backend, 192)
     (q_len, kv_len), (num_qo_heads, num_kv_heads) = lengths, (16, 16)
     q = torch.randn(q_len, num_qo_heads, 192, device="cuda").bfloat16()
     k = torch.randn(kv_len, num_kv_heads, 192, device="cuda").bfloat16()
     v = torch.randn(kv_len, num_kv_heads, 128, device="cuda").bfloat16()
     want, want_lse = reference(q, [0, q_len], [k], [v], 1 / math.sqrt(192), causal=causal)
-    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    out, lse = aotinfer.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True, backend=backend)
     assert out.shape == (q_len, num_qo_heads, 128)
     check(out, want, torch.bfloat16, lse, want_lse)
 
@@ -897,16 +903,14 @@ def test_deepseek_single_prefill(lengths, causal):
 @gpu
 def test_deepseek_head_dims_refusals():
     case = Case(PAIRS, (16, 16, 192, 128), torch.float16, "paged")
-    if torch.cuda.get_device_capability() == (9, 0):
-        with pytest.raises(NotImplementedError, match="backend='fa3' takes head_dim 64, 128 or 256"):
-            case.plan(case.wrapper(backend="fa3"))
     with pytest.raises(NotImplementedError, match="float8_e4m3fn KV cache with head_dim_qk 192"):
         case.plan(case.wrapper(), kv_data_type=torch.float8_e4m3fn)
     wrapper = case.wrapper()
     case.plan(wrapper)
     fp8 = tuple(c.to(torch.float8_e4m3fn) for c in case.cache)
+    wrapper._plan.kv_dtype = torch.float8_e4m3fn  # past the plan's refusal: the binding's own
     with pytest.raises(TypeError, match="Expected k of q's dtype float16 with head_dim 192, got float8_e4m3fn"):
-        wrapper.run(case.q, fp8, skip_check=True)
+        wrapper.run(case.q, fp8)
 
 
 def test_deepseek_head_dims_checked():
@@ -940,7 +944,9 @@ def test_deepseek_head_dims_checked():
 
 @gpu
 @pytest.mark.parametrize("options", [dict(causal=True), dict(logits_soft_cap=5.0, window_left=300), "split"], ids=str)
-@pytest.mark.parametrize("heads", [(32, 8, 128), (8, 8, 64), (12, 2, 256)], ids=["g4d128", "g1d64", "g6d256"])
+@pytest.mark.parametrize(
+    "heads", [(32, 8, 128), (8, 8, 64), (12, 2, 256), (16, 16, 192, 128)], ids=["g4d128", "g1d64", "g6d256", "g1d192"]
+)
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
 def test_backends_agree(kind, heads, options):
     """Hopper's kernel and the kernel of every arch on the same inputs: outputs within the
@@ -954,7 +960,7 @@ def test_backends_agree(kind, heads, options):
         wrapper = case.wrapper(backend=backend)
         case.plan(wrapper, **options)
         assert wrapper._plan.binding is (prefill._batch_prefill_sm90 if backend == "fa3" else prefill._batch_prefill)
-        results.append(case.run(wrapper, out=poisoned(case.q.shape, torch.bfloat16), return_lse=True))
+        results.append(case.run(wrapper, out=poisoned((*case.q.shape[:2], case.head_dim_vo), torch.bfloat16), return_lse=True))
     (out2, lse2), (out3, lse3) = results
     torch.testing.assert_close(out3.float(), out2.float(), rtol=1.6e-2, atol=1.6e-2)
     torch.testing.assert_close(lse3, lse2, rtol=1e-4, atol=1e-4)

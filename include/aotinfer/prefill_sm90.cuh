@@ -43,20 +43,23 @@
 
 namespace aotinfer {
 
-template <typename T, int D, bool kPaged>
+// D: the head dim of q and k; DV: of v and the output (D, or 128 with DeepSeek's 192).
+template <typename T, int D, bool kPaged, int DV = D>
 struct Sm90PrefillShape {
-  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
+  static_assert((D == DV && (D == 64 || D == 128 || D == 256)) || (D == 192 && DV == 128),
+                "head dims 64, 128, 256 or 192 (q, k) with 128 (v)");
   // Consumer warpgroups, 64 query rows each: three, so that while two are in their softmax the
   // third keeps the tensor cores busy; two at head_dim 256, whose output alone takes 128 registers.
-  static constexpr int kConsumers = D == 256 ? 2 : 3;
+  static constexpr int kConsumers = DV == 256 ? 2 : 3;
   static constexpr int kTileQ = 64 * kConsumers;
   // Named barriers: 0 the block's, 1 + w consumer group w's own, kTurnBarriers + w its turn on the
   // tensor cores.
   static constexpr int kTurnBarriers = 1 + kConsumers;
   // Registers a thread (setmaxnreg), moved between warpgroups from the 65536 / kThreads each a
   // block is launched with: the producer needs few (a ragged batch's full tiles go by TMA, and 32
-  // do; the paged copies' addresses take 56), the consumers hold S, P and O.
-  static constexpr int kProducerRegisters = kConsumers == 3 && !kPaged ? 32 : 56;
+  // do; the paged copies' addresses take 56, as do K's two copy layouts at 192), the consumers
+  // hold S, P and O.
+  static constexpr int kProducerRegisters = kConsumers == 3 && !kPaged && D == DV ? 32 : 56;
   static constexpr int kConsumerRegisters = (65536 / 128 - kProducerRegisters) / kConsumers / 8 * 8;  // setmaxnreg's steps
   // Keys a tile, as many as S and P fit beside the output in kConsumerRegisters: at head_dim 64
   // 128 (96 in the 152 registers beside the paged producer), at 128 and 256 80 (the output takes
@@ -66,12 +69,14 @@ struct Sm90PrefillShape {
   // +2-3%), 2 elsewhere (3 cost ragged K and V 7-12% at head_dim 128; 4 gained nothing at 64).
   static constexpr int kStages = D == 128 && kPaged ? 3 : 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // the producer warpgroup first
-  static constexpr int kRowChunks = D / 8;                // 16-byte chunks a row
+  static constexpr int kRowChunks = D / 8;                // 16-byte chunks of a q or k row
+  static constexpr int kVRowChunks = DV / 8;              // ... of a v or output row
   static constexpr int kQBytes = kTileQ * D * 2;
-  static constexpr int kKVBytes = kTileKV * D * 2;
+  static constexpr int kKBytes = kTileKV * D * 2;
+  static constexpr int kVBytes = kTileKV * DV * 2;
   static constexpr int kBarrierBytes = 4 * kStages * 8 + kConsumers * 8;  // K and V full and empty a stage; Q a group
   // 1024 bytes of slack: the tiles start at a multiple of 1024 (the swizzle's period).
-  static constexpr size_t kSharedBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+  static constexpr size_t kSharedBytes = 1024 + kQBytes + kStages * (kKBytes + kVBytes) + kBarrierBytes;
   static_assert(kSharedBytes <= 227 * 1024, "an sm90 block's shared memory");
 };
 
@@ -154,12 +159,12 @@ __device__ __forceinline__ Sm90ItemKeys ItemKeys(const PrefillParams& p, int4 it
 }
 
 // The shared memory of a block: Q, the K and V stages (each tile 1024-byte aligned), barriers.
-template <typename T, int D, bool kPaged>
+template <typename T, int D, bool kPaged, int DV>
 struct Sm90PrefillSmem {
-  using S = Sm90PrefillShape<T, D, kPaged>;
+  using S = Sm90PrefillShape<T, D, kPaged, DV>;
   uint8_t* q;
-  uint8_t* k;  // [kStages][kKVBytes]
-  uint8_t* v;
+  uint8_t* k;  // [kStages][kKBytes]
+  uint8_t* v;  // [kStages][kVBytes]
   uint64_t* k_full;  // [kStages] each
   uint64_t* v_full;
   uint64_t* k_empty;
@@ -169,8 +174,8 @@ struct Sm90PrefillSmem {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
     q = base;
     k = q + S::kQBytes;
-    v = k + S::kStages * S::kKVBytes;
-    k_full = reinterpret_cast<uint64_t*>(v + S::kStages * S::kKVBytes);
+    v = k + S::kStages * S::kKBytes;
+    k_full = reinterpret_cast<uint64_t*>(v + S::kStages * S::kVBytes);
     v_full = k_full + S::kStages;
     k_empty = v_full + S::kStages;
     v_empty = k_empty + S::kStages;
@@ -178,35 +183,48 @@ struct Sm90PrefillSmem {
   }
 };
 
+// How the producer's threads copy rows of kChunks 16-byte chunks of a tile (a row's chunks from
+// first_chunk on): thread t copies chunk t % kChunks of rows t / kChunks + c * kRowsAtOnce (in
+// kPhases swizzle phases: one where kRowsAtOnce is a multiple of 8, two at 32 chunks). A paged
+// row's offset is computed by the lane that looked up its page (one row a lane) and handed over by
+// shuffle: lane l looks up the warp's row l % kWarpRows of copy l / kWarpRows (lanes past the
+// tile's rows look up the last one again).
+template <int kChunks, int kTileKV>
+struct Sm90CopyLayout {
+  static constexpr int kRowsAtOnce = 128 / kChunks, kCopies = kTileKV / kRowsAtOnce;
+  static constexpr int kWarpRows = 32 / kChunks;  // rows a warp copies at once
+  static_assert(kCopies * kWarpRows <= 32, "a lane looks up at most one row");
+  static constexpr int kPhases = kRowsAtOnce % 8 == 0 ? 1 : 8 / kRowsAtOnce;
+  int chunk, row0, lookup_row;
+  uint32_t dst_phase[kPhases];  // copy c lands at dst_phase[c % kPhases] + c * kRowsAtOnce * 128
+  __device__ __forceinline__ Sm90CopyLayout(int tid, int first_chunk) {
+    const int warp = tid / 32, lane = tid % 32;
+    chunk = first_chunk + tid % kChunks;
+    row0 = tid / kChunks;
+    lookup_row = warp * kWarpRows + lane % kWarpRows + min(lane / kWarpRows, kCopies - 1) * kRowsAtOnce;
+#pragma unroll
+    for (int c = 0; c < kPhases; ++c) {
+      dst_phase[c] = SwizzledTileOffset<kTileKV>(row0 + c * kRowsAtOnce, chunk) - c * kRowsAtOnce * 128;
+    }
+  }
+};
+
 // The producer warpgroup: every item's K and V tiles into the stages, in the consumers' order.
 // A ragged full tile is one TMA copy a 64-dim region, issued by thread 0 (the others count their
-// arrival). Otherwise thread t copies chunk t % kRowChunks of rows t / kRowChunks + i *
-// kRowsAtOnce (in kPhases swizzle phases). Ragged rows are a stride apart; a paged row's offset is
-// computed by the lane that looked up its page (one row a lane) and handed over by shuffle. The
-// copies are the producer's whole cost, so their addresses are one add each.
-template <typename T, int D, bool kPaged>
+// arrival). Otherwise the threads copy rows as an Sm90CopyLayout of the row's chunks says (K at
+// 192 dims: its first 128 as V's, its last 64 as a second layout); ragged rows are a stride apart.
+// The copies are the producer's whole cost, so their addresses are one add each.
+template <typename T, int D, bool kPaged, int DV>
 __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90TensorMaps& maps,
-                                            const Sm90PrefillSmem<T, D, kPaged>& smem, int2 start) {
-  using S = Sm90PrefillShape<T, D, kPaged>;
-  constexpr int kRowsAtOnce = 128 / S::kRowChunks, kCopies = S::kTileKV / kRowsAtOnce;
-  constexpr int kWarpRows = 32 / S::kRowChunks;  // rows a warp copies at once
-  static_assert(kCopies * kWarpRows <= 32, "a lane looks up at most one row");
-  // A thread's rows row0 + c * kRowsAtOnce take kPhases swizzle phases in turn (one where
-  // kRowsAtOnce is a multiple of 8, two at head_dim 256).
-  constexpr int kPhases = kRowsAtOnce % 8 == 0 ? 1 : 8 / kRowsAtOnce;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, kv_head = start.x;
-  const int chunk = tid % S::kRowChunks, row0 = tid / S::kRowChunks;
-  uint32_t dst_phase[kPhases];  // copy c lands at dst_phase[c % kPhases] + c * kRowsAtOnce * 128
-#pragma unroll
-  for (int c = 0; c < kPhases; ++c) {
-    dst_phase[c] = SwizzledTileOffset<S::kTileKV>(row0 + c * kRowsAtOnce, chunk) - c * kRowsAtOnce * 128;
-  }
-  // The row lane l looks up (paged): the warp's row l % kWarpRows of copy l / kWarpRows (lanes
-  // past the tile's rows look up the last one again).
-  const int lookup_row =
-      warp * kWarpRows + lane % kWarpRows + min(lane / kWarpRows, kCopies - 1) * kRowsAtOnce;
-  const T* const k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head + chunk * 8;
-  const T* const v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head + chunk * 8;
+                                            const Sm90PrefillSmem<T, D, kPaged, DV>& smem, int2 start) {
+  using S = Sm90PrefillShape<T, D, kPaged, DV>;
+  using Layout = Sm90CopyLayout<S::kVRowChunks, S::kTileKV>;                     // V, and K's first DV dims
+  using TailLayout = Sm90CopyLayout<D == DV ? 8 : (D - DV) / 8, S::kTileKV>;  // K's dims past DV
+  const int tid = threadIdx.x, kv_head = start.x;
+  const Layout layout(tid, 0);
+  const TailLayout tail(tid, S::kVRowChunks);
+  const T* const k = static_cast<const T*>(p.k) + kv_head * p.k_stride_head;
+  const T* const v = static_cast<const T*>(p.v) + kv_head * p.v_stride_head;
   uint32_t counter = 0;  // tiles produced, over every item
   const int num_items = p.work[0].x;
   for (int i = start.y; i < num_items; i += gridDim.y) {
@@ -219,41 +237,44 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Te
       const int stage = counter % S::kStages;
       const uint32_t parity = (counter / S::kStages) & 1;
       const int tile_pos = keys.begin + tile * S::kTileKV;
-      const int left = keys.end - tile_pos - row0;  // this thread's rows c with c * kRowsAtOnce < left are keys
-      int64_t k_row = 0, v_row = 0;  // paged: the offsets of lookup_row; ragged: of row0
-      if constexpr (kPaged) {
-        const int pos = min(tile_pos + lookup_row, keys.end - 1);
-        const int index = int(p.page_size.Divide(uint32_t(pos)));
-        const int64_t page = PageInCache(p.indices[kv_offset + index], p.last_page), slot = pos - index * int(p.page_size.divisor);
-        k_row = page * p.k_stride_page + slot * p.k_stride_slot;
-        v_row = page * p.v_stride_page + slot * p.v_stride_slot;
-      } else {
-        k_row = int64_t(kv_offset + tile_pos + row0) * p.k_stride_page;
-        v_row = int64_t(kv_offset + tile_pos + row0) * p.v_stride_page;
-      }
+      // The row offsets of K and V in a layout: paged, of its lookup_row; ragged, of its row0.
+      auto row_offsets = [&](const auto& l) {
+        if constexpr (kPaged) {
+          const int pos = min(tile_pos + l.lookup_row, keys.end - 1);
+          const int index = int(p.page_size.Divide(uint32_t(pos)));
+          const int64_t page = PageInCache(p.indices[kv_offset + index], p.last_page), slot = pos - index * int(p.page_size.divisor);
+          return make_longlong2(page * p.k_stride_page + slot * p.k_stride_slot, page * p.v_stride_page + slot * p.v_stride_slot);
+        } else {
+          return make_longlong2(int64_t(kv_offset + tile_pos + l.row0) * p.k_stride_page,
+                                int64_t(kv_offset + tile_pos + l.row0) * p.v_stride_page);
+        }
+      };
       // A full tile (every row a key: all but an item's last) copies without predicates.
-      const bool full = left >= S::kTileKV - row0;
-      auto copy_tile = [&](uint8_t* stage_base, const T* src, int64_t row_offset, int64_t row_step) {
+      const bool full = keys.end - tile_pos >= S::kTileKV;
+      auto copy_tile = [&](const auto& l, uint8_t* stage_base, const T* src, int64_t row_offset, int64_t row_step) {
+        using L = std::decay_t<decltype(l)>;
+        const int left = keys.end - tile_pos - l.row0;  // this thread's rows c with c * kRowsAtOnce < left are keys
+        src += l.chunk * 8;
         const T* row = src + row_offset;  // ragged: this thread's row c, a step at a time
 #pragma unroll
-        for (int c = 0; c < kCopies; ++c, row += row_step) {
+        for (int c = 0; c < L::kCopies; ++c, row += row_step) {
           if constexpr (kPaged) {
-            const int from = c * kWarpRows + row0 % kWarpRows;
+            const int from = c * L::kWarpRows + l.row0 % L::kWarpRows;
             const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(row_offset), from);
             const uint32_t hi = __shfl_sync(0xffffffffu, uint32_t(uint64_t(row_offset) >> 32), from);
             row = src + int64_t(uint64_t(hi) << 32 | lo);
           }
-          uint8_t* const dst = stage_base + dst_phase[c % kPhases] + c * kRowsAtOnce * 128;
+          uint8_t* const dst = stage_base + l.dst_phase[c % L::kPhases] + c * L::kRowsAtOnce * 128;
           if (full) CopyAsync16(dst, row);
-          else CopyAsync16OrZero(dst, c * kRowsAtOnce < left ? row : src, c * kRowsAtOnce < left);
+          else CopyAsync16OrZero(dst, c * L::kRowsAtOnce < left ? row : src, c * L::kRowsAtOnce < left);
         }
       };
       if (!kPaged && full && maps.kv) {
-        auto load_tile = [&](uint8_t* stage_base, const CUtensorMap& map, uint64_t* full_barrier) {
+        auto load_tile = [&](uint8_t* stage_base, const CUtensorMap& map, uint64_t* full_barrier, auto regions) {
           if (tid == 0) {
-            BarrierArriveExpectingBytes(full_barrier, S::kKVBytes);
+            BarrierArriveExpectingBytes(full_barrier, decltype(regions)::value * S::kTileKV * 128);
 #pragma unroll
-            for (int region = 0; region < D / 64; ++region) {
+            for (int region = 0; region < decltype(regions)::value; ++region) {
               CopyBox3d(stage_base + region * S::kTileKV * 128, &map, region * 64, kv_offset + tile_pos, kv_head,
                         full_barrier);
             }
@@ -262,16 +283,20 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Te
           }
         };
         BarrierWait(&smem.k_empty[stage], parity ^ 1);
-        load_tile(smem.k + stage * S::kKVBytes, maps.k, &smem.k_full[stage]);
+        load_tile(smem.k + stage * S::kKBytes, maps.k, &smem.k_full[stage], std::integral_constant<int, D / 64>{});
         BarrierWait(&smem.v_empty[stage], parity ^ 1);
-        load_tile(smem.v + stage * S::kKVBytes, maps.v, &smem.v_full[stage]);
+        load_tile(smem.v + stage * S::kVBytes, maps.v, &smem.v_full[stage], std::integral_constant<int, DV / 64>{});
         continue;
       }
+      const longlong2 rows = row_offsets(layout);
       BarrierWait(&smem.k_empty[stage], parity ^ 1);
-      copy_tile(smem.k + stage * S::kKVBytes, k, k_row, kRowsAtOnce * p.k_stride_page);
+      copy_tile(layout, smem.k + stage * S::kKBytes, k, rows.x, Layout::kRowsAtOnce * p.k_stride_page);
+      if constexpr (D != DV) {
+        copy_tile(tail, smem.k + stage * S::kKBytes, k, row_offsets(tail).x, TailLayout::kRowsAtOnce * p.k_stride_page);
+      }
       ArriveWhenCopiesLand(&smem.k_full[stage]);
       BarrierWait(&smem.v_empty[stage], parity ^ 1);
-      copy_tile(smem.v + stage * S::kKVBytes, v, v_row, kRowsAtOnce * p.v_stride_page);
+      copy_tile(layout, smem.v + stage * S::kVBytes, v, rows.y, Layout::kRowsAtOnce * p.v_stride_page);
       ArriveWhenCopiesLand(&smem.v_full[stage]);
     }
   }
@@ -281,11 +306,11 @@ __device__ __forceinline__ void Sm90Produce(const PrefillParams& p, const Sm90Te
 // One consumer warpgroup's part of an item, the group's `items_done`-th: its 64 query rows against
 // the item's keys. `tma`: the producer copies every full tile by TMA, so only the item's last tile
 // (cp.async's) needs the proxy fence before wgmma reads it.
-template <typename T, int D, bool kPaged>
+template <typename T, int D, bool kPaged, int DV>
 __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm90TensorMaps& maps,
-                                                const Sm90PrefillSmem<T, D, kPaged>& smem, int kv_head, int4 item, int chunk_index,
-                                                bool tma, uint32_t items_done, uint32_t& counter) {
-  using S = Sm90PrefillShape<T, D, kPaged>;
+                                                const Sm90PrefillSmem<T, D, kPaged, DV>& smem, int kv_head, int4 item,
+                                                int chunk_index, bool tma, uint32_t items_done, uint32_t& counter) {
+  using S = Sm90PrefillShape<T, D, kPaged, DV>;
   constexpr int kNT = S::kTileKV / 8;  // 8-column tiles of S
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   // Broadcast from lane 0, so the compiler knows it is the same across the warp: what derives from
@@ -336,9 +361,9 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
 #pragma unroll
   for (int r = 0; r < 2; ++r) token[r] = int(p.group_divisor.Divide(uint32_t(row_begin + local0 + 8 * r)));
 
-  float o[D / 2];
+  float o[DV / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  for (int i = 0; i < DV / 2; ++i) o[i] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
 
   const bool capped = p.soft_cap > 0.f;
@@ -360,7 +385,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   const uint64_t v_desc = MatrixDescriptor(SharedAddress(smem.v), S::kTileKV * 128);
   // S = Q K^T of the tile in stage `stage`, issued and committed (not waited for).
   auto issue_s = [&](float (&s)[S::kTileKV / 2], int stage) {
-    const uint64_t k_stage = k_desc + uint64_t(stage * (S::kKVBytes >> 4));
+    const uint64_t k_stage = k_desc + uint64_t(stage * (S::kKBytes >> 4));
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -372,7 +397,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   };
   // O += P V of the tile in stage `stage`, issued and committed: P from registers, V N-major.
   auto issue_pv = [&](const uint32_t (&pa)[S::kTileKV / 16][4], int stage) {
-    const uint64_t v_stage = v_desc + uint64_t(stage * (S::kKVBytes >> 4));
+    const uint64_t v_stage = v_desc + uint64_t(stage * (S::kVBytes >> 4));
     FenceOperands(o);
     WgmmaFence();
 #pragma unroll
@@ -438,7 +463,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   auto rescale_o = [&](const float (&alpha)[2]) {
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
+      for (int n = 0; n < DV / 8; ++n) {
         o[4 * n] *= alpha[0];
         o[4 * n + 1] *= alpha[0];
         o[4 * n + 2] *= alpha[1];
@@ -575,16 +600,16 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     const bool valid = local < keys.rows;
     if (final) {
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
+      for (int n = 0; n < DV / 8; ++n) {
         *reinterpret_cast<uint32_t*>(smem.q + SwizzledTileOffset<S::kTileQ>(local, n) + 4 * t) =
             PackPair<T>(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
       }
       if (valid && t == 0 && p.lse != nullptr) p.lse[int64_t(q_begin + token[r]) * p.num_qo_heads + head] = lse;
     } else if (valid) {
       const int64_t slot = int64_t(split.x) + int64_t(token[r]) * split.y + chunk_index;
-      float* out = p.partial_out + (slot * p.num_qo_heads + head) * D + 2 * t;
+      float* out = p.partial_out + (slot * p.num_qo_heads + head) * DV + 2 * t;
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
+      for (int n = 0; n < DV / 8; ++n) {
         *reinterpret_cast<float2*>(out + n * 8) = make_float2(o[4 * n + 2 * r] * inv, o[4 * n + 2 * r + 1] * inv);
       }
       if (t == 0) p.partial_lse[slot * p.num_qo_heads + head] = lse;
@@ -598,7 +623,7 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
     if (tid == 0) {
       const int token = q_begin + int(p.group_divisor.Divide(uint32_t(row_begin + wg_row0)));
 #pragma unroll
-      for (int region = 0; region < D / 64; ++region) {
+      for (int region = 0; region < DV / 64; ++region) {
         StoreBox4d(&maps.out, region * 64, 0, kv_head, token, smem.q + region * S::kTileQ * 128 + wg_row0 * 128);
       }
       BulkStoresRead();
@@ -606,8 +631,8 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   } else if (final) {
     NamedBarrierSync(barrier_id, 128);
     T* out = static_cast<T*>(p.out);
-    for (int c = tid; c < 64 * S::kRowChunks; c += 128) {
-      const int r = wg_row0 + c / S::kRowChunks, column = c % S::kRowChunks;
+    for (int c = tid; c < 64 * S::kVRowChunks; c += 128) {
+      const int r = wg_row0 + c / S::kVRowChunks, column = c % S::kVRowChunks;
       if (r >= keys.rows) break;
       const int packed = row_begin + r;
       const int tok = int(p.group_divisor.Divide(uint32_t(packed)));
@@ -619,13 +644,13 @@ __device__ __forceinline__ void Sm90ConsumeItem(const PrefillParams& p, const Sm
   NamedBarrierSync(barrier_id, 128);  // the group's Q rows are free for the next item
 }
 
-template <typename T, int D, bool kPaged>
-__global__ void __launch_bounds__(Sm90PrefillShape<T, D, kPaged>::kThreads, 1)
+template <typename T, int D, bool kPaged, int DV>
+__global__ void __launch_bounds__(Sm90PrefillShape<T, D, kPaged, DV>::kThreads, 1)
     Sm90PrefillKernel(const PrefillParams p, const __grid_constant__ Sm90TensorMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Sm90PrefillShape<T, D, kPaged>;
+  using S = Sm90PrefillShape<T, D, kPaged, DV>;
   extern __shared__ uint8_t shared[];
-  const Sm90PrefillSmem<T, D, kPaged> smem(shared);
+  const Sm90PrefillSmem<T, D, kPaged, DV> smem(shared);
   if (threadIdx.x == 0) {
     for (int s = 0; s < S::kStages; ++s) {
       BarrierInit(&smem.k_full[s], 128);  // the producer's threads, as their copies land
@@ -641,7 +666,7 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D, kPaged>::kThreads, 1)
   const int2 start = BlockHeadAndItem(p);
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::kProducerRegisters));
-    Sm90Produce<T, D, kPaged>(p, maps, smem, start);
+    Sm90Produce<T, D, kPaged, DV>(p, maps, smem, start);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::kConsumerRegisters));
     if (threadIdx.x >= 128 * S::kConsumers) {
@@ -653,7 +678,7 @@ __global__ void __launch_bounds__(Sm90PrefillShape<T, D, kPaged>::kThreads, 1)
     for (int i = start.y; i < num_items; i += gridDim.y) {
       const int4 item = p.work[2 + 2 * i];
       if (item.x < 0) continue;
-      Sm90ConsumeItem<T, D, kPaged>(p, maps, smem, start.x, item, p.work[3 + 2 * i].x, tma, items_done++, counter);
+      Sm90ConsumeItem<T, D, kPaged, DV>(p, maps, smem, start.x, item, p.work[3 + 2 * i].x, tma, items_done++, counter);
     }
     if (threadIdx.x % 128 == 0) BulkStoresDone();
   }
@@ -680,50 +705,50 @@ inline bool HasSm90aFeatures() {
   return has;
 }
 
-template <typename T, int D, bool kPaged>
+template <typename T, int D, bool kPaged, int DV>
 cudaError_t LaunchPrefillSm90(const PrefillParams& p, const Sm90TensorMaps& maps, int ctas, cudaStream_t stream,
                               bool pdl, int device) {
-  using S = Sm90PrefillShape<T, D, kPaged>;
+  using S = Sm90PrefillShape<T, D, kPaged, DV>;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
-  if (BlocksPerSm<Sm90PrefillKernel<T, D, kPaged>>(S::kThreads, S::kSharedBytes, device) == 0) {
+  if (BlocksPerSm<Sm90PrefillKernel<T, D, kPaged, DV>>(S::kThreads, S::kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
-  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl,
-                                p, maps);
+  return LaunchWithSharedMemory(Sm90PrefillKernel<T, D, kPaged, DV>, grid, dim3(S::kThreads), S::kSharedBytes, stream,
+                                pdl, p, maps);
 }
 
 // The kernel (`q_tokens` query tokens; `paged`, else ragged, K and V then `kv_tokens` rows) on
 // num_kv_heads x `ctas` blocks, then, unless `merge_from` is -1, the merge of split requests'
 // partials over query tokens merge_from .. q_tokens - 1. The caller has checked HasSm90aFeatures,
-// and planned the query tiles of that kind's kTileQ.
-template <typename T, int D>
+// and planned the query tiles of that kind's kTileQ. D: q's and k's head dim, DV: v's and out's.
+template <typename T, int D, int DV = D>
 cudaError_t BatchPrefillSm90(const PrefillParams& p, bool paged, int q_tokens, int64_t kv_tokens, int ctas,
                              int merge_from, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
-  using S = Sm90PrefillShape<T, D, false>;  // the maps of K and V are a ragged batch's
+  using S = Sm90PrefillShape<T, D, false, DV>;  // the maps of K and V are a ragged batch's
   Sm90TensorMaps maps{};
   const int64_t heads = p.num_kv_heads, group = p.group;
   if (!paged) {
-    const int64_t kv_dims[3] = {D, kv_tokens, heads};
+    const int64_t k_dims[3] = {D, kv_tokens, heads}, v_dims[3] = {DV, kv_tokens, heads};
     const uint32_t kv_box[3] = {64, S::kTileKV, 1};
     const int64_t k_strides[3] = {1, p.k_stride_page, p.k_stride_head};
     const int64_t v_strides[3] = {1, p.v_stride_page, p.v_stride_head};
-    maps.kv = EncodeTileMap<T, 3>(&maps.k, p.k, kv_dims, k_strides, kv_box) &&
-              EncodeTileMap<T, 3>(&maps.v, p.v, kv_dims, v_strides, kv_box);
+    maps.kv = EncodeTileMap<T, 3>(&maps.k, p.k, k_dims, k_strides, kv_box) &&
+              EncodeTileMap<T, 3>(&maps.v, p.v, v_dims, v_strides, kv_box);
   }
   if (64 % group == 0) {  // a warpgroup's 64 packed rows: 64 / group tokens of the group's heads
-    const int64_t q_dims[4] = {D, group, heads, int64_t(q_tokens)};
+    const int64_t q_dims[4] = {D, group, heads, int64_t(q_tokens)}, out_dims[4] = {DV, group, heads, int64_t(q_tokens)};
     const uint32_t q_box[4] = {64, uint32_t(group), 1, uint32_t(64 / group)};
     const int64_t q_strides[4] = {1, p.q_stride_h, group * p.q_stride_h, p.q_stride_n};
     const int64_t out_strides[4] = {1, p.out_stride_h, group * p.out_stride_h, p.out_stride_n};
     maps.q_out = EncodeTileMap<T, 4>(&maps.q, p.q, q_dims, q_strides, q_box) &&
-                 EncodeTileMap<T, 4>(&maps.out, p.out, q_dims, out_strides, q_box);
+                 EncodeTileMap<T, 4>(&maps.out, p.out, out_dims, out_strides, q_box);
   }
-  const cudaError_t status = paged ? LaunchPrefillSm90<T, D, true>(p, maps, ctas, stream, pdl, device)
-                                  : LaunchPrefillSm90<T, D, false>(p, maps, ctas, stream, pdl, device);
+  const cudaError_t status = paged ? LaunchPrefillSm90<T, D, true, DV>(p, maps, ctas, stream, pdl, device)
+                                  : LaunchPrefillSm90<T, D, false, DV>(p, maps, ctas, stream, pdl, device);
   if (status != cudaSuccess || merge_from < 0) return status;
-  return MergePartials<T, D>(p, q_tokens - merge_from, PrefillPartials{p.requests, p.batch}, stream, pdl, merge_from);
+  return MergePartials<T, DV>(p, q_tokens - merge_from, PrefillPartials{p.requests, p.batch}, stream, pdl, merge_from);
 }
 
 }  // namespace aotinfer

@@ -126,8 +126,8 @@ _batch_prefill_sm90 = kernel("prefill_sm90", "batch_prefill_sm90")
 
 _CTAS_PER_SM = 2  # 96 KB of shared memory a CTA: two fit an SM of sm80/sm90/sm100
 _SM90_CTAS_PER_SM = 1  # up to 225 KB and 384 threads
-_SM90_HEAD_DIMS = (64, 128, 256)
-DEEPSEEK_HEAD_DIMS = (192, 128)  # (q and k, v and out): the other pair the kernel of every arch takes
+DEEPSEEK_HEAD_DIMS = (192, 128)  # (q and k, v and out): the other pair both kernels take
+_SM90_HEAD_DIMS = (64, 128, 256, DEEPSEEK_HEAD_DIMS[0])
 _GRAPH_WORK_ROWS = 1 << 16  # work items a CUDA graph's plan may have
 _WORK_WIDTH = 8
 # Keys below which a lone request's last tiles are never halved (tiles_to_halve): shorter items
@@ -149,8 +149,8 @@ def tile_rows(head_dim_vo: int, sm90: bool = False) -> int:
 def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any, masked: bool = False) -> bool:
     """Whether the Hopper kernel runs: ``backend="fa3"`` (FlashInfer's name for its Hopper
     backend), or ``"auto"`` on a GPU of compute capability 9.0 where the kernel takes the shapes
-    (head_dim 64, 128 or 256, K and V of q's dtype, no custom mask: ``masked``); every other case
-    runs the kernel of every arch."""
+    (head_dim 64, 128, 256 or 192, K and V of q's dtype, no custom mask: ``masked``); every other
+    case runs the kernel of every arch."""
     import torch
 
     if backend == "fa3" and masked:
@@ -169,7 +169,7 @@ def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: A
             )
         if not fits:
             raise NotImplementedError(
-                f"backend='fa3' takes head_dim 64, 128 or 256 and K and V of q's dtype, got head_dim {head_dim} and "
+                f"backend='fa3' takes head_dim 64, 128, 256 or 192 and K and V of q's dtype, got head_dim {head_dim} and "
                 f"{dtype_name(kv_dtype)} K and V with {dtype_name(q_dtype)} q: use backend='auto' or 'fa2'"
             )
     return cc == (9, 0) and fits
@@ -497,17 +497,17 @@ def _from_the_end(spans: Any):
         end = begin
 
 
-def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, head_dim: int, kv_itemsize: int, device,
+def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, kv_dims: int, kv_itemsize: int, device,
                    halves: int = 0):
     """The (heads, grouped) of the work table's first row: Hopper's kernel (one block an SM)
     takes the heads a few at a time (``heads_sharing_l2``) and the shortest items with every
     head (``items_in_head_groups``), the last ``halves`` items (``tiles_to_halve``'s) always so;
     the first kernel, two blocks an SM, lost up to 12% so (its causal d64 prefill) and keeps them
-    all together. ``spans``: as ``items_in_head_groups``."""
+    all together. ``spans``: as ``items_in_head_groups``; ``kv_dims``: K's head_dim and V's together."""
     if not sm90:
         return num_kv_heads, 0
     l2_bytes = device_property(device, "L2_cache_size", _CPU_L2_BYTES)
-    key_bytes = 2 * head_dim * kv_itemsize
+    key_bytes = kv_dims * kv_itemsize
     heads = heads_sharing_l2(num_kv_heads, kv_tokens * key_bytes, l2_bytes)
     if heads == num_kv_heads:
         return heads, 0
@@ -662,7 +662,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
         if masked:
             partition.requests[:, 7] = mask_begin[:-1]  # each request's mask_begin (prefill.cuh)
         partition.work[0, 1], partition.work[0, 2] = _head_schedule(
-            sm90, num_kv_heads, int(kv_len.sum()), partition.span_table, head_dim, kv_dtype.itemsize, self.device,
+            sm90, num_kv_heads, int(kv_len.sum()), partition.span_table, head_dim + head_dim_vo, kv_dtype.itemsize, self.device,
             partition.halves)  # fmt: skip
 
         # The partial results, the tables and the page ids on the device (what can fail first: a
@@ -1541,7 +1541,8 @@ def single_prefill_with_kv_cache(
         r0, r1 = j * rows, min((j + 1) * rows, qo_len * group) - 1
         spans.append((0, *keys_attended(r0 // group, r1 // group, 0, kv_len, kv_len - qo_len, causal, window_left)))
     spans += [(0, 0, chunk), (0, chunk, kv_len)] * halved
-    heads, grouped = _head_schedule(sm90, num_kv_heads, kv_len, spans, head_dim, k.element_size(), device, 2 * halved)
+    heads, grouped = _head_schedule(sm90, num_kv_heads, kv_len, spans, head_dim + head_dim_vo, k.element_size(), device,
+                                    2 * halved)  # fmt: skip
     header.narrow(1, 1, 1).fill_(heads)
     header.narrow(1, 2, 1).fill_(grouped)
     work = torch.cat((header, items))
