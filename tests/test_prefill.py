@@ -913,6 +913,20 @@ def test_deepseek_head_dims_refusals():
         wrapper.run(case.q, fp8)
 
 
+@pytest.mark.parametrize("kv_heads, grouped", [(32, False), (64, False), (128, True)])
+def test_the_first_kernel_takes_many_heads_a_few_at_a_time(kv_heads, grouped):
+    """Past 66 KV heads on 132 SMs (the CPU plans' count) the kernel of every arch takes the heads
+    in groups that share the L2, as Hopper's does; up to there, all at once."""
+    wrapper = aotinfer.BatchPrefillWithRaggedKVCacheWrapper(torch.empty(256 << 20, dtype=torch.uint8))
+    wrapper.plan(indptr_of([8192]), indptr_of([8192]), kv_heads, kv_heads, 192, head_dim_vo=128, causal=True)
+    assert prefill.use_sm90("auto", wrapper.device, 192, torch.float16, torch.float16) is False
+    heads, items_in_groups = wrapper._plan.work[0, 1:3].tolist()
+    if grouped:
+        assert heads < kv_heads and items_in_groups > 0
+    else:
+        assert (heads, items_in_groups) == (kv_heads, 0)
+
+
 def test_deepseek_head_dims_checked():
     """The plan takes 192 with 128 and no other pair; the binding (on a tracer's stand-ins) names
     v's head_dim and the output's shape."""

@@ -501,10 +501,13 @@ def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, kv_dims
                    halves: int = 0):
     """The (heads, grouped) of the work table's first row: Hopper's kernel (one block an SM)
     takes the heads a few at a time (``heads_sharing_l2``) and the shortest items with every
-    head (``items_in_head_groups``), the last ``halves`` items (``tiles_to_halve``'s) always so;
-    the first kernel, two blocks an SM, lost up to 12% so (its causal d64 prefill) and keeps them
-    all together. ``spans``: as ``items_in_head_groups``; ``kv_dims``: K's head_dim and V's together."""
-    if not sm90:
+    head (``items_in_head_groups``), the last ``halves`` items (``tiles_to_halve``'s) always so.
+    The first kernel, two blocks an SM, lost up to 12% so (its causal d64 prefill, 32 heads) and
+    keeps them all together while at least 4 of its blocks running at once share a head's keys;
+    past that (above 66 KV heads on 132 SMs) too few blocks read each head's keys while they are
+    in L2, and it takes them as Hopper's does (+15-24% at 128 heads: docs/design/prefill.md#many-heads).
+    ``spans``: as ``items_in_head_groups``; ``kv_dims``: K's head_dim and V's together."""
+    if not sm90 and 4 * num_kv_heads <= _CTAS_PER_SM * num_sms(device):
         return num_kv_heads, 0
     l2_bytes = device_property(device, "L2_cache_size", _CPU_L2_BYTES)
     key_bytes = kv_dims * kv_itemsize
