@@ -64,10 +64,13 @@ FlashInfer behaviours followed, and the decisions they settle:
   The sm80-class kernel applies masks, in a kernel of its own (the unmasked kernels keep their
   registers); ``backend="fa3"`` with a mask raises NotImplementedError and ``"auto"`` takes the
   sm80-class kernel for it. Masks with fp8 KV caches raise NotImplementedError.
-- Position encodings other than ``"NONE"``, ``head_dim_vo != head_dim_qk``,
-  ``use_fp16_qk_reduction=True`` and fp8 K and V outside a paged cache (the ragged wrapper's
-  ``kv_data_type``, an fp8 ``k`` given to ``single_prefill_with_kv_cache``) raise
-  NotImplementedError naming the argument; they are never ignored.
+- DeepSeek's head dims, ``head_dim_qk=192`` with ``head_dim_vo=128`` (q and k 192 wide, v and the
+  output 128), run on both kernels with K and V of q's dtype; any other ``head_dim_vo !=
+  head_dim_qk`` is a ValueError.
+- Position encodings other than ``"NONE"``, ``use_fp16_qk_reduction=True`` and fp8 K and V outside
+  a paged cache (the ragged wrapper's ``kv_data_type``, an fp8 ``k`` given to
+  ``single_prefill_with_kv_cache``) raise NotImplementedError naming the argument; they are never
+  ignored.
 - The paged wrapper takes fp8 caches (``kv_data_type`` float8_e4m3fn or float8_e5m2; q float16
   or bfloat16, the output q's dtype): the kernel widens them to float16, which holds every fp8
   value exactly, and runs the tensor cores in float16; a bfloat16 q is converted to float16 once,
@@ -847,7 +850,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             Given ``custom_mask_buf``, every plan takes a mask.
         backend : str
             FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
-            head_dim 64, 128 or 256, K and V of q's dtype: else ValueError / NotImplementedError at
+            head_dim 64, 128, 256 or 192, K and V of q's dtype: else ValueError / NotImplementedError at
             ``plan``), ``"auto"`` runs it where it applies; ``"fa2"``, ``"trtllm-gen"`` and
             ``"cute-dsl"`` run the kernel of every arch from sm80.
         """
@@ -895,9 +898,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         num_qo_heads, num_kv_heads : int
             Query and KV heads; ``num_qo_heads`` a multiple of ``num_kv_heads``.
         head_dim_qk : int
-            64, 128 or 256.
+            64, 128, 256, or 192 (DeepSeek's, with ``head_dim_vo=128``).
         head_dim_vo : Optional[int]
-            None or ``head_dim_qk``.
+            v's and the output's head_dim: None or ``head_dim_qk``, or 128 with 192.
         custom_mask : Optional[torch.Tensor]
             bool, each request's ``[qo_len, kv_len]`` mask (True: the query sees the key) flattened,
             one after another: ``sum(qo_len * kv_len)`` values. It replaces ``causal``; a window
@@ -1108,7 +1111,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             Given ``custom_mask_buf``, every plan takes a mask.
         backend : str
             FlashInfer's names: ``"fa3"`` runs the Hopper kernel (wgmma; compute capability 9.0,
-            head_dim 64, 128 or 256, K and V of q's dtype: else ValueError / NotImplementedError at
+            head_dim 64, 128, 256 or 192, K and V of q's dtype: else ValueError / NotImplementedError at
             ``plan``), ``"auto"`` runs it where it applies; ``"fa2"``, ``"trtllm-gen"`` and
             ``"cute-dsl"`` run the kernel of every arch from sm80.
         """
