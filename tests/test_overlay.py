@@ -405,15 +405,6 @@ def test_info_shows_the_overlay(monkeypatch, capsys):
 # ---- vLLM's and SGLang's call sequences through the overlay (server_sequences.py) ----------------
 
 gpu = pytest.mark.gpu
-# SGLang's own fast_decode_plan calls get_seq_lens, which it imports from flashinfer.decode (FlashInfer's
-# decode module imports it from its page module). The overlay serves it at flashinfer and
-# flashinfer.page only: without a real FlashInfer, flashinfer.decode.get_seq_lens is a placeholder
-# and the call raises NotServedError. Strict: serving it there (overlay.INTERNALS) makes these pass,
-# and then the marker goes.
-SEQ_LENS_AT_DECODE = pytest.mark.xfail(
-    strict=True, reason="the overlay does not serve flashinfer.decode.get_seq_lens, which SGLang imports")
-
-
 def replay(tmp_path, sequence, *args):
     """Runs ``server_sequences.<sequence>(*args)`` in a fresh interpreter with AOTINFER_FLASHINFER=1
     and the start-up hook, as a server's process runs: its ``import flashinfer`` is the overlay. In a
@@ -429,8 +420,8 @@ def test_servers_imports_get_aotinfers_objects(tmp_path):
     replay(tmp_path, "every_servers_names")
 
 
-@SEQ_LENS_AT_DECODE
 def test_sglangs_get_seq_lens_from_flashinfer_decode_is_aotinfers(tmp_path):
+    # SGLang's fast_decode_plan imports get_seq_lens from flashinfer.decode (overlay.INTERNALS).
     replay(tmp_path, "sglang_get_seq_lens_is_served")
 
 
@@ -442,7 +433,7 @@ def test_vllm_fast_plan_decode_sequence_through_the_overlay(tmp_path):
 
 
 @gpu
-@pytest.mark.parametrize("use_tensor_cores", [pytest.param(True, marks=SEQ_LENS_AT_DECODE), False])
+@pytest.mark.parametrize("use_tensor_cores", [True, False])
 def test_sglang_fast_decode_plan_sequence_through_the_overlay(tmp_path, use_tensor_cores):
     replay(tmp_path, "sglang_fast_decode_plan", use_tensor_cores)
 

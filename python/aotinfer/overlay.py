@@ -53,9 +53,11 @@ FAMILIES: Dict[str, Tuple[str, ...]] = {
 }
 #: Served at their family's module only: FlashInfer's ``__init__`` does not export them.
 NOT_AT_TOP = frozenset({"rope_quantize_fp8", "mla_rope_quantize_fp8"})
-#: FlashInfer's private helpers that servers import, served at their family's module from aotinfer's
-#: module of that name (vLLM's flashinfer backend imports ``flashinfer.decode._get_range_buf``).
-INTERNALS: Dict[str, Tuple[str, ...]] = {"decode": ("_get_range_buf",)}
+#: Names that servers import from a family's module where FlashInfer has them beside that module's
+#: own ops, served there from aotinfer's module of that name (vLLM's flashinfer backend imports the
+#: private ``flashinfer.decode._get_range_buf``; SGLang's ``flashinfer.decode.get_seq_lens``, which
+#: FlashInfer's decode module imports from its page module).
+INTERNALS: Dict[str, Tuple[str, ...]] = {"decode": ("_get_range_buf", "get_seq_lens")}
 #: The FlashInfer release whose API aotinfer follows. Without a real FlashInfer,
 #: ``flashinfer.__version__`` is this with a local label: version checks such as
 #: ``Version(v) >= Version("0.7.0")`` and ``v in SpecifierSet("==0.7.2.post1")`` accept it.
