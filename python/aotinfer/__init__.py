@@ -19,6 +19,7 @@ from .decode import (
 )
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .norm_quant import fused_add_rmsnorm_quant, layernorm_quant, rmsnorm_quant
+from .mla import BatchMLAPagedAttentionWrapper
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
 from .prefill import (
     BatchAttentionWithAttentionSinkWrapper,
@@ -63,6 +64,7 @@ __all__ = [
     "BackendSupportedError",
     "BatchAttentionWithAttentionSinkWrapper",
     "BatchDecodeWithPagedKVCacheWrapper",
+    "BatchMLAPagedAttentionWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",

@@ -44,6 +44,7 @@ FAMILIES: Dict[str, Tuple[str, ...]] = {
     "activation": ("activation",),
     "cascade": ("cascade",),
     "decode": ("decode",),
+    "mla": ("mla",),
     "norm": ("norm", "norm_quant"),
     "page": ("page",),
     "prefill": ("prefill",),

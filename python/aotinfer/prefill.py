@@ -142,8 +142,10 @@ _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 def tile_rows(head_dim_vo: int, sm90: bool = False) -> int:
     """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, set by
     v's head_dim, or prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups
-    at head_dim 64 and 128, two at 256)."""
+    at head_dim 64 and 128, two at 256; mla.cuh's at 512, MLA's latent values)."""
     head_dim = head_dim_vo
+    if head_dim == 512:
+        return 32
     if sm90:
         return 128 if head_dim == 256 else 192
     return 128 if head_dim <= 128 else 64
