@@ -54,13 +54,20 @@ def build(directory, names=()):
     import torch
 
     os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    from flashinfer.jit.attention.modules import gen_batch_decode_module, gen_batch_prefill_module, gen_single_prefill_module
+    from flashinfer.jit.attention.modules import (
+        gen_batch_decode_module,
+        gen_batch_mla_module,
+        gen_batch_prefill_module,
+        gen_single_prefill_module,
+    )
 
     b = torch.bfloat16
     # (dtypes, head dims, pos_encoding_mode, sliding window, soft cap[, fp16 qk reduction])
     specs = {f"fa3_d{d}": lambda d=d: gen_single_prefill_module("fa3", b, b, b, d, d, 0, False, False, False) for d in (64, 128, 256)}
     for backend in ("fa2", "fa3"):
         specs[f"{backend}_d192"] = lambda backend=backend: gen_single_prefill_module(backend, b, b, b, 192, 128, 0, False, False, False)
+    for backend in ("fa2", "fa3"):  # MLA's batch module: 512-dim latent, 64-dim rotary part
+        specs[f"mla_{backend}"] = lambda backend=backend: gen_batch_mla_module(backend, b, b, b, torch.int32, 512, 64, False)
     specs["decode_d128"] = lambda: gen_batch_decode_module(b, b, b, torch.int32, 128, 128, 0, False, False)
     specs["prefill_fa2_d128"] = lambda: gen_batch_prefill_module("fa2", b, b, b, torch.int32, 128, 128, 0, False, False, False)
     os.makedirs(directory, exist_ok=True)

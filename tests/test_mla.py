@@ -213,7 +213,10 @@ def cpu_wrapper(**kwargs):
         (dict(q_data_type=torch.float32), ValueError, "q_data_type"),
         (dict(kv_data_type=torch.float16), ValueError, "kv_data_type"),
         (dict(kv_indices=torch.tensor([4, 0, 2])), TypeError, "kv_indices"),
-        (dict(kv_len_arr=torch.tensor([5, 40], dtype=torch.int32)), ValueError, "kv_len_arr|seq_lens"),
+        (dict(kv_len_arr=torch.tensor([5, 40], dtype=torch.int32)), ValueError, r"request 1's pages \(kv_indptr\[1\] = 1, kv_len_arr\[1\] = 40"),
+        (dict(kv_len_arr=torch.tensor([5], dtype=torch.int32)), ValueError, "kv_len_arr to have batch_size = 2"),
+        (dict(kv_len_arr=torch.tensor([5, -1], dtype=torch.int32)), ValueError, "kv_len_arr >= 0"),
+        (dict(qo_indptr=torch.tensor([0, 2, 1], dtype=torch.int32)), ValueError, "qo_indptr never to decrease"),
         (dict(sm_scale=0.0), ValueError, "sm_scale"),
         (dict(causal=1), TypeError, "causal"),
         (dict(use_profiler=True), NotImplementedError, "use_profiler"),
@@ -231,6 +234,17 @@ def test_backends():
     with pytest.raises(ValueError, match="backend must be one of"):
         cpu_wrapper(backend="fa4")
     cpu_wrapper(backend="fa2").plan(**cpu_plan_args())
+
+
+def test_kv_indptr_gives_each_requests_first_page():
+    """As FlashInfer's MLA plan reads it: request i's pages from kv_indptr[i], kv_len_arr[i] tokens;
+    kv_indptr's other entries (FlashInfer's tests interleave them) are not read, and only the page
+    ids the requests read are copied."""
+    wrapper = cpu_wrapper()
+    wrapper.plan(**cpu_plan_args(kv_indptr=torch.tensor([2, 0, 77, 5], dtype=torch.int32),
+                                 kv_indices=torch.arange(9, dtype=torch.int32)))  # fmt: skip
+    assert wrapper._plan.requests[:, 2].tolist() == [2, 0]  # kv_offset: the first page
+    assert wrapper._plan.indices.tolist() == [0, 1, 2]
 
 
 def test_plan_tiles_a_tokens_heads_32_rows_at_a_time():

@@ -31,7 +31,7 @@ import math
 from ._attention import check_dtypes, check_int32
 from ._kernels import kernel
 from .api_logging import aotinfer_api
-from .prefill import _BatchPrefillWrapper, _request_lengths
+from .prefill import _BatchPrefillWrapper
 from .trace.template import dtype_name
 from .utils import check_enable_pdl, check_int, check_real, check_tensor
 
@@ -61,6 +61,43 @@ def _split(value: Any, name: str) -> Tuple[Any, Any]:
     if value.shape[-1] != HEAD_DIM_CKV + HEAD_DIM_KPE:
         raise ValueError(f"Expected the last dimension of a packed {name} to be {HEAD_DIM_CKV + HEAD_DIM_KPE}, got {list(value.shape)}")
     return value[..., :HEAD_DIM_CKV], value[..., HEAD_DIM_CKV:]
+
+
+def _request_lengths(qo_indptr: Any, kv_indptr: Any, kv_len_arr: Any, page_size: int, num_indices: int):
+    """int64 ``[4, batch]`` on the host, each request's q_begin, q_len, first page (in
+    ``kv_indices``) and kv_len, and the query tokens in all. As FlashInfer's MLA plan reads them,
+    request i's pages start at ``kv_indptr[i]`` and its length is ``kv_len_arr[i]``: ``kv_indptr``
+    needs no end entry (FlashInfer's own tests pass one interleaved with others'), but each request's
+    pages must lie inside ``kv_indices``."""
+    import torch
+
+    for value, name in ((qo_indptr, "qo_indptr"), (kv_indptr, "kv_indptr"), (kv_len_arr, "kv_len_arr")):
+        check_int32(value, name)
+    if qo_indptr.dim() != 1 or qo_indptr.numel() < 1:
+        raise ValueError(f"Expected qo_indptr to have batch_size + 1 elements, got shape {list(qo_indptr.shape)}")
+    qo = qo_indptr.to("cpu", torch.int64)
+    batch = qo.numel() - 1
+    kv_len = kv_len_arr.to("cpu", torch.int64).reshape(-1)
+    first_page = kv_indptr.to("cpu", torch.int64).reshape(-1)[:batch]
+    if kv_len.numel() != batch or first_page.numel() != batch:
+        raise ValueError(
+            f"Expected kv_len_arr to have batch_size = {batch} elements and kv_indptr at least that many (batch_size "
+            f"from qo_indptr), got {kv_len.numel()} and {kv_indptr.numel()}"
+        )
+    q_len = qo[1:] - qo[:-1]
+    for bad, what in ((qo[0] != 0, "qo_indptr to start at 0"), ((q_len < 0).any(), "qo_indptr never to decrease"),
+                      ((kv_len < 0).any(), "kv_len_arr >= 0"), ((first_page < 0).any(), "kv_indptr >= 0")):  # fmt: skip
+        if bool(bad):
+            raise ValueError(f"Expected {what}")
+    last = first_page + (kv_len + page_size - 1) // page_size
+    outside = (last > num_indices).nonzero()
+    if outside.numel():
+        i = int(outside[0])
+        raise ValueError(
+            f"Expected request {i}'s pages (kv_indptr[{i}] = {int(first_page[i])}, kv_len_arr[{i}] = {int(kv_len[i])} "
+            f"tokens of page_size {page_size}) inside kv_indices' {num_indices} page ids"
+        )
+    return torch.stack((qo[:-1], q_len, first_page, kv_len)), int(qo[-1])
 
 
 class BatchMLAPagedAttentionWrapper(_BatchPrefillWrapper):
@@ -181,12 +218,12 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillWrapper):
         if kv_dtype != q_dtype:
             raise NotImplementedError(f"a {dtype_name(kv_dtype)} latent cache is not implemented: the cache takes q's dtype")
         check_int32(kv_indices, "kv_indices")
-        check_int32(kv_len_arr, "kv_len_arr")
-        lengths, total_q, _ = _request_lengths(qo_indptr, kv_indptr, "kv_indptr", self.device, None, kv_len_arr, page_size,
-                                               kv_indices.numel())  # fmt: skip
+        lengths, total_q = _request_lengths(qo_indptr, kv_indptr, kv_len_arr, page_size, kv_indices.numel())
         if self._use_cuda_graph and kv_indices.numel() > self._kv_indices_buf.numel():
             raise ValueError(f"Expected at most {self._kv_indices_buf.numel()} page ids (kv_indices' buffer), got {kv_indices.numel()}")
-        indices = self._kv_indices_buf if self._use_cuda_graph else kv_indices.to(self.device, non_blocking=True)
+        # The page ids the requests read (a longer kv_indices, as a server's pool of them, is not copied).
+        used = int((lengths[2] + (lengths[3] + page_size - 1) // page_size).max()) if lengths.shape[1] else 0
+        indices = self._kv_indices_buf if self._use_cuda_graph else kv_indices[:used].to(self.device, non_blocking=True)
         self._plan_common(
             lengths, total_q, num_heads, 1, HEAD_DIM_CKV + HEAD_DIM_KPE, HEAD_DIM_CKV, page_size, causal, "NONE", -1, None,
             sm_scale, None, None, q_dtype, kv_dtype, None, False, True, indices, 0,
@@ -194,7 +231,7 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillWrapper):
         self._plan.binding = _batch_mla
         if self._use_cuda_graph:
             for buffer, value in ((self._qo_indptr_buf, qo_indptr), (self._kv_indptr_buf, kv_indptr), (self._kv_len_arr_buf, kv_len_arr)):
-                buffer.copy_(value, non_blocking=True)
+                buffer[: value.numel()].copy_(value[: buffer.numel()], non_blocking=True)
             if kv_indices.data_ptr() != self._kv_indices_buf.data_ptr():
                 self._kv_indices_buf[: kv_indices.numel()].copy_(kv_indices, non_blocking=True)
         else:
