@@ -158,6 +158,23 @@ def test_cuda_graph_replays_after_the_page_table_changes():
 
 
 @gpu
+@pytest.mark.parametrize("use_cuda_graph", [False, True])
+def test_requests_without_keys_over_a_cache_without_pages(use_cuda_graph):
+    """Every request with no keys, the cache of no pages (FlashInfer's own tests do this, with a
+    buffer of 2^20 page ids under CUDA graphs): zero outputs and LSEs of -inf."""
+    i32 = dict(dtype=torch.int32, device="cuda")
+    buffers = dict(qo_indptr=torch.empty(3, **i32), kv_indptr=torch.empty(3, **i32), kv_indices=torch.empty(1 << 20, **i32),
+                   kv_len_arr=torch.empty(2, **i32)) if use_cuda_graph else {}  # fmt: skip
+    wrapper = aotinfer.BatchMLAPagedAttentionWrapper(workspace("cuda", 128 << 20), use_cuda_graph=use_cuda_graph, **buffers)
+    wrapper.plan(torch.tensor([0, 1, 3], **i32), torch.zeros(3, **i32), torch.empty(0, **i32), torch.zeros(2, **i32), 16, 512,
+                 64, 16, False, SM_SCALE, torch.bfloat16, torch.bfloat16)  # fmt: skip
+    q_nope, q_pe = torch.randn(3, 16, 512, device="cuda").bfloat16(), torch.randn(3, 16, 64, device="cuda").bfloat16()
+    ckv, kpe = torch.empty(0, 16, 512, device="cuda").bfloat16(), torch.empty(0, 16, 64, device="cuda").bfloat16()
+    out, lse = wrapper.run(q_nope, q_pe, ckv, kpe, out=poisoned((3, 16, 512), torch.bfloat16), return_lse=True)
+    assert bool((out == 0).all()) and bool((lse == float("-inf")).all())
+
+
+@gpu
 def test_plan_after_a_captured_run_is_refused():
     case = Case(DECODE_PAIRS, 16, 16)
     wrapper = aotinfer.BatchMLAPagedAttentionWrapper(workspace("cuda", 128 << 20))
@@ -245,6 +262,23 @@ def test_kv_indptr_gives_each_requests_first_page():
                                  kv_indices=torch.arange(9, dtype=torch.int32)))  # fmt: skip
     assert wrapper._plan.requests[:, 2].tolist() == [2, 0]  # kv_offset: the first page
     assert wrapper._plan.indices.tolist() == [0, 1, 2]
+
+
+def test_cuda_graph_plans_hand_the_kernel_the_ids_read():
+    """Under use_cuda_graph the kernel gets the first page ids of the buffer, as many as the
+    requests read (one at least, at the buffer's address: FlashInfer's tests pass a buffer of 2^20
+    ids and requests of no keys)."""
+    i32 = dict(dtype=torch.int32)
+    buffers = dict(qo_indptr=torch.empty(3, **i32), kv_indptr=torch.empty(3, **i32), kv_indices=torch.empty(1 << 20, **i32),
+                   kv_len_arr=torch.empty(2, **i32))  # fmt: skip
+    wrapper = cpu_wrapper(use_cuda_graph=True, **buffers)
+    wrapper.plan(**cpu_plan_args(kv_indptr=torch.zeros(3, **i32), kv_indices=torch.empty(0, **i32),
+                                 kv_len_arr=torch.zeros(2, **i32)))  # fmt: skip
+    assert wrapper._plan.indices.numel() == 1 and wrapper._plan.indices.data_ptr() == buffers["kv_indices"].data_ptr()
+    wrapper.plan(**cpu_plan_args())
+    assert wrapper._plan.indices.tolist() == [4, 0, 2] and wrapper._plan.indices.data_ptr() == buffers["kv_indices"].data_ptr()
+    with pytest.raises(ValueError, match="kv_indices' buffer"):
+        cpu_wrapper(use_cuda_graph=True, **dict(buffers, kv_indices=torch.empty(2, **i32))).plan(**cpu_plan_args())
 
 
 def test_plan_tiles_a_tokens_heads_32_rows_at_a_time():

@@ -219,21 +219,27 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillWrapper):
             raise NotImplementedError(f"a {dtype_name(kv_dtype)} latent cache is not implemented: the cache takes q's dtype")
         check_int32(kv_indices, "kv_indices")
         lengths, total_q = _request_lengths(qo_indptr, kv_indptr, kv_len_arr, page_size, kv_indices.numel())
-        if self._use_cuda_graph and kv_indices.numel() > self._kv_indices_buf.numel():
-            raise ValueError(f"Expected at most {self._kv_indices_buf.numel()} page ids (kv_indices' buffer), got {kv_indices.numel()}")
-        # The page ids the requests read (a longer kv_indices, as a server's pool of them, is not copied).
+        # The page ids the requests read: a longer kv_indices (a server's pool of them) is not copied,
+        # and the kernel is handed the first `used` ids (under CUDA graphs the buffer's, one at least,
+        # so that every plan hands the address a captured run holds).
         used = int((lengths[2] + (lengths[3] + page_size - 1) // page_size).max()) if lengths.shape[1] else 0
-        indices = self._kv_indices_buf if self._use_cuda_graph else kv_indices[:used].to(self.device, non_blocking=True)
+        if self._use_cuda_graph and used > self._kv_indices_buf.numel():
+            raise ValueError(f"Expected at most {self._kv_indices_buf.numel()} page ids (kv_indices' buffer), the requests read {used}")
+        if self._use_cuda_graph:
+            indices = self._kv_indices_buf[: max(used, 1)]
+        else:
+            indices = kv_indices[:used].to(self.device, non_blocking=True)
         self._plan_common(
             lengths, total_q, num_heads, 1, HEAD_DIM_CKV + HEAD_DIM_KPE, HEAD_DIM_CKV, page_size, causal, "NONE", -1, None,
             sm_scale, None, None, q_dtype, kv_dtype, None, False, True, indices, 0,
         )  # fmt: skip
         self._plan.binding = _batch_mla
+        self._pages_read = used
         if self._use_cuda_graph:
             for buffer, value in ((self._qo_indptr_buf, qo_indptr), (self._kv_indptr_buf, kv_indptr), (self._kv_len_arr_buf, kv_len_arr)):
                 buffer[: value.numel()].copy_(value[: buffer.numel()], non_blocking=True)
             if kv_indices.data_ptr() != self._kv_indices_buf.data_ptr():
-                self._kv_indices_buf[: kv_indices.numel()].copy_(kv_indices, non_blocking=True)
+                self._kv_indices_buf[:used].copy_(kv_indices[:used], non_blocking=True)
         else:
             self._qo_indptr_buf, self._kv_indptr_buf, self._kv_indices_buf = qo_indptr, kv_indptr, indices
             self._kv_len_arr_buf = kv_len_arr
@@ -313,13 +319,18 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillWrapper):
         if page_size != plan.page_size:
             raise ValueError(f"Expected ckv_cache with the planned page_size {plan.page_size}, got {page_size}")
         self._require_workspace_on(q_nope.device)
+        indices = plan.indices
+        if ckv_cache.shape[0] == 0:  # a cache of no pages: the plan's requests must read none
+            if self._pages_read:
+                raise ValueError(f"Expected ckv_cache to have pages: the planned requests read {self._pages_read} page ids")
+            indices = indices[:0]
         if out is None:
             out = torch.empty((q_nope.shape[0], q_nope.shape[1], HEAD_DIM_CKV), dtype=q_nope.dtype, device=q_nope.device)
         if lse is None and return_lse:
             lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device)
         _batch_mla(
             out, plan.empty if lse is None else lse, plan.partial_out, plan.partial_lse, q_nope, q_pe, ckv_cache, kpe_cache,
-            plan.indices, plan.work, plan.requests, self._captured_address, self._sm_scale, self._causal, plan.ctas,
+            indices, plan.work, plan.requests, self._captured_address, self._sm_scale, self._causal, plan.ctas,
             plan.merge_from, -1 if enable_pdl is None else enable_pdl,
         )  # fmt: skip
         if lse is not None and return_lse_base_on_e:
