@@ -10,12 +10,12 @@
 // MergePartialsKernel combines. A block of 4 warps takes an item:
 // - Q (the rows' q_nope and q_pe, 576 dims) lands in shared memory once; key tiles of kTileKV
 //   tokens (their ckv and kpe side by side, 576 dims a row) stream through a cp.async double
-//   buffer, a thread copying 9 chunks of one token (one page lookup a tile).
-// - S = Q K^T: warp w takes rows 16 (w % 2).. and keys 8 (w / 2)..: an m16n8 tile over 36 k-steps.
-//   The row maxima of the two key halves meet in shared memory; the exponentials (P, 16-bit) are
-//   written there too.
-// - O += P V: warp w takes the same 16 rows and output dims 256 (w / 2)..: P's 16 rows x 16 keys
-//   from shared memory, V = the tile's ckv through ldmatrix.trans; O holds 128 floats a thread.
+//   buffer, the threads of a token copying its chunks (one page lookup a thread and tile).
+// - S = Q K^T: warp w takes rows 16 (w % 2).. and the keys of half w / 2 of the tile: 8 or 16 of
+//   them, m16n8 tiles over 36 k-steps. The row maxima of the two key halves meet in shared memory;
+//   the exponentials (P, 16-bit) are written there too.
+// - O += P V: warp w takes the same 16 rows and output dims 256 (w / 2)..: P's rows from shared
+//   memory, V = the tile's ckv through ldmatrix.trans; O holds 128 floats a thread.
 // The softmax is online in base 2, as prefill.cuh's; both warps of a row group keep the same
 // running max (they compute it from the same shared values), each the sum over its own keys,
 // added together at the end. Causal: query token i of q_len sees keys j <= i + kv_len - q_len.
@@ -47,15 +47,19 @@ struct MlaParams : PrefillParams {
   int64_t kpe_stride_page, kpe_stride_slot;
 };
 
+// Tiles of kTileKV keys: 32 where a block may take 111 KB of shared memory (sm80, sm90, sm100),
+// else 16 (sm86, sm89, sm120 grant 99 KB).
+template <int kTileKV_>
 struct MlaShape {
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
-  static constexpr int kTileQ = 32, kTileKV = 16;
+  static constexpr int kTileQ = 32, kTileKV = kTileKV_;
+  static constexpr int kNT = kTileKV / 16;  // 8-key tiles of S a warp (its half of the keys)
   static constexpr int kRowChunks = kMlaDimQk / 8;   // 72 16-byte chunks a Q or K row
   static constexpr int kCkvChunks = kMlaDimCkv / 8;  // the first 64 of them
   static constexpr int kRowBytes = kRowChunks * 16;
   static constexpr int kQBytes = kTileQ * kRowBytes;
   static constexpr int kKBytes = kTileKV * kRowBytes;
-  static constexpr int kPRowBytes = 48;  // P's 16 keys (32 bytes) and 16 of padding: ldmatrix rows on distinct banks
+  static constexpr int kPRowBytes = kTileKV * 2 + 16;  // P's keys and 16 bytes of padding: ldmatrix rows on distinct banks
   static constexpr int kPBytes = kTileQ * kPRowBytes;
   // Q, K x2, P, the row maxima (then sums) of the two key halves.
   static constexpr size_t kSharedBytes = size_t(kQBytes) + 2 * kKBytes + kPBytes + 2 * kTileQ * 4;
@@ -63,13 +67,13 @@ struct MlaShape {
   static constexpr int kThreadsPerToken = kThreads / kTileKV;
   static constexpr int kChunksPerThread = kRowChunks / kThreadsPerToken;
   static_assert(kThreadsPerToken * kTileKV == kThreads && kChunksPerThread * kThreadsPerToken == kRowChunks);
-  static_assert(kSharedBytes <= 96 * 1024 + 256, "one configuration for every arch from sm80");
+  static_assert(kTileKV == 16 || kTileKV == 32, "16 or 32 keys a tile");
 };
 
-template <typename T>
+template <typename T, int kTileKV>
 __device__ __forceinline__ void MlaItem(const MlaParams& p, int4 item, int chunk_index, uint8_t* shared) {
-  using S = MlaShape;
-  constexpr int kTileKV = S::kTileKV;
+  using S = MlaShape<kTileKV>;
+  constexpr int kNT = S::kNT;
   uint8_t* const q_tile = shared;
   uint8_t* const k_stages = q_tile + S::kQBytes;
   uint8_t* const p_tile = k_stages + 2 * S::kKBytes;
@@ -88,7 +92,7 @@ __device__ __forceinline__ void MlaItem(const MlaParams& p, int4 item, int chunk
   if (p.causal) end = min(end, last_token + delta + 1);
   const int num_tiles = end > begin ? (end - begin + kTileKV - 1) / kTileKV : 0;
 
-  const int row_group = (warp % 2) * 16, half = warp / 2;  // rows of S and O; S's keys 8 half.., O's dims 256 half..
+  const int row_group = (warp % 2) * 16, half = warp / 2;  // rows of S and O; S's keys kTileKV / 2 half.., O's dims 256 half..
   int token[2];  // of this thread's rows g and g + 8
 #pragma unroll
   for (int r = 0; r < 2; ++r) token[r] = int(p.group_divisor.Divide(uint32_t(row_begin + row_group + g + 8 * r)));
@@ -149,25 +153,43 @@ __device__ __forceinline__ void MlaItem(const MlaParams& p, int4 item, int chunk
       CommitAsyncGroup();
       const uint32_t stage = k_base + (tile % 2) * S::kKBytes;
 
-      // S of this warp's rows and 8 keys.
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      // S of this warp's rows and half of the keys (8 or 16).
+      float s[kNT][4];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      const int key_half = half * (kTileKV / 2);
 #pragma unroll 12
       for (int kk = 0; kk < S::kRowChunks / 2; ++kk) {
-        uint32_t a[4], b[2];
+        uint32_t a[4];
         LoadMatrixX4(a, q_base + SwizzledOffset<S::kRowChunks>(a_row, 2 * kk + a_half));
-        LoadMatrixX2(b, stage + SwizzledOffset<S::kRowChunks>(8 * half + l7, 2 * kk + (lane / 8) % 2));
-        Mma16816<T>(s, a, b[0], b[1]);
+        if constexpr (kNT == 1) {
+          uint32_t b[2];
+          LoadMatrixX2(b, stage + SwizzledOffset<S::kRowChunks>(key_half + l7, 2 * kk + (lane / 8) % 2));
+          Mma16816<T>(s[0], a, b[0], b[1]);
+        } else {  // two 8-key tiles from one load: keys lane / 16 * 8 + l7, chunk 2 kk + (lane / 8) % 2
+          uint32_t b[4];
+          LoadMatrixX4(b, stage + SwizzledOffset<S::kRowChunks>(key_half + lane / 16 * 8 + l7, 2 * kk + (lane / 8) % 2));
+          Mma16816<T>(s[0], a, b[0], b[1]);
+          Mma16816<T>(s[1], a, b[2], b[3]);
+        }
       }
       // Logits in base 2, masked past the keys' end and (causal) the diagonal; the row maxima of
       // this warp's keys, then of both halves.
-      const int tile_pos = begin + tile * kTileKV, key0 = tile_pos + 8 * half + 2 * t;
+      const int tile_pos = begin + tile * kTileKV, key0 = tile_pos + key_half + 2 * t;
       float tile_max[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int last_seen = min(end - 1, p.causal ? token[r] + delta : INT_MAX);
+        tile_max[r] = -INFINITY;
 #pragma unroll
-        for (int e = 0; e < 2; ++e) s[2 * r + e] = key0 + e <= last_seen ? s[2 * r + e] * p.scale_log2 : -INFINITY;
-        tile_max[r] = fmaxf(s[2 * r], s[2 * r + 1]);
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[nt][2 * r + e];
+            x = key0 + 8 * nt + e <= last_seen ? x * p.scale_log2 : -INFINITY;
+            tile_max[r] = fmaxf(tile_max[r], x);
+          }
+        }
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
         if (t == 0) halves[half * S::kTileQ + row_group + g + 8 * r] = tile_max[r];
@@ -181,10 +203,16 @@ __device__ __forceinline__ void MlaItem(const MlaParams& p, int4 item, int chunk
         alpha[r] = Exp2(row_max[r] - SafeBase(new_max));
         row_max[r] = new_max;
         const float base = SafeBase(new_max);
-        s[2 * r] = Exp2(s[2 * r] - base);
-        s[2 * r + 1] = Exp2(s[2 * r + 1] - base);
-        row_sum[r] = row_sum[r] * alpha[r] + s[2 * r] + s[2 * r + 1];
-        *reinterpret_cast<uint32_t*>(p_tile + row * S::kPRowBytes + (8 * half + 2 * t) * 2) = PackPair<T>(s[2 * r], s[2 * r + 1]);
+        row_sum[r] *= alpha[r];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          float& lo = s[nt][2 * r];
+          float& hi = s[nt][2 * r + 1];
+          lo = Exp2(lo - base);
+          hi = Exp2(hi - base);
+          row_sum[r] += lo + hi;
+          *reinterpret_cast<uint32_t*>(p_tile + row * S::kPRowBytes + (key_half + 8 * nt + 2 * t) * 2) = PackPair<T>(lo, hi);
+        }
       }
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
@@ -197,15 +225,18 @@ __device__ __forceinline__ void MlaItem(const MlaParams& p, int4 item, int chunk
       }
       __syncthreads();  // P's two key halves are in
 
-      // O += P V over the tile's 16 keys, V its ckv: this warp's 256 dims.
-      uint32_t pa[4];
-      LoadMatrixX4(pa, p_base + a_row * S::kPRowBytes + a_half * 16);
+      // O += P V over the tile's keys, 16 at a time, V their ckv: this warp's 256 dims.
 #pragma unroll
-      for (int np = 0; np < 16; ++np) {
-        uint32_t b[4];
-        LoadMatrixX4Trans(b, stage + SwizzledOffset<S::kRowChunks>((lane / 8) % 2 * 8 + l7, 32 * half + 2 * np + a_half));
-        Mma16816<T>(o[2 * np], pa, b[0], b[1]);
-        Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+      for (int j = 0; j < kTileKV / 16; ++j) {
+        uint32_t pa[4];
+        LoadMatrixX4(pa, p_base + a_row * S::kPRowBytes + (2 * j + a_half) * 16);
+#pragma unroll
+        for (int np = 0; np < 16; ++np) {
+          uint32_t b[4];
+          LoadMatrixX4Trans(b, stage + SwizzledOffset<S::kRowChunks>(16 * j + (lane / 8) % 2 * 8 + l7, 32 * half + 2 * np + a_half));
+          Mma16816<T>(o[2 * np], pa, b[0], b[1]);
+          Mma16816<T>(o[2 * np + 1], pa, b[2], b[3]);
+        }
       }
     }
     WaitAsyncGroups<0>();  // the (empty) group past the last tile
@@ -249,30 +280,39 @@ __device__ __forceinline__ void MlaItem(const MlaParams& p, int4 item, int chunk
   __syncthreads();  // shared memory is free for the next item
 }
 
-template <typename T>
-__global__ void __launch_bounds__(MlaShape::kThreads) MlaKernel(const MlaParams p) {
+template <typename T, int kTileKV>
+__global__ void __launch_bounds__(MlaShape<kTileKV>::kThreads) MlaKernel(const MlaParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
   const int num_items = p.work[0].x;
   for (int i = blockIdx.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
-    MlaItem<T>(p, item, p.work[3 + 2 * i].x, shared);
+    MlaItem<T, kTileKV>(p, item, p.work[3 + 2 * i].x, shared);
   }
   AllowDependentGrids();
 }
 
-// The kernel on `ctas` blocks, then, unless `merge_from` is -1, the merge of split requests'
-// partials over query tokens merge_from .. q_tokens - 1.
+template <typename T, int kTileKV>
+cudaError_t LaunchMla(const MlaParams& p, int ctas, cudaStream_t stream, bool pdl) {
+  using S = MlaShape<kTileKV>;
+  const dim3 grid(1, unsigned(min(ctas, 65535)));  // one KV head; blocks stride over the items
+  return LaunchWithSharedMemory(MlaKernel<T, kTileKV>, grid, dim3(S::kThreads), S::kSharedBytes, stream, pdl, p);
+}
+
+// The kernel on `ctas` blocks (32-key tiles where the device's blocks take their shared memory,
+// else 16), then, unless `merge_from` is -1, the merge of split requests' partials over query
+// tokens merge_from .. q_tokens - 1.
 template <typename T>
 cudaError_t BatchMla(const MlaParams& p, int ctas, int merge_from, int q_tokens, cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0) return cudaSuccess;
-  if (BlocksPerSm<MlaKernel<T>>(MlaShape::kThreads, MlaShape::kSharedBytes, device) == 0) {
-    return cudaErrorInvalidConfiguration;
+  cudaError_t status = cudaErrorInvalidConfiguration;
+  // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
+  if (BlocksPerSm<MlaKernel<T, 32>>(MlaShape<32>::kThreads, MlaShape<32>::kSharedBytes, device) > 0) {
+    status = LaunchMla<T, 32>(p, ctas, stream, pdl);
+  } else if (BlocksPerSm<MlaKernel<T, 16>>(MlaShape<16>::kThreads, MlaShape<16>::kSharedBytes, device) > 0) {
+    status = LaunchMla<T, 16>(p, ctas, stream, pdl);
   }
-  const dim3 grid(1, unsigned(min(ctas, 65535)));  // one KV head; blocks stride over the items
-  const cudaError_t status =
-      LaunchWithSharedMemory(MlaKernel<T>, grid, dim3(MlaShape::kThreads), MlaShape::kSharedBytes, stream, pdl, p);
   if (status != cudaSuccess || merge_from < 0) return status;
   return MergePartials<T, kMlaDimCkv>(p, q_tokens - merge_from, PrefillPartials{p.requests, p.batch}, stream, pdl,
                                       merge_from);
