@@ -510,7 +510,7 @@ def _head_schedule(sm90: bool, num_kv_heads: int, kv_tokens: int, spans, kv_dims
     The first kernel, two blocks an SM, lost up to 12% so (its causal d64 prefill, 32 heads) and
     keeps them all together while at least 4 of its blocks running at once share a head's keys;
     past that (above 66 KV heads on 132 SMs) too few blocks read each head's keys while they are
-    in L2, and it takes them as Hopper's does (+15-24% at 128 heads: docs/design/prefill.md#many-heads).
+    in L2, and it takes them as Hopper's does (docs/design/prefill.md#many-heads).
     ``spans``: as ``items_in_head_groups``; ``kv_dims``: K's head_dim and V's together."""
     if not sm90 and 4 * num_kv_heads <= _CTAS_PER_SM * num_sms(device):
         return num_kv_heads, 0
@@ -984,7 +984,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             ``[kv_indptr[-1], num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_indptr[-1],
             head_dim]`` (HND), q's dtype; strided views are fine (last dimension contiguous).
         out : Optional[torch.Tensor]
-            Output of q's shape and dtype; allocated when None.
+            Output of q's shape (with v's head_dim) and dtype; allocated when None.
         lse : Optional[torch.Tensor]
             float32 ``[q.shape[0], num_qo_heads]``, written when given; allocated when None and
             ``return_lse``.
