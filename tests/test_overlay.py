@@ -133,8 +133,8 @@ def test_unset_or_off_changes_nothing(tmp_path, fake, variable):
 
 
 def test_serves_every_shipped_name_at_flashinfers_paths(tmp_path):
-    served = overlay.served(tuple(overlay.FAMILIES))
-    assert set(served) == {"flashinfer"} | {f"flashinfer.{f}" for f in overlay.FAMILIES}
+    served = overlay.served(overlay.DEFAULT_FAMILIES)
+    assert set(served) == {"flashinfer"} | {f"flashinfer.{f}" for f in overlay.DEFAULT_FAMILIES}
     assert all(served.values())
     assert {"top_k_top_p_sampling_from_logits", "softmax"} <= set(served["flashinfer.sampling"])
     assert {"rmsnorm", "rmsnorm_quant", "fused_add_rmsnorm_quant"} <= set(served["flashinfer.norm"])
@@ -166,7 +166,7 @@ def test_serves_every_shipped_name_at_flashinfers_paths(tmp_path):
             assert "flashinfer.rope" in str(e), e
         print("ok")
         """, "1")
-    assert f"aotinfer serves flashinfer's {', '.join(sorted(overlay.FAMILIES))}" in out.stderr
+    assert f"aotinfer serves flashinfer's {', '.join(sorted(overlay.DEFAULT_FAMILIES))}" in out.stderr
     assert "FlashInfer is not installed" in out.stderr
 
 
@@ -250,7 +250,10 @@ def test_unknown_family_warns_and_stays_off(tmp_path):
         overlay.install("")
     with pytest.raises(TypeError, match="families"):
         overlay.install(3)
-    assert overlay.parse_families("ALL") == tuple(overlay.FAMILIES) and overlay.parse_families("0") is None
+    assert overlay.parse_families("ALL") == overlay.DEFAULT_FAMILIES and overlay.parse_families("0") is None
+    # MLA only where named: servers' MLA backends reach further into FlashInfer's wrapper
+    assert "mla" not in overlay.DEFAULT_FAMILIES and overlay.parse_families("mla,decode") == ("decode", "mla")
+    assert overlay.served(("mla",))["flashinfer.mla"] == {"BatchMLAPagedAttentionWrapper": aotinfer.BatchMLAPagedAttentionWrapper}
 
 
 def test_real_flashinfer_serves_the_rest_lazily(tmp_path, fake):

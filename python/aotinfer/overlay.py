@@ -52,6 +52,13 @@ FAMILIES: Dict[str, Tuple[str, ...]] = {
     "rope": ("rope",),
     "sampling": ("sampling",),
 }
+#: Families served only where named (``AOTINFER_FLASHINFER=mla,...``), not by ``1``/``all``: servers'
+#: MLA backends reach into FlashInfer's MLA wrapper further than aotinfer's serves (SGLang's
+#: ``fast_mla_decode_plan`` calls its ``_cached_module.plan``), and its kernel is not yet as fast
+#: (docs/design/mla.md).
+OPT_IN = frozenset({"mla"})
+#: What ``1``/``all`` and ``install()`` serve.
+DEFAULT_FAMILIES: Tuple[str, ...] = tuple(f for f in FAMILIES if f not in OPT_IN)
 #: Served at their family's module only: FlashInfer's ``__init__`` does not export them.
 NOT_AT_TOP = frozenset({"rope_quantize_fp8", "mla_rope_quantize_fp8"})
 #: Names that servers import from a family's module where FlashInfer has them beside that module's
@@ -82,7 +89,7 @@ def parse_families(text: str) -> Optional[Tuple[str, ...]]:
     if value in _FALSE:
         return None
     if value in _TRUE:
-        return tuple(FAMILIES)
+        return DEFAULT_FAMILIES
     return _check_families(value.split(","))
 
 
@@ -96,7 +103,7 @@ def _check_families(families: Union[str, Iterable[str]]) -> Tuple[str, ...]:
     unknown = sorted(chosen - set(FAMILIES))
     if unknown or not chosen:
         what = f"unknown families {unknown}" if unknown else "no family named"
-        raise ValueError(f"{what}: choose from {', '.join(FAMILIES)}, or 1 for all")
+        raise ValueError(f"{what}: choose from {', '.join(FAMILIES)}, or 1 for all but {', '.join(sorted(OPT_IN))}")
     return tuple(f for f in FAMILIES if f in chosen)
 
 
@@ -421,13 +428,13 @@ _lock = threading.Lock()
 
 
 def install(families: Optional[Union[str, Iterable[str]]] = None) -> None:
-    """Make ``import flashinfer`` in this process serve aotinfer's ops of ``families`` (None: all
-    of FAMILIES; a list or a comma-separated string) and the real FlashInfer's, when installed,
+    """Make ``import flashinfer`` in this process serve aotinfer's ops of ``families`` (None:
+    DEFAULT_FAMILIES, every family but the opt-in ones; a list or a comma-separated string) and the real FlashInfer's, when installed,
     for every other name. Processes this one starts get it through AOTINFER_FLASHINFER, not this
     call. Calling again with the same families does nothing; with others, it replaces the overlay
     unless flashinfer was imported already (RuntimeError, as for a flashinfer imported before)."""
     global _overlay
-    chosen = tuple(FAMILIES) if families is None else _check_families(families)
+    chosen = DEFAULT_FAMILIES if families is None else _check_families(families)
     with _lock:
         if _overlay is not None and _overlay.families == chosen:
             return
