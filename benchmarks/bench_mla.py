@@ -60,13 +60,14 @@ def flashinfer_runs(inputs, directory):
     """FlashInfer's wrapper on each of its backends that builds and plans here: name -> run."""
     import flashinfer
     import tvm_ffi
+    from flashinfer.jit.attention.modules import _BatchMLAModuleProxy
     from flashinfer.mla._batch_mla._backends import fa2_backend, fa3_backend
 
     # Its backends load their module through get_batch_mla_module (the JIT build and its sources):
-    # the prebuilt module of the backend instead.
+    # the prebuilt module of the backend instead, behind the proxy FlashInfer's loader puts on it.
     for backend_module, name in ((fa2_backend, "mla_fa2"), (fa3_backend, "mla_fa3")):
         path = os.path.join(directory, name + ".so")
-        backend_module.get_batch_mla_module = lambda *args, path=path: tvm_ffi.load_module(path)
+        backend_module.get_batch_mla_module = lambda *args, path=path: _BatchMLAModuleProxy(tvm_ffi.load_module(path))
     runs = {}
     for backend in ("fa2", "fa3"):
         try:
