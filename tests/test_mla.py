@@ -264,6 +264,21 @@ def test_kv_indptr_gives_each_requests_first_page():
     assert wrapper._plan.indices.tolist() == [0, 1, 2]
 
 
+def test_both_readings_of_kv_indptr_agree():
+    """An indptr of the batch goes through the prefill plan's compiled reading; one entry longer,
+    through FlashInfer's reading (each request's first page): the same table."""
+    g = torch.Generator().manual_seed(3)
+    kv_len = torch.randint(0, 300, (40,), generator=g).to(torch.int32)
+    pages = (kv_len + 15) // 16
+    kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), pages.cumsum(0)]).to(torch.int32)
+    qo_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(0, 4, (40,), generator=g).cumsum(0)]).to(torch.int32)
+    n = int(kv_indptr[-1])
+    compiled = mla._request_lengths(qo_indptr, kv_indptr, kv_len, 16, n, torch.device("cpu"))
+    longer = torch.cat([kv_indptr, kv_indptr[-1:]])
+    flashinfers = mla._request_lengths(qo_indptr, longer, kv_len, 16, n, torch.device("cpu"))
+    assert torch.equal(compiled[0], flashinfers[0]) and compiled[1] == flashinfers[1] == int(qo_indptr[-1])
+
+
 def test_cuda_graph_plans_hand_the_kernel_the_ids_read():
     """Under use_cuda_graph the kernel gets the first page ids of the buffer, as many as the
     requests read (one at least, at the buffer's address: FlashInfer's tests pass a buffer of 2^20
