@@ -17,6 +17,7 @@ from aotinfer import cli, overlay
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
+gpu = pytest.mark.gpu
 PTH = ROOT / "python" / "aotinfer_overlay.pth"
 
 # A fake FlashInfer: each module records its import in fake_log.imported under the name it was
@@ -407,7 +408,6 @@ def test_info_shows_the_overlay(monkeypatch, capsys):
 
 # ---- vLLM's and SGLang's call sequences through the overlay (server_sequences.py) ----------------
 
-gpu = pytest.mark.gpu
 def replay(tmp_path, sequence, *args):
     """Runs ``server_sequences.<sequence>(*args)`` in a fresh interpreter with AOTINFER_FLASHINFER=1
     and the start-up hook, as a server's process runs: its ``import flashinfer`` is the overlay. In a
