@@ -408,6 +408,7 @@ def test_info_shows_the_overlay(monkeypatch, capsys):
 
 # ---- vLLM's and SGLang's call sequences through the overlay (server_sequences.py) ----------------
 
+
 def replay(tmp_path, sequence, *args):
     """Runs ``server_sequences.<sequence>(*args)`` in a fresh interpreter with AOTINFER_FLASHINFER=1
     and the start-up hook, as a server's process runs: its ``import flashinfer`` is the overlay. In a
