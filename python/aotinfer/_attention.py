@@ -202,12 +202,12 @@ def smallest_chunk(longest: int, end: int, max_items: int, page_size: int, count
 def device_property(device: "torch.device", name: str, cpu_value: int) -> int:
     """A field of the device's ``torch.cuda.get_device_properties`` (the loader's, read once a
     device), or ``cpu_value`` for a workspace on the CPU or a tracer's fake CUDA tensors where torch
-    has no CUDA."""
+    has no CUDA (asked only before the device's first answer: plans call this every step)."""
     if device.type != "cuda":
         return cpu_value
     import torch
 
-    if not torch.cuda.is_available():
+    if device.index not in _loader._properties and not torch.cuda.is_available():
         return cpu_value
 
     index = device.index if device.index is not None else torch.cuda.current_device()
