@@ -164,6 +164,9 @@ class BatchMLAPagedAttentionWrapper(_BatchPrefillWrapper):
         self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr, kv_indptr
         self._kv_indices_buf, self._kv_len_arr_buf = kv_indices, kv_len_arr
 
+    def _tile_rows(self, head_dim_vo: int, sm90: bool) -> int:
+        return 32  # mla.cuh's MlaShape::kTileQ
+
     @aotinfer_api
     def plan(
         self,

@@ -142,10 +142,8 @@ _CPU_L2_BYTES = 50 << 20  # plans made for a CPU device (tests): an H100's
 def tile_rows(head_dim_vo: int, sm90: bool = False) -> int:
     """Query rows (tokens x packed heads) a CTA takes: the kernel's kTileQ (prefill.cuh's, set by
     v's head_dim, or prefill_sm90.cuh's with ``sm90``: 64 rows a consumer warpgroup, three groups
-    at head_dim 64 and 128, two at 256; mla.cuh's at 512, MLA's latent values)."""
+    at head_dim 64 and 128, two at 256)."""
     head_dim = head_dim_vo
-    if head_dim == 512:
-        return 32
     if sm90:
         return 128 if head_dim == 256 else 192
     return 128 if head_dim <= 128 else 64
@@ -609,6 +607,10 @@ class _BatchPrefillWrapper(AttentionWrapper):
         self._custom_mask_buf = custom_mask_buf
         self._mask_indptr_buf = mask_indptr_buf
 
+    def _tile_rows(self, head_dim_vo: int, sm90: bool) -> int:
+        """Query rows a block of this wrapper's kernel takes (tile_rows; MLA's wrapper has its own)."""
+        return tile_rows(head_dim_vo, sm90)
+
     def _plan_common(
         self, lengths, total_q, num_qo_heads, num_kv_heads, head_dim, head_dim_vo, page_size, causal, pos_encoding_mode,
         window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta, q_dtype, kv_dtype, fixed_split_size,
@@ -661,7 +663,7 @@ class _BatchPrefillWrapper(AttentionWrapper):
             group=num_qo_heads // num_kv_heads, head_dim=head_dim, num_kv_heads=num_kv_heads,
             num_sms=num_sms(self.device), page_size=page_size, causal=causal, window_left=window_left,
             disable_split_kv=disable_split_kv, fixed_split_size=fixed_split_size, ctas_per_sm=ctas_per_sm,
-            rows_per_tile=tile_rows(head_dim_vo, sm90),
+            rows_per_tile=self._tile_rows(head_dim_vo, sm90),
             # Hopper's kernel, one block an SM; a CUDA graph's fixed grid has blocks striding
             # over the items, no last wave.
             last_wave_slots=self._partial_capacity(num_qo_heads, head_dim_vo) if sm90 and not self._use_cuda_graph else 0,
