@@ -3,6 +3,7 @@
 // does), the launch parameters both fill alike, and the capture guard of the wrappers' runs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -135,6 +136,31 @@ inline bool CheckAttentionOptions(const TensorView& sinks, int64_t num_qo_heads,
                               << ", " << logits_soft_cap << " and " << window_left;
   }
   return has_sinks;
+}
+
+// RoPE inside the kernel (pos_encoding_mode 1, FlashInfer's ROPE_LLAMA; 0: none) with its
+// rope_scale and rope_theta, into p; whether the launch takes RoPE's kernels (16-bit caches of one
+// head dim).
+inline bool SetRope(AttentionParams& p, int64_t pos_encoding_mode, double rope_scale, double rope_theta, bool fp8,
+                    int64_t head_dim, int64_t head_dim_vo) {
+  if (pos_encoding_mode != 0 && pos_encoding_mode != 1) {
+    AOTINFER_THROW(ValueError) << "Expected pos_encoding_mode 0 (NONE) or 1 (ROPE_LLAMA), got " << pos_encoding_mode;
+  }
+  p.rope_rcp_scale = 1.f;
+  p.rope_log2_rcp_theta = 0.f;
+  if (pos_encoding_mode == 0) return false;
+  if (!(rope_scale > 0.0) || !(rope_theta > 0.0) || !std::isfinite(rope_scale) || !std::isfinite(rope_theta)) {
+    AOTINFER_THROW(ValueError) << "Expected rope_scale and rope_theta to be positive and finite, got " << rope_scale
+                              << " and " << rope_theta;
+  }
+  if (fp8) AOTINFER_THROW(NotImplementedError) << "pos_encoding_mode ROPE_LLAMA with an fp8 KV cache is not implemented";
+  if (head_dim != head_dim_vo) {
+    AOTINFER_THROW(NotImplementedError) << "pos_encoding_mode ROPE_LLAMA with head_dim_qk " << head_dim
+                                        << " and head_dim_vo " << head_dim_vo << " is not implemented";
+  }
+  p.rope_rcp_scale = float(1.0 / rope_scale);
+  p.rope_log2_rcp_theta = float(-std::log2(rope_theta));
+  return true;
 }
 
 // Which of the optional outputs a launch writes.

@@ -10,28 +10,33 @@ namespace {
 using aotinfer::DtypeKey;
 
 template <typename T, typename KV>
-cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, bool merge,
+cudaError_t Dispatch(const aotinfer::DecodeParams& p, int64_t head_dim, int num_items, bool merge, bool rope,
                      cudaStream_t stream, bool pdl, int device) {
   switch (head_dim) {
-    case 64: return aotinfer::BatchDecode<T, KV, 64>(p, num_items, merge, stream, pdl, device);
-    case 128: return aotinfer::BatchDecode<T, KV, 128>(p, num_items, merge, stream, pdl, device);
-    default: return aotinfer::BatchDecode<T, KV, 256>(p, num_items, merge, stream, pdl, device);
+    case 64: return aotinfer::BatchDecode<T, KV, 64>(p, num_items, merge, rope, stream, pdl, device);
+    case 128: return aotinfer::BatchDecode<T, KV, 128>(p, num_items, merge, rope, stream, pdl, device);
+    default: return aotinfer::BatchDecode<T, KV, 256>(p, num_items, merge, rope, stream, pdl, device);
   }
 }
 
 }  // namespace
 
 // Decode attention over the planned work items (the tensors: CheckDecode); kv_read_once: the K and
-// V copies cached evict-first in L2 (the plan's choice), else normally.
+// V copies cached evict-first in L2 (the plan's choice), else normally; pos_encoding_mode 1: RoPE
+// inside the kernel (SetRope).
 void batch_decode(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                   TensorView k_cache, TensorView v_cache, TensorView indices, TensorView work, TensorView requests,
                   TensorView counters, TensorView sinks, int64_t captured, int64_t kv_layout, double sm_scale,
-                  double logits_soft_cap, int64_t window_left, double v_scale, int64_t max_partials, int64_t kv_read_once,
-                  int64_t enable_pdl) {
+                  double logits_soft_cap, int64_t window_left, int64_t pos_encoding_mode, double rope_scale,
+                  double rope_theta, double v_scale, int64_t max_partials, int64_t kv_read_once, int64_t enable_pdl) {
   // 1. Validate; 2. guard the device; 3. get the stream (and record a capture); 4. dispatch and launch.
-  const aotinfer::CheckedDecode checked = aotinfer::CheckDecode(
+  aotinfer::CheckedDecode checked = aotinfer::CheckDecode(
       out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters, sinks, kv_layout,
       sm_scale, logits_soft_cap, window_left, v_scale, kv_read_once, enable_pdl);
+  const uint32_t kv_key = checked.kv_key;
+  const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
+  const bool rope = aotinfer::SetRope(checked.params, pos_encoding_mode, rope_scale, rope_theta, fp8, checked.head_dim,
+                                      checked.head_dim);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
@@ -43,15 +48,14 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const aotinfer::DecodeParams& p = checked.params;
   const int64_t head_dim = checked.head_dim;
   const int num_items = checked.num_items;
-  const uint32_t kv_key = checked.kv_key;
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     cudaError_t status;
     if (kv_key == DtypeKey(kDLFloat8_e4m3fn, 8)) {
-      status = Dispatch<T, __nv_fp8_e4m3>(p, head_dim, num_items, merge, stream, pdl, device);
+      status = Dispatch<T, __nv_fp8_e4m3>(p, head_dim, num_items, merge, rope, stream, pdl, device);
     } else if (kv_key == DtypeKey(kDLFloat8_e5m2, 8)) {
-      status = Dispatch<T, __nv_fp8_e5m2>(p, head_dim, num_items, merge, stream, pdl, device);
+      status = Dispatch<T, __nv_fp8_e5m2>(p, head_dim, num_items, merge, rope, stream, pdl, device);
     } else {
-      status = Dispatch<T, T>(p, head_dim, num_items, merge, stream, pdl, device);
+      status = Dispatch<T, T>(p, head_dim, num_items, merge, rope, stream, pdl, device);
     }
     CHECK_LAUNCH(status, "batch_decode");
     return true;

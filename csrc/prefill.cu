@@ -9,32 +9,34 @@
 namespace {
 
 template <typename T>
-cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp8, int ctas, int merge_from, int q_tokens,
-                     cudaStream_t stream, bool pdl, int device) {
+cudaError_t Dispatch(const aotinfer::PrefillParams& p, int64_t head_dim, bool fp8, bool rope, int ctas, int merge_from,
+                     int q_tokens, cudaStream_t stream, bool pdl, int device) {
   switch (head_dim) {
-    case 64: return aotinfer::BatchPrefill<T, 64>(p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
-    case 128: return aotinfer::BatchPrefill<T, 128>(p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
+    case 64: return aotinfer::BatchPrefill<T, 64>(p, fp8, rope, ctas, merge_from, q_tokens, stream, pdl, device);
+    case 128: return aotinfer::BatchPrefill<T, 128>(p, fp8, rope, ctas, merge_from, q_tokens, stream, pdl, device);
     case aotinfer::kDeepSeekHeadDimQk:
       return aotinfer::BatchPrefill<T, aotinfer::kDeepSeekHeadDimQk, aotinfer::kDeepSeekHeadDimVo>(
-          p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
-    default: return aotinfer::BatchPrefill<T, 256>(p, fp8, ctas, merge_from, q_tokens, stream, pdl, device);
+          p, fp8, rope, ctas, merge_from, q_tokens, stream, pdl, device);
+    default: return aotinfer::BatchPrefill<T, 256>(p, fp8, rope, ctas, merge_from, q_tokens, stream, pdl, device);
   }
 }
 
 }  // namespace
 
 // Prefill attention over the planned work items (the tensors: CheckPrefill; the mask, packed bits
-// or none: SetCustomMask).
+// or none: SetCustomMask; pos_encoding_mode 1: RoPE inside the kernel, SetRope).
 void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, TensorView partial_lse, TensorView q,
                    TensorView k, TensorView v, TensorView indices, TensorView work, TensorView requests,
                    TensorView sinks, TensorView custom_mask, int64_t captured, int64_t kv_layout, double sm_scale,
-                   double logits_soft_cap, int64_t window_left, double v_scale, bool causal, int64_t ctas,
-                   int64_t merge_from, int64_t enable_pdl) {
+                   double logits_soft_cap, int64_t window_left, int64_t pos_encoding_mode, double rope_scale,
+                   double rope_theta, double v_scale, bool causal, int64_t ctas, int64_t merge_from, int64_t enable_pdl) {
   // 1. Validate; 2. guard the device; 3. get the stream (and record a capture); 4. dispatch and launch.
   aotinfer::CheckedPrefill checked = aotinfer::CheckPrefill(
       out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, kv_layout, sm_scale,
       logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl);
   aotinfer::SetCustomMask(checked, custom_mask, q);
+  const bool rope = aotinfer::SetRope(checked.params, pos_encoding_mode, rope_scale, rope_theta, checked.fp8,
+                                      checked.head_dim, checked.head_dim_vo);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
@@ -43,7 +45,7 @@ void batch_prefill(TensorView out, TensorView lse, TensorView partial_out, Tenso
   if (checked.empty) return;
   const bool pdl = aotinfer::UsePdl(enable_pdl, device);
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
-    CHECK_LAUNCH(Dispatch<T>(checked.params, checked.head_dim, checked.fp8, int(ctas), checked.merge_from,
+    CHECK_LAUNCH(Dispatch<T>(checked.params, checked.head_dim, checked.fp8, rope, int(ctas), checked.merge_from,
                              int(checked.total_q), stream, pdl, device),
                  "batch_prefill");
     return true;

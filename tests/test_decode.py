@@ -87,16 +87,21 @@ def gather(k, v, indptr, indices, last_page_len, layout):
     return keys, values
 
 
-def reference(q, keys, values, sm_scale, soft_cap=0.0, window_left=-1, sinks=None, v_scale=1.0):
-    """float32 decode attention: (out [batch, heads, dim], lse [batch, heads] base 2)."""
+def reference(q, keys, values, sm_scale, soft_cap=0.0, window_left=-1, sinks=None, v_scale=1.0, rope=None):
+    """float32 decode attention: (out [batch, heads, dim], lse [batch, heads] base 2); ``rope``:
+    (rope_scale, rope_theta) of ROPE_LLAMA, q at position kv_len - 1 and the keys at theirs, each
+    turned in float32 and rounded to its dtype (where the kernel keeps it, as FlashInfer's does)."""
     batch, num_heads, head_dim = q.shape
     out = torch.zeros(batch, num_heads, head_dim, device=q.device)
     lse = torch.empty(batch, num_heads, device=q.device)
     for b in range(batch):
-        k, v = keys[b].float(), values[b].float()
+        k, v, query = keys[b].float(), values[b].float(), q[b].float()
+        if rope is not None:
+            k = rope_llama(k.cpu(), torch.arange(k.shape[0]), *rope).to(keys[b].dtype).float().to(q.device)
+            query = rope_llama(query[None].cpu(), [k.shape[0] - 1], *rope)[0].to(q.dtype).float().to(q.device)
         group = num_heads // k.shape[1]
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        logits = torch.einsum("hd,nhd->hn", q[b].float(), k) * sm_scale
+        logits = torch.einsum("hd,nhd->hn", query, k) * sm_scale
         if soft_cap:
             logits = soft_cap * torch.tanh(logits / soft_cap)
         if window_left >= 0:
@@ -204,6 +209,66 @@ def test_attention_options(layout, dtype, page_size, option):
     want, want_lse = case.reference(**reference_options)
     out, lse = wrapper.run(case.q, case.cache, return_lse=True, **run_options)
     check(out, want, dtype, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("rope", [(None, None), (2.0, 5e5)], ids=["default", "scaled"])
+@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_rope_llama(layout, page_size, dtype, heads, rope):
+    """q (at kv_len - 1) and the keys turned inside the kernel, against attention over them turned
+    in float32; split requests too (their items turn keys from other positions)."""
+    case = Case(lengths_for(page_size), page_size, heads, dtype, layout)
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), layout)
+    case.plan(wrapper, pos_encoding_mode="ROPE_LLAMA", rope_scale=rope[0], rope_theta=rope[1])
+    assert wrapper._plan.partition.num_slots > 0, "the case should split some sequence"
+    want, want_lse = case.reference(rope=(rope[0] or 1.0, rope[1] or 1e4))
+    out, lse = wrapper.run(case.q, case.cache, out=poisoned(case.q.shape, dtype), return_lse=True)
+    check(out, want, dtype, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_single_decode_rope_llama(head_dim):
+    q = torch.randn(16, head_dim, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(3000, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(2))
+    out = aotinfer.single_decode_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA", window_left=2000)
+    want, _ = reference(q[None], [k], [v], 1 / math.sqrt(head_dim), window_left=2000, rope=(1.0, 1e4))
+    check(out[None], want, torch.float16)
+
+
+@gpu
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_rope_llama_on_tensor_cores_and_several_tokens(q_len):
+    """use_tensor_cores with q_len_per_req: the prefill kernel's RoPE, each query token at its own
+    position among the request's last ones."""
+    import test_prefill
+
+    lengths = [9, 300, 1031, 4096]
+    case, q, _, _ = several_tokens_case(lengths, q_len, (32, 8, 128), torch.bfloat16, "cuda")
+    qo_indptr = torch.arange(len(lengths) + 1) * q_len
+    want, want_lse = test_prefill.reference(q, qo_indptr, case.keys, case.values, 1 / math.sqrt(128), causal=True,
+                                            rope=(1.0, 1e4))  # fmt: skip
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cuda"), "NHD", use_tensor_cores=True)
+    wrapper.plan(case.indptr.cuda(), case.indices.cuda(), case.last_page_len.cuda(), 32, 8, 128, 16,
+                 q_data_type=torch.bfloat16, q_len_per_req=q_len, pos_encoding_mode="ROPE_LLAMA")  # fmt: skip
+    out, lse = wrapper.run(q, case.cache, out=poisoned(q.shape, torch.bfloat16), return_lse=True)
+    check(out, want, torch.bfloat16, lse, want_lse)
+
+
+def test_rope_llama_drives_the_kernel_contract(kernel_model):
+    """plan's ROPE_LLAMA reaches the binding (its model turns q and k as the kernel does); forward
+    replaces it."""
+    torch.manual_seed(0)
+    case = Case([40, 3, 129], 16, (8, 2, 64), torch.float16, device="cpu")
+    wrapper = aotinfer.BatchDecodeWithPagedKVCacheWrapper(workspace("cpu"), "NHD")
+    case.plan(wrapper, pos_encoding_mode="ROPE_LLAMA", rope_theta=5e5)
+    want, want_lse = case.reference(rope=(1.0, 5e5))
+    out, lse = wrapper.run(case.q, case.cache, return_lse=True)
+    check(out, want, torch.float16, lse, want_lse)
+    check(wrapper.forward(case.q, case.cache), case.reference()[0], torch.float16)
 
 
 @gpu
@@ -907,11 +972,26 @@ def merge_into(o, s, o_other, s_other):
     return o, s_max + torch.log2(total)
 
 
+def rope_llama(x, positions, rope_scale=1.0, rope_theta=1e4):
+    """FlashInfer's ROPE_LLAMA in float32: x [..., n, heads, head_dim] (n positions, or n = 1 for one
+    position), dims j and j + head_dim / 2 turned by position / rope_scale * rope_theta^(-2j / head_dim)."""
+    head_dim = x.shape[-1]
+    half = head_dim // 2
+    freq = rope_theta ** (-torch.arange(half, dtype=torch.float64) * 2 / head_dim) / rope_scale
+    angle = (torch.as_tensor(positions, dtype=torch.float64).reshape(-1, 1) * freq).float()  # [n, half]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    x = x.float()
+    lo, hi = x[..., :half], x[..., half:]
+    return torch.cat((lo * cos - hi * sin, hi * cos + lo * sin), -1)
+
+
 def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters,
-                       sinks, captured, kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, max_partials, kv_read_once,
-                       enable_pdl):  # fmt: skip
+                       sinks, captured, kv_layout, sm_scale, logits_soft_cap, window_left, pos_encoding_mode, rope_scale,
+                       rope_theta, v_scale, max_partials, kv_read_once, enable_pdl):  # fmt: skip
     """The batch_decode binding's contract (modules.toml; the table formats in aotinfer/decode.py)
-    as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
+    as float32 torch code: what the CUDA kernels compute, item by item, then the merge. RoPE
+    (pos_encoding_mode 1): q at kv_len - 1 and each key at its position, rounded to their dtype."""
+    assert pos_encoding_mode in (0, 1)
     nhd = kv_layout == 0
     page_size = k_cache.shape[1 if nhd else 2]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -940,7 +1020,11 @@ def model_batch_decode(out, lse, partial_out, partial_lse, q, k_cache, v_cache, 
             return picked.view(cache.dtype).float().repeat_interleave(group, 1)
 
         k, v = rows(k_cache), rows(v_cache)
-        logits = torch.einsum("hd,nhd->hn", q[request].float(), k) * sm_scale
+        query = q[request].float()
+        if pos_encoding_mode:
+            k = rope_llama(k, positions, rope_scale, rope_theta).to(k_cache.dtype).float()
+            query = rope_llama(query[None], [kv_len - 1], rope_scale, rope_theta)[0].to(q.dtype).float()
+        logits = torch.einsum("hd,nhd->hn", query, k) * sm_scale
         if logits_soft_cap > 0:
             logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
         total = torch.logsumexp(logits, -1)
@@ -1169,7 +1253,11 @@ PLAN_ERRORS = [
     (dict(num_qo_heads=6, num_kv_heads=4), ValueError, r"num_qo_heads \(6\) to be a multiple of num_kv_heads \(4\)"),
     (dict(head_dim=96), ValueError, "head_dim 96 is not supported: supported head dims are 64, 128, 256"),
     (dict(page_size=0), ValueError, "page_size to be at least 1"),
-    (dict(pos_encoding_mode="ROPE_LLAMA"), NotImplementedError, "pos_encoding_mode='ROPE_LLAMA' is not implemented"),
+    (dict(pos_encoding_mode="ALIBI"), NotImplementedError, "pos_encoding_mode='ALIBI' is not implemented"),
+    (dict(pos_encoding_mode="ROPE_LLAMA", kv_data_type=torch.float8_e4m3fn), NotImplementedError,
+     "'ROPE_LLAMA' with a float8_e4m3fn KV cache is not implemented"),
+    (dict(pos_encoding_mode="ROPE_LLAMA", rope_theta=0.0), ValueError, "Expected rope_theta to be None or positive"),
+    (dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=float("inf")), ValueError, "Expected rope_scale to be None or positive"),
     (dict(pos_encoding_mode="rope"), ValueError, "Expected pos_encoding_mode to be one of"),
     (dict(window_left=-2), ValueError, "window_left to be at least -1"),
     (dict(logits_soft_cap=-1.0), ValueError, "logits_soft_cap"),
@@ -1267,8 +1355,10 @@ def test_single_decode_errors():
     q, k = torch.randn(8, 128).half(), torch.randn(30, 8, 128).half()
     with pytest.raises(ValueError, match="Expected kv_layout to be 'NHD' or 'HND'"):
         aotinfer.single_decode_with_kv_cache(q, k, k, kv_layout="NDH")
-    with pytest.raises(NotImplementedError, match="pos_encoding_mode='ROPE_LLAMA' is not implemented"):
-        aotinfer.single_decode_with_kv_cache(q, k, k, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(NotImplementedError, match="pos_encoding_mode='ALIBI' is not implemented"):
+        aotinfer.single_decode_with_kv_cache(q, k, k, pos_encoding_mode="ALIBI")
+    with pytest.raises(NotImplementedError, match="'ROPE_LLAMA' with a float8_e5m2 KV cache is not implemented"):
+        aotinfer.single_decode_with_kv_cache(q, k.to(torch.float8_e5m2), k.to(torch.float8_e5m2), pos_encoding_mode="ROPE_LLAMA")
     with pytest.raises(ValueError, match="Expected q to have shape \\[num_qo_heads, head_dim\\], got \\[1, 8, 128\\]"):
         aotinfer.single_decode_with_kv_cache(q[None], k, k)
     with pytest.raises(ValueError, match="Expected k and v to have one shape"):

@@ -105,7 +105,7 @@ def test_batch_decode(case, options):
     counters = torch.zeros(len(lens) * kv * -(-qo // kv // 16), dtype=torch.int32, device="cuda")
     most_parts = int(requests[:, 3].max())
     binding("batch_decode")(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, counters,
-                            empty if sinks is None else sinks, 0, layout, sm_scale * k_scale, cap, window, v_scale,
+                            empty if sinks is None else sinks, 0, layout, sm_scale * k_scale, cap, window, 0, 1.0, 1e4, v_scale,
                             most_parts, int(options == "read-once"), -1)
     # Every merge in the launch (requests of few items) zeroed its counter again.
     assert not counters.any()

@@ -39,7 +39,7 @@ def test_not_shipped_keyword():
 
 
 def test_declined():
-    flashinfer.decode.check_pos_encoding_mode("ROPE_LLAMA")
+    flashinfer.decode.check_pos_encoding_mode("ALIBI")
 
 
 def test_limit_test_not_named():

@@ -14,7 +14,7 @@ import torch
 
 import aotinfer
 from aotinfer import prefill
-from test_decode import LN2, LSE_TOLERANCE, TOLERANCE, gather, kv_pool, merge_into, page_table, poisoned, workspace
+from test_decode import LN2, LSE_TOLERANCE, TOLERANCE, gather, kv_pool, merge_into, page_table, poisoned, rope_llama, workspace
 
 gpu = pytest.mark.gpu
 HEADS = [  # (num_qo_heads, num_kv_heads, head_dim): group sizes 1, 4, 8 and 6, every head_dim
@@ -44,9 +44,11 @@ PAIRS = [(300, 300), (17, 530), (0, 0), (1, 1), (129, 200), (64, 64), (0, 40), (
 
 
 def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, window_left=-1, sinks=None, v_scale=1.0,
-              masks=None):  # fmt: skip
+              masks=None, rope=None):  # fmt: skip
     """float32 prefill attention: (out [tokens, heads, dim], lse [tokens, heads] base 2); ``masks``:
-    each request's bool [q_len, kv_len] (True: seen), replacing causal."""
+    each request's bool [q_len, kv_len] (True: seen), replacing causal; ``rope``: (rope_scale,
+    rope_theta) of ROPE_LLAMA, query i at kv_len - q_len + i and the keys at their positions, each
+    turned in float32 and rounded to its dtype (where the kernel keeps it, as FlashInfer's does)."""
     num_heads, head_dim = q.shape[1], values[0].shape[-1] if len(values) else q.shape[2]
     out = torch.zeros(q.shape[0], num_heads, head_dim, device=q.device)
     lse = torch.full((q.shape[0], num_heads), float("-inf"), device=q.device)
@@ -56,9 +58,13 @@ def reference(q, qo_indptr, keys, values, sm_scale, causal=False, soft_cap=0.0, 
         q_len, kv_len = end - begin, k.shape[0]
         if q_len == 0:
             continue
+        query = q[begin:end].float()
+        if rope is not None:
+            k = rope_llama(k.cpu(), torch.arange(kv_len), *rope).to(keys[b].dtype).float().to(q.device)
+            query = rope_llama(query.cpu(), torch.arange(q_len) + kv_len - q_len, *rope).to(q.dtype).float().to(q.device)
         group = num_heads // k.shape[1]
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        logits = torch.einsum("qhd,khd->hqk", q[begin:end].float(), k) * sm_scale
+        logits = torch.einsum("qhd,khd->hqk", query, k) * sm_scale
         if soft_cap:
             logits = soft_cap * torch.tanh(logits / soft_cap)
         diagonal = torch.arange(q_len, device=q.device)[:, None] + kv_len - q_len
@@ -147,7 +153,7 @@ class Case:
         """The reference over the keys and values as float32 (an fp8 cache's dequantized: K times
         k_scale; V times v_scale, an option)."""
         options.setdefault("sm_scale", 1 / math.sqrt(self.head_dim))
-        keys = [k.float() * k_scale for k in self.keys]
+        keys = self.keys if k_scale == 1.0 else [k.float() * k_scale for k in self.keys]
         return reference(self.q, self.qo_indptr, keys, self.values, **options)
 
 
@@ -210,6 +216,101 @@ def test_attention_options(backend, kind, layout, dtype, page_size, option):
     check(out, want, dtype, lse, want_lse)
 
 
+# ---- RoPE inside the kernel (pos_encoding_mode="ROPE_LLAMA") ----------------------------------
+
+ROPES = {"default": (None, None), "scaled": (2.0, 5e5)}  # (rope_scale, rope_theta) as plan takes them
+
+
+def rope_of(name):
+    """The plan options of a ROPES entry, and the reference's (rope_scale, rope_theta)."""
+    scale, theta = ROPES[name]
+    return dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=scale, rope_theta=theta), (scale or 1.0, theta or 1e4)
+
+
+@gpu
+@pytest.mark.parametrize("rope", list(ROPES))
+@pytest.mark.parametrize("heads", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_rope_llama(kind, causal, layout, dtype, heads, rope):
+    """q and k turned inside the kernel, against attention over q and k turned in float32; "auto"
+    runs the kernel of every arch, as FlashInfer's gives RoPE to fa2."""
+    case = Case(PAIRS, heads, dtype, kind, layout)
+    wrapper = case.wrapper(backend="auto")
+    options, want_rope = rope_of(rope)
+    case.plan(wrapper, causal=causal, **options)
+    assert wrapper._plan.binding is prefill._batch_prefill
+    want, want_lse = case.reference(causal=causal, rope=want_rope)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, dtype), lse=poisoned(case.q.shape[:2], torch.float32),
+                        return_lse=True)  # fmt: skip
+    check(out, want, dtype, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+@pytest.mark.parametrize("options", [dict(causal=True), dict(causal=True, window_left=300, logits_soft_cap=4.0), "mask"],
+                         ids=["causal", "window-cap", "mask"])  # fmt: skip
+def test_rope_llama_with_split_keys_and_options(options, page_size):
+    """Long keys split over items and merged, pages off the copies' runs (5), a window and soft cap,
+    a custom mask: each key is turned at its own position wherever its tile starts."""
+    pairs = [(37, 5000), (300, 300), (1, 2049)]
+    case = Case(pairs, (16, 4, 128), torch.float16, "paged", "NHD", page_size)
+    wrapper = case.wrapper()
+    reference_options = dict(rope=(1.0, 1e4))
+    if options == "mask":
+        masks = random_masks(pairs, seed=3)
+        options = mask_forms(masks, "packed")
+        reference_options["masks"] = masks
+    else:
+        reference_options.update(causal=True, window_left=options.get("window_left", -1), soft_cap=options.get("logits_soft_cap", 0.0))
+    case.plan(wrapper, pos_encoding_mode="ROPE_LLAMA", **options)
+    assert wrapper._plan.partition.num_slots > 0, "the case should split some request"
+    want, want_lse = case.reference(**reference_options)
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16), return_lse=True)
+    check(out, want, torch.float16, lse, want_lse)
+
+
+@gpu
+@pytest.mark.parametrize("heads", [(8, 8, 64), (32, 8, 128), (12, 2, 256)], ids=["g1d64", "g4d128", "g6d256"])
+@pytest.mark.parametrize("lengths", [(300, 300), (37, 900), (1, 1)], ids=str)
+def test_single_prefill_rope_llama(lengths, heads):
+    case = Case([lengths], heads, torch.bfloat16, "ragged")
+    out = aotinfer.single_prefill_with_kv_cache(case.q, case.k, case.v, causal=True, pos_encoding_mode="ROPE_LLAMA",
+                                                rope_theta=5e5)  # fmt: skip
+    want, _ = case.reference(causal=True, rope=(1.0, 5e5))
+    check(out, want, torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_rope_llama_drives_the_kernel_contract(kernel_model, kind):
+    """The wrappers hand the binding pos_encoding_mode 1 with rope_scale and rope_theta (its model
+    turns q and k as the kernel does), and forward's options replace the planned ones."""
+    torch.manual_seed(0)
+    case = Case(CPU_PAIRS, (8, 2, 64), torch.float16, kind, page_size=8, device="cpu")
+    wrapper = case.wrapper("cpu", 16 << 20)
+    case.plan(wrapper, causal=True, pos_encoding_mode="ROPE_LLAMA", rope_scale=4.0, rope_theta=1e6)
+    want, want_lse = case.reference(causal=True, rope=(4.0, 1e6))
+    out, lse = case.run(wrapper, out=poisoned(case.q.shape, torch.float16, "cpu"), return_lse=True)
+    check(out, want, torch.float16, lse, want_lse)
+    args = (case.q, case.k, case.v) if kind == "ragged" else (case.q, case.cache)
+    check(wrapper.forward(*args, causal=True), case.reference(causal=True)[0], torch.float16)  # NONE: forward's default
+
+
+def test_rope_llama_refusals():
+    """What RoPE inside the kernel does not take, named before anything runs."""
+    with pytest.raises(NotImplementedError, match="'ROPE_LLAMA' on backend='fa3' is not implemented"):
+        prefill.use_sm90("fa3", torch.device("cpu"), 128, torch.float16, torch.float16, rope=True)
+    assert not prefill.use_sm90("auto", torch.device("cpu"), 128, torch.float16, torch.float16, rope=True)
+    q = torch.randn(5, 8, 192, dtype=torch.float16)
+    k, v = torch.randn(5, 8, 192, dtype=torch.float16), torch.randn(5, 8, 128, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match="head_dim_qk 192 and head_dim_vo 128 is not implemented"):
+        aotinfer.single_prefill_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="Expected rope_theta to be None or positive"):
+        aotinfer.single_prefill_with_kv_cache(q, k, v, pos_encoding_mode="ROPE_LLAMA", rope_theta=-1.0)
+
+
 @gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("form", ["positional", "keyword"])
@@ -243,8 +344,8 @@ def test_attention_sink_wrapper_arguments():
         wrapper.run(q, cache, sinks, sinks=sinks)
     with pytest.raises(ValueError, match="Expected sm_scale to be a positive number, got -1"):
         wrapper.run(q, cache, sinks, -1)
-    with pytest.raises(NotImplementedError, match="pos_encoding_mode='ROPE_LLAMA' is not implemented"):
-        aotinfer.BatchAttentionWithAttentionSinkWrapper(torch.empty(16, dtype=torch.uint8), pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(NotImplementedError, match="pos_encoding_mode='ALIBI' is not implemented"):
+        aotinfer.BatchAttentionWithAttentionSinkWrapper(torch.empty(16, dtype=torch.uint8), pos_encoding_mode="ALIBI")
     with pytest.raises(ValueError, match="Expected q_data_type to be float16 or bfloat16"):
         aotinfer.BatchAttentionWithAttentionSinkWrapper(torch.empty(16, dtype=torch.uint8), q_data_type=torch.float32)
 
@@ -1246,9 +1347,12 @@ def test_partition_orders_causal_tiles_by_their_keys():
 
 
 def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, work, requests, sinks, custom_mask, captured,
-                        kv_layout, sm_scale, logits_soft_cap, window_left, v_scale, causal, ctas, merge_from, enable_pdl):  # fmt: skip
+                        kv_layout, sm_scale, logits_soft_cap, window_left, pos_encoding_mode, rope_scale, rope_theta,
+                        v_scale, causal, ctas, merge_from, enable_pdl):  # fmt: skip
     """The batch_prefill binding's contract (modules.toml; the table formats in aotinfer/prefill.py)
-    as float32 torch code: what the CUDA kernels compute, item by item, then the merge."""
+    as float32 torch code: what the CUDA kernels compute, item by item, then the merge. RoPE
+    (pos_encoding_mode 1) turns q and k in float32, rounded to their dtype as the kernel does."""
+    assert pos_encoding_mode in (0, 1)
     paged = k.dim() == 4
     num_heads, head_dim = q.shape[1], q.shape[2]
     nhd = kv_layout == 0
@@ -1290,10 +1394,16 @@ def model_batch_prefill(out, lse, partial_out, partial_lse, q, k, v, indices, wo
         q_begin, q_len, _, kv_len, first, n, split_from = info[:7]
         positions = torch.arange(kv_begin, min(kv_end, kv_len))
         keys, values = rows_of(k, info, positions), rows_of(v, info, positions)
+        if pos_encoding_mode:
+            keys = rope_llama(keys, positions, rope_scale, rope_theta).to(k.dtype).float()
         for row in range(row_begin, min(row_begin + rows_per_tile, q_len * group)):
             for kv_head in range(num_kv_heads):
                 token, head = row // group, kv_head * group + row % group
-                logits = (keys[:, kv_head] @ q[q_begin + token, head].float()) * sm_scale
+                query = q[q_begin + token, head].float()
+                if pos_encoding_mode:
+                    query = rope_llama(query[None, None], [token + kv_len - q_len], rope_scale, rope_theta)
+                    query = query.to(q.dtype).float().reshape(-1)
+                logits = (keys[:, kv_head] @ query) * sm_scale
                 if logits_soft_cap > 0:
                     logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
                 diagonal = token + kv_len - q_len
@@ -1505,7 +1615,9 @@ def test_fixed_split_size_of_zero_or_less_leaves_the_split_to_the_plan():
 @pytest.mark.parametrize(
     "options, error, match",
     [
-        (dict(pos_encoding_mode="ROPE_LLAMA"), NotImplementedError, "pos_encoding_mode"),
+        (dict(pos_encoding_mode="ALIBI"), NotImplementedError, "pos_encoding_mode"),
+        (dict(pos_encoding_mode="ROPE_LLAMA", kv_data_type=torch.float8_e4m3fn), NotImplementedError, "float8_e4m3fn KV cache"),
+        (dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=-1.0), ValueError, "rope_scale"),
         (dict(pos_encoding_mode="XYZ"), ValueError, "pos_encoding_mode"),
         (dict(head_dim_vo=128), ValueError, "head_dim_vo equal to head_dim_qk 64"),
         (dict(use_fp16_qk_reduction=True), NotImplementedError, "use_fp16_qk_reduction"),

@@ -88,7 +88,7 @@ def _batch_decode(device, kv_heads=8, pages=4):
     cache = (pages, 16, kv_heads, 128)
     shapes = [((2, 8, 128), f16), ((2, 8), f32), ((0,), f32), ((0,), f32), ((2, 8, 128), f16), (cache, f16),
               (cache, f16), ((4,), I32), ((2, 4), I32), ((2, 4), I32), ((48,), I32), ((0,), f32)]
-    return torch.ops.aotinfer.batch_decode(*[_tensor(s, device, t) for s, t in shapes], 0, 0, 0.1, 0.0, -1, 1.0, 0, 0, 0)
+    return torch.ops.aotinfer.batch_decode(*[_tensor(s, device, t) for s, t in shapes], 0, 0, 0.1, 0.0, -1, 0, 1.0, 1e4, 1.0, 0, 0, 0)
 
 
 @pytest.mark.parametrize("case", list(BAD_CALLS))

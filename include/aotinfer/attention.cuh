@@ -107,7 +107,67 @@ struct AttentionParams {
   float scale_log2;              // sm_scale * log2(e)
   float soft_cap;                // 0: off
   int window_left;               // < 0: off
+  // RoPE inside the kernel (pos_encoding_mode "ROPE_LLAMA"; kernels instantiated for it): dim pair
+  // j of a head turns by position * rope_rcp_scale * 2^(rope_log2_rcp_theta * 2j / head_dim).
+  float rope_rcp_scale;
+  float rope_log2_rcp_theta;     // log2(1 / rope_theta)
 };
+
+// RoPE inside attention, as FlashInfer's pos_encoding_mode "ROPE_LLAMA" defines it: dims j and
+// j + D/2 of a query or key head turn together by its position times frequency j (above), in
+// float32, the result rounded once to T where it lands in shared memory. Queries sit at kv_len -
+// q_len + i, keys at their index in the request.
+//
+// The threads turn the rows they copied into shared memory, once their copies have landed and
+// before the barrier that publishes them. Chunk column c of a row (D / 8 columns) holds dims
+// that pair with column c ^ D / 16, which lane ^ D / 16 copied (the copies take a row's columns on
+// consecutive lanes, D / 8 <= 32 of them); after a __syncwarp the two lanes share the work, each
+// turning 4 of the 8 dim pairs of both chunks, so each cos and sin is made once. The lanes' rows
+// (`chunk(i, column)` the address of a row's chunk) are at positions pos0 + i * stride: the cos and
+// sin of the first come from __sincosf of position times frequency (FlashInfer's form), the others
+// by turning those by the stride's angle (docs/design/rope.md#inside-attention). Every lane of the
+// warp calls it alike.
+template <typename T, int D, int kRows, typename Chunk>
+__device__ __forceinline__ void RopeRowsInPlace(const AttentionParams& p, int column, Chunk chunk, int pos0, int stride) {
+  static_assert(D % 16 == 0 && D / 8 <= 32, "a row's chunks on the lanes of one warp");
+  constexpr int kHalfColumns = D / 16;
+  const int side = (column & kHalfColumns) != 0;  // this lane's 4 pairs: 4 side .. 4 side + 3 of the chunks
+  const int lo_column = column & ~kHalfColumns;
+  float cosine[4], sine[4], step_cos[4], step_sin[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = lo_column * 8 + side * 4 + e;
+    const float freq = p.rope_rcp_scale * exp2f(p.rope_log2_rcp_theta * (float(2 * j) / float(D)));
+    __sincosf(float(pos0) * freq, &sine[e], &cosine[e]);
+    if (kRows > 1) __sincosf(float(stride) * freq, &step_sin[e], &step_cos[e]);
+  }
+  __syncwarp();  // the partner lane's copies, landed for it, are seen here
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    uint2* const lo_at = reinterpret_cast<uint2*>(chunk(i, lo_column) + 8 * side);
+    uint2* const hi_at = reinterpret_cast<uint2*>(chunk(i, lo_column | kHalfColumns) + 8 * side);
+    const uint2 lo_raw = *lo_at, hi_raw = *hi_at;
+    const T* x = reinterpret_cast<const T*>(&lo_raw);
+    const T* y = reinterpret_cast<const T*>(&hi_raw);
+    float lo[4], hi[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float a = to_float(x[e]), b = to_float(y[e]);
+      lo[e] = a * cosine[e] - b * sine[e];
+      hi[e] = b * cosine[e] + a * sine[e];
+    }
+    *lo_at = make_uint2(PackPair<T>(lo[0], lo[1]), PackPair<T>(lo[2], lo[3]));
+    *hi_at = make_uint2(PackPair<T>(hi[0], hi[1]), PackPair<T>(hi[2], hi[3]));
+    if (i + 1 < kRows) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float c = cosine[e];
+        cosine[e] = c * step_cos[e] - sine[e] * step_sin[e];
+        sine[e] = sine[e] * step_cos[e] + c * step_sin[e];
+      }
+    }
+  }
+}
 
 // A page id as prefill reads it: an id outside the cache (the caller's error, which FlashInfer
 // leaves undefined) reads the last page instead of memory beyond the cache; a negative id, cast,

@@ -30,6 +30,8 @@
 // order; MergePartialsKernel (attention.cuh), launched after, merges requests of more (one block
 // would fold them slower than a grid does). Sinks (per query head, in the logits' natural-log
 // domain) add exp(sink) to the denominator only, once, where a request's output is finished.
+// RoPE inside the kernel (ROPE_LLAMA, an instantiation of its own, 16-bit caches) turns Q and each
+// K tile where they land in shared memory (RopeRowsInPlace, attention.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -476,10 +478,12 @@ __device__ __forceinline__ void DecodeAccumulatePV(float (&o)[S::kHeadDim / 8][4
 // after that looked up), then the warp's quarter of the tile: scores, online softmax, P V.
 // First, Q to half where the cache is fp8 and Q's fragments into registers where they fit beside
 // the output (once Q has landed, with tile 0: not with a single stage, where Q's group is
-// committed in the loop).
-template <typename S, typename T, typename KV>
+// committed in the loop). RoPE (kRope, 16-bit caches): each thread turns the Q and K chunks it
+// copied once they land, before the barrier that publishes them (RopeRowsInPlace): Q at the
+// request's last position, kv_len - 1, each key at its own.
+template <typename S, typename T, typename KV, bool kRope>
 __device__ __forceinline__ void DecodeMainloop(const DecodeParams& p, const DecodeWork& w,
-                                               const DecodeKvLoader<S, KV>& kv, uint8_t* q_tile, const uint8_t* stages,
+                                               const DecodeKvLoader<S, KV>& kv, uint8_t* q_tile, uint8_t* stages,
                                                int& next_page, int& next_slot, float (&o)[S::kHeadDim / 8][4],
                                                float (&row_max)[2], float (&row_sum)[2]) {
   constexpr int D = S::kHeadDim;
@@ -495,10 +499,35 @@ __device__ __forceinline__ void DecodeMainloop(const DecodeParams& p, const Deco
       *chunk = BfloatToHalf8(*chunk);
     }
   }
+  static_assert(!kRope || std::is_same_v<T, KV>, "RoPE with 16-bit caches");
+  auto rope_q = [&] {  // this thread's Q chunks, as DecodePrologue copied them
+#pragma unroll
+    for (int c = w.tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
+      RopeRowsInPlace<T, D, 1>(
+          p, c % S::kRowChunks,
+          [&](int, int column) { return q_tile + SwizzledOffset<S::kRowChunks>(c / S::kRowChunks, column); },
+          w.info.y - 1, 0);
+    }
+  };
+  auto rope_k = [&](int tile) {  // this thread's K chunks of the tile, as DecodeKvLoader::copy copied them
+    uint8_t* const k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
+    const int pos0 = w.begin + tile * S::kTileTokens + kv.first_token;
+    RopeRowsInPlace<T, D, S::kChunksPerThread>(
+        p, kv.column,
+        [&](int i, int column) { return k_tile + SwizzledOffset<S::kCachedRowChunks>(kv.first_token + i * S::kTokenStep, column); },
+        pos0, S::kTokenStep);
+  };
   constexpr bool kQInRegisters = D <= 128 && S::kStages >= 2;
+  auto rope_tile = [&](int tile) {
+    if constexpr (kRope) {
+      if (!kQInRegisters && tile == 0) rope_q();
+      rope_k(tile);
+    }
+  };
   uint32_t q_frag[kQInRegisters ? D / 16 : 1][4];
   if constexpr (kQInRegisters) {
     WaitAsyncGroups<S::kStages - 1>();
+    if constexpr (kRope) rope_q();
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) LoadQFragment<S>(q_frag[kk], q_tile, q_base, kk, w.lane);
@@ -515,9 +544,11 @@ __device__ __forceinline__ void DecodeMainloop(const DecodeParams& p, const Deco
       kv.publish(tile + 1, next_page, next_slot);
       kv.look_up(tile + 2, next_page, next_slot);
       WaitAsyncGroups<0>();
+      rope_tile(tile);
       __syncthreads();
     } else {
       WaitAsyncGroups<S::kStages - 2>();
+      rope_tile(tile);
       __syncthreads();  // the tile is in for every thread; every warp is done with the stage refilled next
       const int c = tile + S::kStages - 1;
       if (c < w.num_tiles) kv.copy(c);
@@ -653,7 +684,7 @@ __device__ __forceinline__ bool LastItemToFinish(const DecodeParams& p, const De
   return true;
 }
 
-template <typename T, typename KV, int D, int kStages>
+template <typename T, typename KV, int D, int kStages, bool kRope>
 __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParams p) {
   using S = DecodeShape<T, KV, D, kStages>;
   extern __shared__ __align__(128) uint8_t shared[];
@@ -671,7 +702,7 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   // the output (unnormalized), the running max and sum.
   float o[D / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
-  DecodeMainloop<S, T>(p, w, kv, q_tile, stages, next_page, next_slot, o, row_max, row_sum);
+  DecodeMainloop<S, T, KV, kRope>(p, w, kv, q_tile, stages, next_page, next_slot, o, row_max, row_sum);
   AllowDependentGrids();
   DecodeEpilogue<S, T>(p, w, o, row_max, row_sum, stages, warp_max, warp_sum);
   if (w.slot < 0 || w.info.w > kFusedMergeParts) return;  // final, or merged by MergePartialsKernel
@@ -679,16 +710,16 @@ __global__ void __launch_bounds__(kDecodeThreads) DecodeKernel(const DecodeParam
   if (LastItemToFinish(p, w, merges)) MergeFewPartials<T, D>(p, w.request, w.qo_head0, w.rows, w.info.z, w.info.w);
 }
 
-template <typename T, typename KV, int D, int kStages>
+template <typename T, typename KV, int D, int kStages, bool kRope>
 cudaError_t LaunchDecode(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl) {
   const dim3 grid(unsigned(num_items), unsigned(p.num_kv_heads * p.head_blocks));
-  return LaunchWithSharedMemory(DecodeKernel<T, KV, D, kStages>, grid, dim3(kDecodeThreads),
+  return LaunchWithSharedMemory(DecodeKernel<T, KV, D, kStages, kRope>, grid, dim3(kDecodeThreads),
                                 DecodeShape<T, KV, D, kStages>::kSharedBytes, stream, pdl, p);
 }
 
-template <typename T, typename KV, int D, int kStages>
+template <typename T, typename KV, int D, int kStages, bool kRope>
 int DecodeBlocksPerSm(int device) {  // also raises the kernel's shared-memory limit past 48 KB, once per device
-  return BlocksPerSm<DecodeKernel<T, KV, D, kStages>>(kDecodeThreads, DecodeShape<T, KV, D, kStages>::kSharedBytes, device);
+  return BlocksPerSm<DecodeKernel<T, KV, D, kStages, kRope>>(kDecodeThreads, DecodeShape<T, KV, D, kStages>::kSharedBytes, device);
 }
 
 // Whether this launch takes the three-blocks-an-SM form (kDecodeStagesWide): where there is one,
@@ -699,26 +730,38 @@ bool DecodeTakesWideForm(const DecodeParams& p, int num_items, int device) {
   if constexpr (kWide == kDecodeStages<KV, D>) {
     return false;
   } else {
-    const int blocks = DecodeBlocksPerSm<T, KV, D, kWide>(device);
+    const int blocks = DecodeBlocksPerSm<T, KV, D, kWide, false>(device);
     const int64_t wave = int64_t(blocks) * GetDeviceFacts(device).sms;
     const int64_t ctas = int64_t(num_items) * p.num_kv_heads * p.head_blocks;
     return blocks > 2 && (ctas <= wave || ctas >= 4 * wave);
   }
 }
 
-// The decode kernel over num_items work items, then, if `merge`, the merge of split requests of
-// more than kFusedMergeParts items.
-template <typename T, typename KV, int D>
-cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, cudaStream_t stream, bool pdl, int device) {
-  if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
+// The decode kernel of the stages that fit (the wide form where it pays) over num_items items.
+template <typename T, typename KV, int D, bool kRope>
+cudaError_t LaunchDecodeForm(const DecodeParams& p, int num_items, cudaStream_t stream, bool pdl, int device) {
   constexpr int kStages = kDecodeStages<KV, D>, kSmall = kDecodeStagesSmall<KV, D>;
-  cudaError_t status = cudaErrorInvalidConfiguration;
   if (DecodeTakesWideForm<T, KV, D>(p, num_items, device)) {
-    status = LaunchDecode<T, KV, D, kDecodeStagesWide<KV, D>>(p, num_items, stream, pdl);
-  } else if (DecodeBlocksPerSm<T, KV, D, kStages>(device) > 0) {
-    status = LaunchDecode<T, KV, D, kStages>(p, num_items, stream, pdl);
-  } else if constexpr (kSmall != kStages) {
-    if (DecodeBlocksPerSm<T, KV, D, kSmall>(device) > 0) status = LaunchDecode<T, KV, D, kSmall>(p, num_items, stream, pdl);
+    return LaunchDecode<T, KV, D, kDecodeStagesWide<KV, D>, kRope>(p, num_items, stream, pdl);
+  }
+  if (DecodeBlocksPerSm<T, KV, D, kStages, kRope>(device) > 0) return LaunchDecode<T, KV, D, kStages, kRope>(p, num_items, stream, pdl);
+  if constexpr (kSmall != kStages) {
+    if (DecodeBlocksPerSm<T, KV, D, kSmall, kRope>(device) > 0) return LaunchDecode<T, KV, D, kSmall, kRope>(p, num_items, stream, pdl);
+  }
+  return cudaErrorInvalidConfiguration;
+}
+
+// The decode kernel (RoPE's where `rope`: 16-bit caches only) over num_items work items, then, if
+// `merge`, the merge of split requests of more than kFusedMergeParts items.
+template <typename T, typename KV, int D>
+cudaError_t BatchDecode(const DecodeParams& p, int num_items, bool merge, bool rope, cudaStream_t stream, bool pdl,
+                        int device) {
+  if (p.batch == 0 || num_items == 0 || p.num_kv_heads == 0) return cudaSuccess;
+  cudaError_t status = cudaErrorInvalidValue;
+  if (!rope) {
+    status = LaunchDecodeForm<T, KV, D, false>(p, num_items, stream, pdl, device);
+  } else if constexpr (std::is_same_v<T, KV>) {
+    status = LaunchDecodeForm<T, KV, D, true>(p, num_items, stream, pdl, device);
   }
   if (status != cudaSuccess || !merge) return status;
   return MergePartials<T, D>(p, p.batch, RowTablePartials{p.requests, kFusedMergeParts}, stream, pdl);

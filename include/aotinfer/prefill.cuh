@@ -17,7 +17,9 @@
 // tile's bits once, a few bytes, and a row that sees no key gets a zero output and an LSE of -inf.
 // A request whose keys were split over several items (the caller's plan decides) writes float32
 // partial outputs and LSEs that MergePartialsKernel (attention.cuh) combines.
-// v_scale multiplies the output (final or partial) where it is finished, never the LSE.
+// v_scale multiplies the output (final or partial) where it is finished, never the LSE. RoPE
+// (ROPE_LLAMA, a kernel of its own) turns Q where it lands and each K tile where it lands, every
+// lane pair the rows it copied (RopeRowsInPlace, attention.cuh).
 //
 // An fp8 cache (paged only) lands in the stages as stored, half the bytes, and is widened to half
 // (exactly) in registers between ldmatrix and the tensor cores, as decode.cuh does: ldmatrix on
@@ -176,7 +178,7 @@ struct PrefillPartials {
   }
 };
 
-template <typename T, typename KV, int D, int DV, bool kPaged, bool kMasked>
+template <typename T, typename KV, int D, int DV, bool kPaged, bool kMasked, bool kRope>
 __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head, int4 item, int chunk, uint8_t* shared) {
   using S = PrefillShape<T, KV, D, DV>;
   static_assert(!S::kWiden || kPaged, "fp8 caches are paged");
@@ -212,6 +214,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
   const int all_see_up_to = p.causal ? first_token + delta : INT_MAX;
   const int all_see_from = p.window_left >= 0 ? last_token + delta - p.window_left : INT_MIN;
   static_assert(!kMasked || !S::kWiden, "custom masks with 16-bit caches");
+  static_assert(!kRope || (!S::kWiden && D == DV), "RoPE with 16-bit caches of one head dim");
 
   // This thread's rows: g and g + 8 of each of its warp's tiles; a row's query token and the
   // key on its diagonal.
@@ -361,6 +364,18 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
     fetch_page_ids(1);
     CommitAsyncGroup();
 
+    // RoPE: this thread's Q chunks (landed with tile 0: its own copies), each at its query token's
+    // position, kv_len - q_len + token.
+    auto rope_q = [&] {
+      for (int c0 = 0; c0 < S::kTileQ * S::kRowChunks; c0 += kPrefillThreads) {
+        const int c = c0 + tid, r = c / S::kRowChunks;
+        const int token = int(p.group_divisor.Divide(uint32_t(row_begin + min(r, rows - 1))));
+        RopeRowsInPlace<T, D, 1>(
+            p, c % S::kRowChunks, [&](int, int column) { return q_tile + SwizzledOffset<S::kRowChunks>(r, column); },
+            token + delta, 0);
+      }
+    };
+
     // fp8: this thread's pairs of Q chunks (landed with tile 0: its own copies), each 16-dim group
     // stored in the order ldmatrix hands fp8 K's dims (k = 2c, 2c+1, 2c+8, 2c+9 are dims 4c..4c+3:
     // pairs 0, 2, 4, 6 of the group, then 1, 3, 5, 7), a bfloat16 q converted to half on the way.
@@ -419,6 +434,13 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
       WaitAsyncGroups<0>();  // this tile's K and V (and Q) are in, copied during the tile before
       if constexpr (S::kWiden) {
         if (tile == 0) q_for_fp8();
+      }
+      if constexpr (kRope) {  // this thread's own chunks, turned before the barrier publishes them
+        if (tile == 0) rope_q();
+        const int pos0 = begin + tile * kTileKV + first_row;
+        uint8_t* const k_tile = k_stages + (tile % 2) * S::kCachedKBytes;
+        RopeRowsInPlace<T, D, kRun>(
+            p, column, [&](int i, int c) { return k_tile + SwizzledOffset<S::kRowChunks>(first_row + i, c); }, pos0, 1);
       }
       __syncthreads();       // ... for every thread; every warp is done with the stage refilled next
       if (tile + 1 < num_tiles) {
@@ -686,7 +708,7 @@ __device__ __forceinline__ int2 BlockHeadAndItem(const PrefillParams& p) {
   return make_int2(first_head + rank % heads_here, rank / heads_here);
 }
 
-template <typename T, typename KV, int D, int DV, bool kPaged, bool kMasked>
+template <typename T, typename KV, int D, int DV, bool kPaged, bool kMasked, bool kRope>
 __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillParams p) {
   extern __shared__ __align__(128) uint8_t shared[];
   WaitForPriorGrids();
@@ -695,48 +717,52 @@ __global__ void __launch_bounds__(kPrefillThreads) PrefillKernel(const PrefillPa
   for (int i = start.y; i < num_items; i += gridDim.y) {
     const int4 item = p.work[2 + 2 * i];
     if (item.x < 0) continue;  // idle
-    PrefillItem<T, KV, D, DV, kPaged, kMasked>(p, start.x, item, p.work[3 + 2 * i].x, shared);
+    PrefillItem<T, KV, D, DV, kPaged, kMasked, kRope>(p, start.x, item, p.work[3 + 2 * i].x, shared);
   }
   AllowDependentGrids();
 }
 
-template <typename T, typename KV, int D, int DV, bool kPaged, bool kMasked = false>
+template <typename T, typename KV, int D, int DV, bool kPaged, bool kMasked = false, bool kRope = false>
 cudaError_t LaunchPrefill(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
   constexpr size_t kSharedBytes = PrefillShape<T, KV, D, DV>::kSharedBytes;
   // BlocksPerSm also raises the kernel's shared-memory limit past 48 KB, once per device.
-  if (BlocksPerSm<PrefillKernel<T, KV, D, DV, kPaged, kMasked>>(kPrefillThreads, kSharedBytes, device) == 0) {
+  if (BlocksPerSm<PrefillKernel<T, KV, D, DV, kPaged, kMasked, kRope>>(kPrefillThreads, kSharedBytes, device) == 0) {
     return cudaErrorInvalidConfiguration;
   }
   const dim3 grid(unsigned(p.num_kv_heads), unsigned(min(ctas, 65535)));  // grid.y's limit; blocks stride
-  return LaunchWithSharedMemory(PrefillKernel<T, KV, D, DV, kPaged, kMasked>, grid, dim3(kPrefillThreads), kSharedBytes,
+  return LaunchWithSharedMemory(PrefillKernel<T, KV, D, DV, kPaged, kMasked, kRope>, grid, dim3(kPrefillThreads), kSharedBytes,
                                 stream, pdl, p);
 }
 
-// A 16-bit cache, ragged or paged, masked or not: a masked kernel of its own, so that the mask's
-// registers never weigh on the kernels without one.
-template <typename T, int D, int DV>
+// A 16-bit cache, ragged or paged, masked or not, RoPE or not: a masked kernel and a RoPE kernel
+// of their own, so that neither's registers weigh on the kernels without it.
+template <typename T, int D, int DV, bool kRope>
 cudaError_t LaunchPrefill16(const PrefillParams& p, int ctas, cudaStream_t stream, bool pdl, int device) {
   const bool paged = p.indices != nullptr;
   if (p.custom_mask != nullptr) {
-    return paged ? LaunchPrefill<T, T, D, DV, true, true>(p, ctas, stream, pdl, device)
-                 : LaunchPrefill<T, T, D, DV, false, true>(p, ctas, stream, pdl, device);
+    return paged ? LaunchPrefill<T, T, D, DV, true, true, kRope>(p, ctas, stream, pdl, device)
+                 : LaunchPrefill<T, T, D, DV, false, true, kRope>(p, ctas, stream, pdl, device);
   }
-  return paged ? LaunchPrefill<T, T, D, DV, true>(p, ctas, stream, pdl, device)
-               : LaunchPrefill<T, T, D, DV, false>(p, ctas, stream, pdl, device);
+  return paged ? LaunchPrefill<T, T, D, DV, true, false, kRope>(p, ctas, stream, pdl, device)
+               : LaunchPrefill<T, T, D, DV, false, false, kRope>(p, ctas, stream, pdl, device);
 }
 
 // The prefill kernel (paged where p.indices is set, else ragged; one fp8 kernel for both q types
-// where `fp8_cache`, with p.bf16_io and p.e5m2 set: one head dim only) on a grid of num_kv_heads x
-// `ctas` blocks, then, unless `merge_from` is -1, the merge of split requests' partials over query
+// where `fp8_cache`, with p.bf16_io and p.e5m2 set: one head dim only; RoPE's kernels where `rope`,
+// 16-bit caches of one head dim only) on a grid of num_kv_heads x `ctas` blocks, then, unless `merge_from` is -1, the merge of split requests' partials over query
 // tokens merge_from .. q_tokens - 1. T: q's and out's type; D: q's and k's head dim, DV: v's and
 // out's.
 template <typename T, int D, int DV = D>
-cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, int ctas, int merge_from, int q_tokens,
+cudaError_t BatchPrefill(const PrefillParams& p, bool fp8_cache, bool rope, int ctas, int merge_from, int q_tokens,
                          cudaStream_t stream, bool pdl, int device) {
   if (p.batch == 0 || ctas == 0 || p.num_kv_heads == 0) return cudaSuccess;
   cudaError_t status = cudaErrorInvalidValue;
-  if (!fp8_cache) {
-    status = LaunchPrefill16<T, D, DV>(p, ctas, stream, pdl, device);
+  if (rope) {
+    if constexpr (D == DV) {
+      if (!fp8_cache) status = LaunchPrefill16<T, D, DV, true>(p, ctas, stream, pdl, device);
+    }
+  } else if (!fp8_cache) {
+    status = LaunchPrefill16<T, D, DV, false>(p, ctas, stream, pdl, device);
   } else if constexpr (D == DV) {
     status = p.e5m2 ? LaunchPrefill<half, __nv_fp8_e5m2, D, D, true>(p, ctas, stream, pdl, device)
                     : LaunchPrefill<half, __nv_fp8_e4m3, D, D, true>(p, ctas, stream, pdl, device);

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 HEAD_DIMS = (64, 128, 256)  # the head dims the kernels are built for
 KV_LAYOUTS = {"NHD": 0, "HND": 1}
-POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")  # FlashInfer's; only NONE is implemented
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA", "ALIBI")  # FlashInfer's; ALIBI is not implemented
 BACKENDS = ("auto", "fa2", "fa3", "trtllm-gen", "cute-dsl")  # FlashInfer's names (prefill: fa3 is Hopper's kernel)
 Q_DTYPES = ("float16", "bfloat16")
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
@@ -55,15 +55,51 @@ def check_kv_layout(kv_layout: Any) -> None:
         raise ValueError(f"Expected kv_layout to be 'NHD' or 'HND', got {kv_layout!r}")
 
 
+# The binding's pos_encoding_mode: "ROPE_LLAMA" turns q and k inside the kernel (attention.cuh,
+# RopeChunksInPlace), at FlashInfer's defaults where rope_scale / rope_theta are None.
+POS_ENCODING_CODES = {"NONE": 0, "ROPE_LLAMA": 1}
+DEFAULT_ROPE_SCALE, DEFAULT_ROPE_THETA = 1.0, 1e4
+
+
 def check_pos_encoding_mode(pos_encoding_mode: Any) -> None:
-    if pos_encoding_mode == "NONE":
+    if pos_encoding_mode in POS_ENCODING_CODES:
         return
     if pos_encoding_mode in POS_ENCODING_MODES:
         raise NotImplementedError(
-            f"pos_encoding_mode={pos_encoding_mode!r} is not implemented: apply the position encoding to q and k "
-            "before attention and pass pos_encoding_mode='NONE'"
+            f"pos_encoding_mode={pos_encoding_mode!r} is not implemented: supported are 'NONE' and 'ROPE_LLAMA' "
+            "(apply ALiBi's bias outside attention, or use a custom mask)"
         )
     raise ValueError(f"Expected pos_encoding_mode to be one of {', '.join(map(repr, POS_ENCODING_MODES))}, got {pos_encoding_mode!r}")
+
+
+def check_rope_options(pos_encoding_mode: Any, rope_scale: Any, rope_theta: Any) -> None:
+    if pos_encoding_mode != "ROPE_LLAMA":
+        return
+    for value, name in ((rope_scale, "rope_scale"), (rope_theta, "rope_theta")):
+        if value is not None and not 0.0 < value < float("inf"):
+            raise ValueError(f"Expected {name} to be None or positive and finite with pos_encoding_mode='ROPE_LLAMA', got {value}")
+
+
+def rope_arguments(pos_encoding_mode: str, rope_scale: Optional[float], rope_theta: Optional[float]) -> Tuple[int, float, float]:
+    """The binding's (pos_encoding_mode, rope_scale, rope_theta) for checked options."""
+    return (POS_ENCODING_CODES[pos_encoding_mode], DEFAULT_ROPE_SCALE if rope_scale is None else float(rope_scale),
+            DEFAULT_ROPE_THETA if rope_theta is None else float(rope_theta))  # fmt: skip
+
+
+def check_rope_supported(pos_encoding_mode: str, q_dtype: Any, kv_dtype: Any, head_dim: int, head_dim_vo: int) -> None:
+    """What RoPE inside the kernel takes: a cache of q's dtype, one head dim."""
+    if pos_encoding_mode != "ROPE_LLAMA":
+        return
+    if kv_dtype != q_dtype:
+        raise NotImplementedError(
+            f"pos_encoding_mode='ROPE_LLAMA' with a {dtype_name(kv_dtype)} KV cache is not implemented: apply RoPE "
+            "before attention (aotinfer.apply_rope_pos_ids) and pass 'NONE', or keep K and V in q's dtype"
+        )
+    if head_dim != head_dim_vo:
+        raise NotImplementedError(
+            f"pos_encoding_mode='ROPE_LLAMA' with head_dim_qk {head_dim} and head_dim_vo {head_dim_vo} is not "
+            "implemented: apply RoPE before attention and pass 'NONE'"
+        )
 
 
 def check_window_left(window_left: Any) -> None:
@@ -90,6 +126,7 @@ def check_options(pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any
     check_window_left(window_left)
     check_soft_cap(logits_soft_cap)
     check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+    check_rope_options(pos_encoding_mode, rope_scale, rope_theta)
 
 
 def fixed_split(fixed_split_size: Any) -> Optional[int]:
@@ -310,6 +347,7 @@ class AttentionWrapper(AttentionWorkspace):
         self._sm_scale: Optional[float] = None
         self._rope_scale: Optional[float] = None
         self._rope_theta: Optional[float] = None
+        self._rope_arguments = rope_arguments("NONE", None, None)  # the binding's, from the three above
         self._plan: Any = None
         # run's `captured`: the address of a host byte the binding sets where a run is captured
         # into a CUDA graph (a wrapper without use_cuda_graph, whose next plan would change the
@@ -370,6 +408,7 @@ class AttentionWrapper(AttentionWorkspace):
         self._sm_scale = sm_scale
         self._rope_scale = rope_scale
         self._rope_theta = rope_theta
+        self._rope_arguments = rope_arguments(pos_encoding_mode, rope_scale, rope_theta)
 
     def _sm_scale_for(self, head_dim: int, *scales: Optional[float]) -> float:
         """The kept sm_scale (1/sqrt(head_dim) where None), times the calibration scales given."""

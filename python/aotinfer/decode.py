@@ -75,6 +75,8 @@ from ._attention import (
     check_optional_reals,
     check_options,
     check_pos_encoding_mode,
+    check_rope_options,
+    check_rope_supported,
     check_soft_cap,
     check_window_left,
     chunk_unit,
@@ -84,6 +86,7 @@ from ._attention import (
     last_page_len_of,
     num_chunks,
     num_sms,
+    rope_arguments,
     smallest_chunk,
 )
 from ._kernels import kernel
@@ -392,7 +395,9 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         page_size : int
             Tokens a page.
         pos_encoding_mode : str
-            ``"NONE"`` (``"ROPE_LLAMA"`` and ``"ALIBI"`` raise NotImplementedError).
+            ``"NONE"``, or ``"ROPE_LLAMA"``: q (at each request's last position) and every key (at
+            its position) turned by RoPE inside the kernel, as FlashInfer's; K and V of q's dtype
+            (an fp8 cache raises NotImplementedError, so does ``"ALIBI"``).
         window_left : int
             Attend the last ``window_left + 1`` positions only; -1: all. ``run`` may narrow it.
         logits_soft_cap : Optional[float]
@@ -408,7 +413,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         sm_scale : Optional[float]
             Logit scale; None: ``1 / sqrt(head_dim)``.
         rope_scale, rope_theta : Optional[float]
-            Unused (no position encoding).
+            ROPE_LLAMA's position scale and base; None: 1 and 1e4.
         non_blocking : bool
             Copy the tables to the GPU without waiting for the copy.
         block_tables : Optional[torch.Tensor]
@@ -457,6 +462,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
         check_int(page_size, "page_size", 1)
         fixed_split_size = fixed_split(fixed_split_size)
         q_dtype, kv_dtype = check_dtypes(q_data_type, kv_data_type, o_data_type, fp8_kv=True)
+        check_rope_supported(pos_encoding_mode, q_dtype, kv_dtype, head_dim, head_dim)
 
         # ---- the page table, on the host
         check_int32(indptr, "indptr")
@@ -683,6 +689,7 @@ class BatchDecodeWithPagedKVCacheWrapper(AttentionWrapper):
             self._sm_scale_for(plan.head_dim, q_scale, k_scale),
             self._logits_soft_cap or 0.0,
             self._window_left if window_left is None else window_left,
+            *self._rope_arguments,
             1.0 if v_scale is None else v_scale,
             plan.max_partials,
             plan.kv_read_once,
@@ -939,7 +946,8 @@ def single_decode_with_kv_cache(
     kv_layout : str
         ``"NHD"`` or ``"HND"``.
     pos_encoding_mode : str
-        ``"NONE"`` (others raise NotImplementedError).
+        ``"NONE"``, or ``"ROPE_LLAMA"``: q (at position ``kv_len - 1``) and each key (at its index)
+        turned by RoPE inside the kernel, K and V of q's dtype (``"ALIBI"`` raises NotImplementedError).
     use_tensor_cores : bool
         Accepted for FlashInfer's API; one kernel serves every group size.
     q_scale, k_scale : Optional[float]
@@ -953,7 +961,7 @@ def single_decode_with_kv_cache(
     sm_scale : Optional[float]
         Logit scale; None: ``1 / sqrt(head_dim)``.
     rope_scale, rope_theta : Optional[float]
-        Unused.
+        ROPE_LLAMA's position scale and base; None: 1 and 1e4.
     return_lse : bool
         Also return the log-sum-exp (base 2), float32 ``[num_qo_heads]``.
 
@@ -969,6 +977,7 @@ def single_decode_with_kv_cache(
         check_soft_cap(logits_soft_cap)
         check_optional_reals(q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, sm_scale=sm_scale,
                               rope_scale=rope_scale, rope_theta=rope_theta)
+        check_rope_options(pos_encoding_mode, rope_scale, rope_theta)
 
     import torch
 
@@ -982,6 +991,8 @@ def single_decode_with_kv_cache(
             f"(HND), got {list(k.shape)} and {list(v.shape)}"
         )
     num_qo_heads, head_dim = q.shape
+    if not skip_check:
+        check_rope_supported(pos_encoding_mode, q.dtype, k.dtype, head_dim, head_dim)
     # As pages of one token: [kv_len, 1, heads, dim] (NHD) or [kv_len, heads, 1, dim] (HND), views.
     if kv_layout == "NHD":
         kv_len, num_kv_heads = k.shape[0], k.shape[1]
@@ -1023,6 +1034,7 @@ def single_decode_with_kv_cache(
         sm_scale,
         logits_soft_cap or 0.0,
         window_left,
+        *rope_arguments(pos_encoding_mode, rope_scale, rope_theta),
         1.0 if v_scale is None else v_scale,
         slots,
         reads_once(kv_len - lo, num_qo_heads, num_kv_heads, head_dim, k.element_size(), _ASSUMED_L2_BYTES),

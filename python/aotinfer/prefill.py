@@ -100,6 +100,8 @@ from ._attention import (
     check_optional_reals,
     check_options,
     check_pos_encoding_mode,
+    check_rope_options,
+    check_rope_supported,
     check_soft_cap,
     check_window_left,
     device_property,
@@ -108,6 +110,7 @@ from ._attention import (
     last_page_len_of,
     num_chunks,
     num_sms,
+    rope_arguments,
     smallest_chunk,
 )
 from ._kernels import kernel
@@ -149,16 +152,21 @@ def tile_rows(head_dim_vo: int, sm90: bool = False) -> int:
     return 128 if head_dim <= 128 else 64
 
 
-def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any, masked: bool = False) -> bool:
+def use_sm90(backend: str, device: Any, head_dim: int, q_dtype: Any, kv_dtype: Any, masked: bool = False,
+             rope: bool = False) -> bool:  # fmt: skip
     """Whether the Hopper kernel runs: ``backend="fa3"`` (FlashInfer's name for its Hopper
     backend), or ``"auto"`` on a GPU of compute capability 9.0 where the kernel takes the shapes
-    (head_dim 64, 128, 256 or 192, K and V of q's dtype, no custom mask: ``masked``); every other
-    case runs the kernel of every arch."""
+    (head_dim 64, 128, 256 or 192, K and V of q's dtype, no custom mask: ``masked``, no RoPE inside
+    the kernel: ``rope``, which FlashInfer's "auto" also gives to its fa2 kernel); every other case
+    runs the kernel of every arch."""
     import torch
 
     if backend == "fa3" and masked:
         raise NotImplementedError("custom masks on backend='fa3' are not implemented yet: use backend='auto' or 'fa2'")
-    if backend not in ("auto", "fa3") or masked:
+    if backend == "fa3" and rope:
+        raise NotImplementedError("pos_encoding_mode='ROPE_LLAMA' on backend='fa3' is not implemented (nor is it "
+                                  "FlashInfer's): use backend='auto' or 'fa2'")
+    if backend not in ("auto", "fa3") or masked or rope:
         return False
     # None off a GPU, and for fake CUDA tensors where torch has no CUDA (a tracer's, which records
     # the choice of "auto" made here); the loader's capability, asked once a device.
@@ -542,6 +550,10 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         out = torch.empty((*q.shape[:2], plan.head_dim_vo), dtype=q.dtype, device=wrapper.device)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=wrapper.device)
+    sm90 = plan.binding is _batch_prefill_sm90
+    if sm90 and wrapper._rope_arguments[0]:  # forward's options, after a plan without them
+        raise NotImplementedError("pos_encoding_mode='ROPE_LLAMA' on the Hopper kernel that this plan chose: plan "
+                                  "with pos_encoding_mode='ROPE_LLAMA'")
     plan.binding(
         out,
         plan.empty if lse is None else lse,
@@ -554,12 +566,13 @@ def _run_prefill(wrapper, plan: _Plan, q, k, v, kv_layout_code, out, lse, return
         plan.work,
         plan.requests,
         plan.empty if sinks is None else sinks,
-        *(() if plan.binding is _batch_prefill_sm90 else (plan.empty if plan.mask is None else plan.mask,)),
+        *(() if sm90 else (plan.empty if plan.mask is None else plan.mask,)),
         wrapper._captured_address,
         kv_layout_code,
         sm_scale,
         wrapper._logits_soft_cap or 0.0,
         wrapper._window_left,
+        *(() if sm90 else wrapper._rope_arguments),
         1.0 if v_scale is None else v_scale,
         wrapper._causal,
         plan.ctas,
@@ -652,7 +665,8 @@ class _BatchPrefillWrapper(AttentionWrapper):
                 "every plan takes custom_mask or packed_custom_mask"
             )
         causal = causal and not masked  # a custom mask replaces causal (FlashInfer's mask modes)
-        sm90 = use_sm90(self._backend, self.device, head_dim, q_dtype, kv_dtype, masked)
+        check_rope_supported(pos_encoding_mode, q_dtype, kv_dtype, head_dim, head_dim_vo)
+        sm90 = use_sm90(self._backend, self.device, head_dim, q_dtype, kv_dtype, masked, pos_encoding_mode == "ROPE_LLAMA")
         ctas_per_sm = _SM90_CTAS_PER_SM if sm90 else _CTAS_PER_SM
         staging = self._staging()
         most_items = self._table_bytes() // (4 * _WORK_WIDTH)  # what the staging half holds
@@ -915,7 +929,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         causal : bool
             Causal mask aligned to the end (see the module doc).
         pos_encoding_mode : str
-            ``"NONE"`` (``"ROPE_LLAMA"`` and ``"ALIBI"`` raise NotImplementedError).
+            ``"NONE"``, or ``"ROPE_LLAMA"``: each query (at ``kv_len - qo_len`` plus its index) and key
+            (at its index) turned by RoPE inside the kernel of every arch, as FlashInfer's (``"auto"``
+            takes that kernel; ``"fa3"`` raises NotImplementedError), K and V of q's dtype and one
+            head dim. ``"ALIBI"`` raises NotImplementedError.
         use_fp16_qk_reduction : bool
             False (True raises NotImplementedError).
         window_left : int
@@ -925,7 +942,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         sm_scale : Optional[float]
             Logit scale; None: ``1 / sqrt(head_dim)``.
         rope_scale, rope_theta : Optional[float]
-            Unused (no position encoding).
+            ROPE_LLAMA's position scale and base; None: 1 and 1e4.
         q_data_type, kv_data_type, o_data_type : str or torch.dtype
             float16 (FlashInfer's default) or bfloat16; K, V and the output have q's dtype (fp8
             K and V: the paged wrapper; here NotImplementedError).
@@ -1366,7 +1383,7 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
         window_left: int = -1,
     ) -> None:
         r"""The paged prefill wrapper's parameters, then those FlashInfer compiles its variant for:
-        ``pos_encoding_mode`` ("NONE" only), ``use_fp16_qk_reduction`` (False only), the dtypes and
+        ``pos_encoding_mode`` ("NONE" or "ROPE_LLAMA": ``plan``'s is the one applied), ``use_fp16_qk_reduction`` (False only), the dtypes and
         head dims (checked by ``plan``, which takes them again) and ``window_left`` (``plan``'s
         window is the one applied)."""
         check_pos_encoding_mode(pos_encoding_mode)
@@ -1423,6 +1440,7 @@ def _check_single_prefill(q, k, v, custom_mask, packed_custom_mask, causal, kv_l
     check_window_left(window_left)
     check_soft_cap(logits_soft_cap)
     check_optional_reals(sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta)
+    check_rope_options(pos_encoding_mode, rope_scale, rope_theta)
     for value, name in ((k, "k"), (v, "v")):
         if dtype_name(getattr(value, "dtype", None)) in FP8_DTYPES:
             raise NotImplementedError(
@@ -1473,7 +1491,7 @@ def single_prefill_with_kv_cache(
     kv_layout : str
         ``"NHD"`` or ``"HND"``.
     pos_encoding_mode : str
-        ``"NONE"`` (others raise NotImplementedError).
+        ``"NONE"`` or ``"ROPE_LLAMA"`` (as the wrappers' plan; ``"ALIBI"`` raises NotImplementedError).
     use_fp16_qk_reduction : bool
         False (True raises NotImplementedError).
     sm_scale : Optional[float]
@@ -1483,7 +1501,7 @@ def single_prefill_with_kv_cache(
     logits_soft_cap : Optional[float]
         ``cap * tanh(logit / cap)``; None or 0: off.
     rope_scale, rope_theta : Optional[float]
-        Unused.
+        ROPE_LLAMA's position scale and base; None: 1 and 1e4.
     return_lse : bool
         Also return the log-sum-exp (base 2), float32 ``[qo_len, num_qo_heads]``.
     backend : str
@@ -1523,7 +1541,10 @@ def single_prefill_with_kv_cache(
         lengths = torch.tensor([qo_len]), torch.tensor([kv_len])
         mask = _packed_mask(custom_mask, packed_custom_mask, *lengths)[0].to(device)
     group = max(num_qo_heads // max(num_kv_heads, 1), 1)
-    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype, masked)
+    rope = pos_encoding_mode == "ROPE_LLAMA"
+    if rope:
+        check_rope_supported(pos_encoding_mode, q.dtype, k.dtype, head_dim, head_dim_vo)
+    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype, masked, rope)
     rows = tile_rows(head_dim_vo, sm90)
     tiles = (qo_len * group + rows - 1) // rows
     # Under full attention the last tiles' keys may be halved, as the wrappers' plan does
@@ -1589,6 +1610,7 @@ def single_prefill_with_kv_cache(
         1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale,
         logits_soft_cap or 0.0,
         window_left,
+        *(() if sm90 else rope_arguments(pos_encoding_mode, rope_scale, rope_theta)),
         1.0,
         causal,
         whole + 2 * halved,
