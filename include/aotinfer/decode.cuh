@@ -478,7 +478,7 @@ __device__ __forceinline__ void DecodeAccumulatePV(float (&o)[S::kHeadDim / 8][4
 // after that looked up), then the warp's quarter of the tile: scores, online softmax, P V.
 // First, Q to half where the cache is fp8 and Q's fragments into registers where they fit beside
 // the output (once Q has landed, with tile 0: not with a single stage, where Q's group is
-// committed in the loop). RoPE (kRope, 16-bit caches): each thread turns the Q and K chunks it
+// committed in the loop). RoPE (kRope, 16-bit caches): each lane pair turns the Q and K rows it
 // copied once they land, before the barrier that publishes them (RopeRowsInPlace): Q at the
 // request's last position, kv_len - 1, each key at its own.
 template <typename S, typename T, typename KV, bool kRope>
@@ -500,7 +500,7 @@ __device__ __forceinline__ void DecodeMainloop(const DecodeParams& p, const Deco
     }
   }
   static_assert(!kRope || std::is_same_v<T, KV>, "RoPE with 16-bit caches");
-  auto rope_q = [&] {  // this thread's Q chunks, as DecodePrologue copied them
+  auto rope_q = [&] {  // the Q rows this lane pair copied (DecodePrologue)
 #pragma unroll
     for (int c = w.tid; c < kDecodeRows * S::kRowChunks; c += kDecodeThreads) {
       RopeRowsInPlace<T, D, 1>(
@@ -509,7 +509,7 @@ __device__ __forceinline__ void DecodeMainloop(const DecodeParams& p, const Deco
           w.info.y - 1, 0);
     }
   };
-  auto rope_k = [&](int tile) {  // this thread's K chunks of the tile, as DecodeKvLoader::copy copied them
+  auto rope_k = [&](int tile) {  // the tile's K rows this lane pair copied (DecodeKvLoader::copy)
     uint8_t* const k_tile = stages + size_t(tile % S::kStages) * 2 * S::kCachedTileBytes;
     const int pos0 = w.begin + tile * S::kTileTokens + kv.first_token;
     RopeRowsInPlace<T, D, S::kChunksPerThread>(

@@ -364,7 +364,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
     fetch_page_ids(1);
     CommitAsyncGroup();
 
-    // RoPE: this thread's Q chunks (landed with tile 0: its own copies), each at its query token's
+    // RoPE: the Q rows this lane pair copied (landed with tile 0), each at its query token's
     // position, kv_len - q_len + token.
     auto rope_q = [&] {
       for (int c0 = 0; c0 < S::kTileQ * S::kRowChunks; c0 += kPrefillThreads) {
@@ -435,7 +435,7 @@ __device__ __forceinline__ void PrefillItem(const PrefillParams& p, int kv_head,
       if constexpr (S::kWiden) {
         if (tile == 0) q_for_fp8();
       }
-      if constexpr (kRope) {  // this thread's own chunks, turned before the barrier publishes them
+      if constexpr (kRope) {  // the rows this lane pair copied, turned before the barrier publishes them
         if (tile == 0) rope_q();
         const int pos0 = begin + tile * kTileKV + first_row;
         uint8_t* const k_tile = k_stages + (tile % 2) * S::kCachedKBytes;
