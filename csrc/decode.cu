@@ -33,10 +33,8 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   aotinfer::CheckedDecode checked = aotinfer::CheckDecode(
       out, lse, partial_out, partial_lse, q, k_cache, v_cache, indices, work, requests, counters, sinks, kv_layout,
       sm_scale, logits_soft_cap, window_left, v_scale, kv_read_once, enable_pdl);
-  const uint32_t kv_key = checked.kv_key;
-  const bool fp8 = kv_key == DtypeKey(kDLFloat8_e4m3fn, 8) || kv_key == DtypeKey(kDLFloat8_e5m2, 8);
-  const bool rope = aotinfer::SetRope(checked.params, pos_encoding_mode, rope_scale, rope_theta, fp8, checked.head_dim,
-                                      checked.head_dim);
+  const bool rope = aotinfer::SetRope(checked.params, pos_encoding_mode, rope_scale, rope_theta, checked.fp8,
+                                      checked.head_dim, checked.head_dim);
   if (aotinfer::IsStandIn(q)) return;
   const int device = q.device().device_id;
   aotinfer::DeviceGuard guard(device);
@@ -48,6 +46,7 @@ void batch_decode(TensorView out, TensorView lse, TensorView partial_out, Tensor
   const aotinfer::DecodeParams& p = checked.params;
   const int64_t head_dim = checked.head_dim;
   const int num_items = checked.num_items;
+  const uint32_t kv_key = checked.kv_key;
   DISPATCH_DLPACK_DTYPE_TO_CTYPE_FP16(q.dtype(), T, [&] {
     cudaError_t status;
     if (kv_key == DtypeKey(kDLFloat8_e4m3fn, 8)) {

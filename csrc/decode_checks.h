@@ -15,6 +15,7 @@ struct CheckedDecode {
   DecodeParams params;
   int64_t head_dim;
   uint32_t kv_key;  // DtypeKey of the cache: q's dtype, or an fp8 one
+  bool fp8;         // an fp8 cache
   int num_items;
   bool empty;  // nothing to launch
 };
@@ -83,7 +84,7 @@ inline CheckedDecode CheckDecode(TensorView out, TensorView lse, TensorView part
   p.counters = data_ptr<int>(counters);
   p.v_scale = float(v_scale);
   p.kv_read_once = kv_read_once != 0;
-  return {p, head_dim, kv_key, int(work.size(0)), batch == 0 || work.size(0) == 0};
+  return {p, head_dim, kv_key, fp8, int(work.size(0)), batch == 0 || work.size(0) == 0};
 }
 
 }  // namespace aotinfer

@@ -56,7 +56,7 @@ def check_kv_layout(kv_layout: Any) -> None:
 
 
 # The binding's pos_encoding_mode: "ROPE_LLAMA" turns q and k inside the kernel (attention.cuh,
-# RopeChunksInPlace), at FlashInfer's defaults where rope_scale / rope_theta are None.
+# RopeRowsInPlace), at FlashInfer's defaults where rope_scale / rope_theta are None.
 POS_ENCODING_CODES = {"NONE": 0, "ROPE_LLAMA": 1}
 DEFAULT_ROPE_SCALE, DEFAULT_ROPE_THETA = 1.0, 1e4
 

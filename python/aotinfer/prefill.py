@@ -1541,10 +1541,8 @@ def single_prefill_with_kv_cache(
         lengths = torch.tensor([qo_len]), torch.tensor([kv_len])
         mask = _packed_mask(custom_mask, packed_custom_mask, *lengths)[0].to(device)
     group = max(num_qo_heads // max(num_kv_heads, 1), 1)
-    rope = pos_encoding_mode == "ROPE_LLAMA"
-    if rope:
-        check_rope_supported(pos_encoding_mode, q.dtype, k.dtype, head_dim, head_dim_vo)
-    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype, masked, rope)
+    check_rope_supported(pos_encoding_mode, q.dtype, k.dtype, head_dim, head_dim_vo)
+    sm90 = use_sm90(backend, device, head_dim, q.dtype, k.dtype, masked, pos_encoding_mode == "ROPE_LLAMA")
     rows = tile_rows(head_dim_vo, sm90)
     tiles = (qo_len * group + rows - 1) // rows
     # Under full attention the last tiles' keys may be halved, as the wrappers' plan does
